@@ -1,0 +1,85 @@
+"""The wire format shared by fedica's ClientApp and ServerApp.
+
+Every message carries two records: ``"arrays"`` (an ArrayRecord of numpy arrays)
+and ``"values"`` (a ConfigRecord of scalars and strings). The task a message asks
+for is ``values["task"]``; the run's configuration travels as JSON in
+``values["cfg"]``, so that every engine (simulation, in-process, deployment) runs
+the clients from the server's one resolved config.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+ARRAYS = "arrays"
+VALUES = "values"
+
+# Error code of a reply whose client failed with a reason it could name (bad data, bad config).
+CLIENT_ERROR_CODE = 900
+
+TASK_RFICA_FIT = "rfica.fit"
+TASK_GEM_INIT = "fedgem.init"
+TASK_GEM_ROUND = "fedgem.round"
+TASK_GEM_FINAL = "fedgem.final"
+TASK_GEM_SILHOUETTE = "fedgem.silhouette"
+TASK_GEM_EVALUATE = "fedgem.evaluate"
+
+
+class MalformedMessage(ValueError):
+    """A message lacks a record or holds one of the wrong type."""
+
+
+def pack(arrays: Mapping[str, np.ndarray] | None = None, values: Mapping[str, Any] | None = None) -> RecordDict:
+    """Build a message content from numpy arrays and scalar values.
+
+    Parameters
+    ----------
+    arrays : mapping of str to ndarray, optional
+    values : mapping of str to int, float, bool or str, optional
+        numpy scalars are converted to Python scalars (Flower's records reject them).
+    """
+    record_arrays = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in (arrays or {}).items()})
+    record_values = ConfigRecord({k: _python_scalar(v) for k, v in (values or {}).items()})
+    return RecordDict({ARRAYS: record_arrays, VALUES: record_values})
+
+
+def unpack(content: RecordDict) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Split a message content into its arrays and its values.
+
+    Raises
+    ------
+    MalformedMessage
+        When a record is missing or of the wrong type, or an array cannot be decoded.
+    """
+    try:
+        record_arrays = content[ARRAYS]
+        record_values = content[VALUES]
+    except KeyError as err:
+        raise MalformedMessage(f"the message has no {err.args[0]!r} record") from None
+    if not isinstance(record_arrays, ArrayRecord):
+        raise MalformedMessage(f"record {ARRAYS!r} is a {type(record_arrays).__name__}, not an ArrayRecord")
+    if not isinstance(record_values, ConfigRecord):
+        raise MalformedMessage(f"record {VALUES!r} is a {type(record_values).__name__}, not a ConfigRecord")
+    arrays = {}
+    for key, array in record_arrays.items():
+        try:
+            arrays[key] = array.numpy()
+        except Exception as err:  # noqa: BLE001 - any decoding failure is a malformed message
+            raise MalformedMessage(f"array {key!r} cannot be decoded: {err}") from None
+    return arrays, dict(record_values.items())
+
+
+def config_to_json(cfg: Mapping[str, Any]) -> str:
+    """The part of the run config the clients need, as JSON."""
+    return json.dumps({k: cfg[k] for k in ("algorithm", "scenario", "attack", "seed")})
+
+
+def _python_scalar(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

@@ -1,0 +1,129 @@
+"""Validation of what a client sends back, before it touches an aggregate.
+
+A reply is a mapping of numpy arrays and a mapping of scalar values (the decoded
+message). Every check raises :class:`InvalidReply` with a reason that names the
+field and the rule; the server excludes such a reply, records the reason and goes
+on with the other clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+
+
+class InvalidReply(ValueError):
+    """A client's reply breaks the protocol; the message says which field and why."""
+
+
+def require_array(
+    arrays: Mapping[str, Any], key: str, shape: tuple[int | None, ...], *, nonnegative: bool = False
+) -> np.ndarray:
+    """Fetch a real, finite array of a given shape from a reply.
+
+    Parameters
+    ----------
+    arrays : mapping of str to ndarray
+    key : str
+    shape : tuple of int or None
+        Expected shape; ``None`` accepts any length on that axis.
+    nonnegative : bool, default=False
+
+    Returns
+    -------
+    array : ndarray of float64, of the expected shape
+    """
+    if key not in arrays:
+        raise InvalidReply(f"missing array {key!r}")
+    array = arrays[key]
+    if not isinstance(array, np.ndarray):
+        raise InvalidReply(f"{key!r} is a {type(array).__name__}, not an array")
+    if array.dtype.kind not in "iuf":
+        raise InvalidReply(f"{key!r} has dtype {array.dtype}, expected a real number type")
+    if array.ndim != len(shape) or any(e is not None and e != s for e, s in zip(shape, array.shape)):
+        wanted = "x".join("?" if e is None else str(e) for e in shape) or "scalar"
+        raise InvalidReply(f"{key!r} has shape {array.shape}, expected {wanted}")
+    array = array.astype(np.float64)
+    if not np.all(np.isfinite(array)):
+        raise InvalidReply(f"{key!r} holds non-finite values")
+    if nonnegative and np.any(array < 0):
+        raise InvalidReply(f"{key!r} holds negative values")
+    return array
+
+
+def require_int(values: Mapping[str, Any], key: str, *, minimum: int, maximum: int | None = None) -> int:
+    """Fetch an integer value in ``[minimum, maximum]`` from a reply."""
+    if key not in values:
+        raise InvalidReply(f"missing value {key!r}")
+    value = values[key]
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise InvalidReply(f"{key!r}={value!r} is not an integer")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+        raise InvalidReply(f"{key!r}={value} must be {bound}")
+    return int(value)
+
+
+def require_float(values: Mapping[str, Any], key: str) -> float:
+    """Fetch a finite real value from a reply."""
+    value = values.get(key)
+    if isinstance(value, bool) or not isinstance(value, Real) or not np.isfinite(value):
+        raise InvalidReply(f"{key!r}={value!r} is not a finite number")
+    return float(value)
+
+
+def validate_ica_reply(arrays: Mapping[str, Any], values: Mapping[str, Any], *, r: int) -> tuple[np.ndarray, int]:
+    """Check an RF-ICA client's reply.
+
+    Parameters
+    ----------
+    arrays : mapping
+        Must hold ``"mixing"``, a finite (r, r) matrix with no zero column.
+    values : mapping
+        Must hold ``"n-samples"``, an integer >= 1.
+    r : int
+
+    Returns
+    -------
+    mixing : ndarray of shape (r, r)
+    n_samples : int
+    """
+    mixing = require_array(arrays, "mixing", (r, r))
+    if np.any(np.linalg.norm(mixing, axis=0) == 0):
+        raise InvalidReply("'mixing' has a zero column")
+    return mixing, require_int(values, "n-samples", minimum=1)
+
+
+def validate_gem_components(
+    arrays: Mapping[str, Any], key: str, *, dim: int | None, n_components: int | None
+) -> np.ndarray:
+    """Check a (K_g, d) array of component centres from a FedGEM reply.
+
+    Parameters
+    ----------
+    arrays : mapping
+    key : str
+    dim : int or None
+        The federation's dimension d, once known.
+    n_components : int or None
+        The K_g this client declared at initialisation, once known.
+
+    Returns
+    -------
+    centres : ndarray of shape (K_g, d)
+    """
+    centres = require_array(arrays, key, (n_components, dim))
+    if centres.shape[0] < 2:
+        raise InvalidReply(f"{key!r} has {centres.shape[0]} components; a client fits at least 2")
+    return centres
+
+
+def validate_weights(arrays: Mapping[str, Any], key: str, n_components: int) -> np.ndarray:
+    """Check mixture weights pi (K_g,): positive and summing to 1 (to 1e-6)."""
+    weights = require_array(arrays, key, (n_components,))
+    if np.any(weights <= 0) or abs(weights.sum() - 1.0) > 1e-6:
+        raise InvalidReply(f"{key!r} must be positive weights summing to 1")
+    return weights

@@ -1,0 +1,126 @@
+"""The result of a run: JSON-safe conversion, atomic writing, versions and a short summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULT_FILE = "result.json"
+SUMMARY_FILE = "summary.txt"
+
+
+def to_jsonable(value: Any) -> Any:
+    """Turn numpy scalars and arrays (nested in dicts, lists, tuples) into plain JSON values.
+
+    Non-finite floats become ``None`` so the file stays strict JSON.
+    """
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return to_jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        return to_jsonable(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+    """Write ``data`` as JSON so that ``path`` is either absent or complete.
+
+    The JSON goes to a temporary file in the same directory, which is then renamed
+    over ``path`` (an atomic operation on POSIX file systems).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(to_jsonable(data), handle, indent=2, allow_nan=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def is_complete_result(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a complete result JSON (used to skip finished runs of a sweep)."""
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "metrics" in data and "timings" in data
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of fedica and the libraries whose behaviour shapes a result."""
+    found = {}
+    for dist in ("fedica", "flwr", "numpy", "scipy", "scikit-learn", "hydra-core"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            found[dist] = "not installed"
+    return found
+
+
+def format_summary(result: Mapping[str, Any]) -> str:
+    """A short human-readable table of a result: one row per method, then clients and time."""
+    metrics: Mapping[str, Mapping[str, Any]] = result.get("metrics", {})
+    columns: list[str] = []
+    for values in metrics.values():
+        columns.extend(k for k in values if k not in columns)
+    header = ["method"] + columns + ["fit s"]
+    rows = [header]
+    timings = result.get("timings", {})
+    for method, values in metrics.items():
+        row = [method] + [_format_number(values.get(c)) for c in columns]
+        row.append(_format_number(timings.get(method)))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [
+        f"{result.get('algorithm', '?')} on {result.get('scenario', {}).get('name', '?')} "
+        f"(engine {result.get('engine', '?')}, seed {result.get('seed', '?')})"
+    ]
+    for i, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) if j == 0 else cell.rjust(w) for j, (cell, w) in enumerate(zip(row, widths))))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    clients = result.get("clients", {})
+    rejected = clients.get("rejected", [])
+    lines.append(
+        f"clients: {clients.get('answered', '?')} of {clients.get('expected', '?')} answered"
+        + (f", {len(rejected)} replies rejected" if rejected else "")
+    )
+    for item in rejected[:10]:
+        lines.append(f"  rejected client {item['client']} (round {item['round']}): {item['reason']}")
+    if len(rejected) > 10:
+        lines.append(f"  ... and {len(rejected) - 10} more (see result.json)")
+    lines.append(f"wall time: {_format_number(timings.get('total'))} s")
+    return "\n".join(lines)
+
+
+def _format_number(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+            return f"{value:.3e}"
+        return f"{value:.4f}"
+    return str(value)

@@ -1,0 +1,120 @@
+"""fedica's ServerApp, and the one function every engine drives: :func:`run_federation`.
+
+Under ``flwr run .`` the scenario is chosen with the same Hydra configs as
+``fedica-run``: the run-config key ``overrides`` holds Hydra overrides (for example
+``flwr run . -c "overrides='algorithm=fedgem scenario=blobs seed=3'"``) that the
+ServerApp composes with Hydra's compose API; ``out-dir`` names the folder for
+``result.json`` (default: ``$FEDICA_OUT`` or ``./outputs/flwr/<time>``, relative
+to the SuperLink's working directory).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedica.config import validate_config
+from fedica.results import SUMMARY_FILE, RESULT_FILE, format_summary, versions, write_json_atomic
+from server.federation import Federation
+from server.fedgem import run_fedgem
+from server.rfica import run_rfica
+
+log = logging.getLogger("fedica.server")
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+_RUNNERS = {"rfica": run_rfica, "fedgem": run_fedgem}
+
+
+def run_federation(grid: Grid, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Run the configured algorithm over ``grid`` and assemble the result (INTERFACE.md).
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        Any Grid: Flower's simulation or deployment runtime, or the in-process one.
+    cfg : mapping
+        The resolved run configuration; it is validated here.
+
+    Returns
+    -------
+    result : dict
+    """
+    validate_config(cfg)
+    start = time.perf_counter()
+    federation = Federation(grid, cfg)
+    partial = _RUNNERS[cfg["algorithm"]["name"]](federation)
+    partial["timings"]["total"] = time.perf_counter() - start
+    return {
+        "algorithm": cfg["algorithm"]["name"],
+        "scenario": dict(cfg["scenario"]),
+        "engine": cfg["engine"]["name"],
+        "seed": cfg["seed"],
+        "config": dict(cfg),
+        "versions": versions(),
+        "history": [],
+        **partial,
+    }
+
+
+def write_result(out_dir: str | os.PathLike, result: Mapping[str, Any]) -> Path:
+    """Write ``result.json`` (atomically) and ``summary.txt`` into ``out_dir``."""
+    out_dir = Path(out_dir)
+    path = write_json_atomic(out_dir / RESULT_FILE, result)
+    (out_dir / SUMMARY_FILE).write_text(format_summary(result) + "\n")
+    return path
+
+
+def compose_config(overrides: list[str]) -> dict[str, Any]:
+    """Compose the Hydra config from ``conf/`` with command-line style overrides, resolved to plain dicts."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=overrides)
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    cfg_dict.pop("hydra", None)
+    return cfg_dict
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Entry point under ``flwr run``: compose the config from the run config, run, write the result."""
+    configure_logging()
+    overrides = shlex.split(str(context.run_config.get("overrides", "")))
+    cfg = compose_config(overrides)
+    out_dir = str(context.run_config.get("out-dir", "")) or os.environ.get("FEDICA_OUT") or str(
+        Path("outputs") / "flwr" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    )
+    result = run_federation(grid, cfg)
+    path = write_result(out_dir, result)
+    log.warning("%s\nresult: %s", format_summary(result), path.resolve())
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """fedica's own log lines at ``level``, each once; Flower's, Ray's and the database's kept to warnings."""
+    fedica_log = logging.getLogger("fedica")
+    fedica_log.setLevel(level)
+    # Under Hydra the root logger already prints (and writes the run's log file); elsewhere fedica brings its own handler.
+    if not logging.getLogger().handlers and not fedica_log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s %(levelname)s %(name)s] %(message)s", "%H:%M:%S"))
+        fedica_log.addHandler(handler)
+    # Flower has its own handler; propagating would print its lines twice under Hydra.
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.setLevel(logging.WARNING)
+    flwr_log.propagate = False
+    for noisy in ("alembic", "sqlalchemy", "ray"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

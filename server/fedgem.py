@@ -1,0 +1,339 @@
+"""FedGEM's server side: initialisation exchange, T collaborative rounds, the final aggregation, evaluation."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import MessageType
+
+from clients.protocol import (
+    TASK_GEM_EVALUATE,
+    TASK_GEM_FINAL,
+    TASK_GEM_INIT,
+    TASK_GEM_ROUND,
+    TASK_GEM_SILHOUETTE,
+)
+from fedica import baselines, gem, merging, metrics, scenarios
+from fedica.config import client_count
+from fedica.replies import InvalidReply, require_array, require_int, validate_gem_components, validate_weights
+from server.federation import Federation, Reply
+
+log = logging.getLogger("fedica.server")
+
+
+@dataclass
+class ClientModel:
+    """What the server knows of one client: its node, its declared sizes and the centroids it was sent last."""
+
+    node_id: int
+    n_points: int
+    weights: np.ndarray      # (K_g,) pi
+    centroids: np.ndarray    # (K_g, d) the centroids the server sent (or the client reported at initialisation)
+
+    @property
+    def n_components(self) -> int:
+        return self.weights.shape[0]
+
+
+@dataclass
+class Components:
+    """All clients' components stacked for a server step."""
+
+    partitions: list[int]
+    centers: np.ndarray   # (m, d)
+    eps: np.ndarray       # (m,)
+    owners: np.ndarray    # (m,) partition id of each component
+    weights: np.ndarray   # (m,) N_g * pi_k
+
+    def slices(self) -> dict[int, slice]:
+        bounds, start = {}, 0
+        for partition in self.partitions:
+            count = int(np.sum(self.owners == partition))
+            bounds[partition] = slice(start, start + count)
+            start += count
+        return bounds
+
+
+def run_fedgem(federation: Federation) -> dict[str, Any]:
+    """Run FedGEM over a federation and evaluate it (and, in-process, the baselines).
+
+    Returns
+    -------
+    partial_result : dict
+        ``metrics``, ``clients``, ``history``, ``timings`` and ``fedgem`` entries of the result.
+    """
+    cfg = federation.cfg
+    alg = cfg["algorithm"]
+    nodes = federation.connect()
+    client_seconds = 0.0
+    server_seconds = 0.0
+
+    # Initialisation exchange: every client reports its k-means++ centroids, weights and size.
+    models: dict[int, ClientModel] = {}
+    dim: int | None = None
+    for reply in federation.exchange(TASK_GEM_INIT, "init", {node: {} for node in nodes}):
+        try:
+            centroids = validate_gem_components(reply.arrays, "centroids", dim=dim, n_components=None)
+            weights = validate_weights(reply.arrays, "weights", centroids.shape[0])
+            n_points = require_int(reply.values, "n-points", minimum=centroids.shape[0])
+        except InvalidReply as err:
+            federation.reject(reply.node_id, "init", f"invalid reply: {err}")
+            continue
+        dim = centroids.shape[1] if dim is None else dim
+        models[reply.partition_id] = ClientModel(reply.node_id, n_points, weights, centroids)
+        client_seconds += float(reply.values.get("fit-seconds", 0.0))
+    federation.require(models.values(), "FedGEM initialisation")
+
+    history: list[dict[str, Any]] = []
+    for round_number in range(1, alg["rounds"] + 1):
+        replies = federation.exchange(
+            TASK_GEM_ROUND, round_number, {m.node_id: {"centroids": m.centroids} for m in models.values()}
+        )
+        components, seconds = _collect_round(federation, models, replies, round_number, dim)
+        client_seconds += seconds
+        federation.require(components.partitions, f"FedGEM round {round_number}")
+        start = time.perf_counter()
+        step = merging.server_step(components.centers, components.eps, components.owners, components.weights)
+        server_seconds += time.perf_counter() - start
+        shifts = []
+        for partition, part in components.slices().items():
+            new = step.new_centers[part]
+            shifts.append(np.linalg.norm(new - models[partition].centroids, axis=1))
+            models[partition].centroids = new
+        history.append({
+            "round": round_number,
+            "clients": components.partitions,
+            "super_clusters": step.n_super_clusters,
+            "mean_radius": float(np.mean(np.sqrt(components.eps))),
+            "centroid_shift": float(np.mean(np.concatenate(shifts))),
+        })
+        log.info("FedGEM round %d/%d: %d clients, %d super-clusters, mean radius %.4g",
+                 round_number, alg["rounds"], len(components.partitions), step.n_super_clusters,
+                 history[-1]["mean_radius"])
+
+    # Final stage: one more EM step on every client; the server computes the final radii itself.
+    final_replies = federation.exchange(
+        TASK_GEM_FINAL, "final", {m.node_id: {"centroids": m.centroids} for m in models.values()}
+    )
+    final, seconds = _collect_final(federation, models, final_replies, dim)
+    client_seconds += seconds
+    federation.require(final.partitions, "FedGEM final stage")
+
+    start = time.perf_counter()
+    upsilon, tuning = _choose_upsilon(federation, models, final)
+    final_radii = _final_radii(models, final, upsilon)
+    aggregation = merging.final_aggregation(final.centers, final_radii, final.owners, final.weights)
+    server_seconds += time.perf_counter() - start
+
+    evaluation = _evaluate(federation, models, final, aggregation)
+    true_k = scenarios.true_n_clusters(cfg["scenario"])
+    fedgem_metrics = {
+        **evaluation,
+        "super_clusters": aggregation.k_hat,
+        "upsilon": upsilon,
+    }
+    if true_k is not None:
+        fedgem_metrics["k_true"] = true_k
+    result_metrics = {"fedgem": fedgem_metrics}
+    timings = {"fedgem": client_seconds + server_seconds, "fedgem_clients_sum": client_seconds, "fedgem_server": server_seconds}
+    if cfg["baselines"] and cfg["scenario"]["name"] != "files":
+        baseline_metrics, baseline_timings = run_baselines(cfg)
+        result_metrics.update(baseline_metrics)
+        timings.update(baseline_timings)
+
+    mapping = {
+        str(p): aggregation.labels[part].tolist() for p, part in final.slices().items()
+    }
+    return {
+        "metrics": result_metrics,
+        "clients": federation.clients_record(len(final.partitions)),
+        "history": history,
+        "timings": timings,
+        "fedgem": {
+            "global_centroids": aggregation.global_centroids,
+            "client_mapping": mapping,
+            "upsilon": upsilon,
+            "upsilon_tuning": tuning,
+            "participation": federation.participation,
+            "hostile_clients": federation.hostile_partitions(),
+        },
+    }
+
+
+def _collect_round(
+    federation: Federation, models: Mapping[int, ClientModel], replies: list[Reply], round_number: int, dim: int
+) -> tuple[Components, float]:
+    partitions, centers, eps, owners, weights = [], [], [], [], []
+    seconds = 0.0
+    for reply in replies:
+        model = models.get(reply.partition_id)
+        if model is None:
+            federation.reject(reply.node_id, round_number, "this client was not initialised")
+            continue
+        try:
+            maximisers = validate_gem_components(reply.arrays, "maximisers", dim=dim, n_components=model.n_components)
+            radii = require_array(reply.arrays, "radii", (model.n_components,), nonnegative=True)
+            n_points = require_int(reply.values, "n-points", minimum=model.n_components)
+        except InvalidReply as err:
+            federation.reject(reply.node_id, round_number, f"invalid reply: {err}")
+            continue
+        if n_points != model.n_points:
+            log.warning("client %d claims %d points, it declared %d at initialisation; the declared count is used",
+                        reply.partition_id, n_points, model.n_points)
+        partitions.append(reply.partition_id)
+        centers.append(maximisers)
+        eps.append(radii)
+        owners.append(np.full(model.n_components, reply.partition_id))
+        weights.append(model.n_points * model.weights)
+        seconds += float(reply.values.get("fit-seconds", 0.0))
+    if not partitions:
+        return Components([], np.empty((0, dim)), np.empty(0), np.empty(0, int), np.empty(0)), seconds
+    return Components(partitions, np.vstack(centers), np.concatenate(eps), np.concatenate(owners), np.concatenate(weights)), seconds
+
+
+def _collect_final(
+    federation: Federation, models: Mapping[int, ClientModel], replies: list[Reply], dim: int
+) -> tuple[Components, float]:
+    partitions, centers, owners, weights = [], [], [], []
+    seconds = 0.0
+    for reply in replies:
+        model = models.get(reply.partition_id)
+        if model is None:
+            federation.reject(reply.node_id, "final", "this client was not initialised")
+            continue
+        try:
+            maximisers = validate_gem_components(reply.arrays, "maximisers", dim=dim, n_components=model.n_components)
+        except InvalidReply as err:
+            federation.reject(reply.node_id, "final", f"invalid reply: {err}")
+            continue
+        partitions.append(reply.partition_id)
+        centers.append(maximisers)
+        owners.append(np.full(model.n_components, reply.partition_id))
+        weights.append(model.n_points * model.weights)
+        seconds += float(reply.values.get("fit-seconds", 0.0))
+    if not partitions:
+        return Components([], np.empty((0, dim)), np.empty(0), np.empty(0, int), np.empty(0)), seconds
+    centers_all = np.vstack(centers)
+    return Components(partitions, centers_all, np.zeros(len(centers_all)), np.concatenate(owners), np.concatenate(weights)), seconds
+
+
+def _final_radii(models: Mapping[int, ClientModel], final: Components, upsilon: float) -> np.ndarray:
+    """The final radii of the paper's heuristic, computed on the server from each client's maximisers and declared size."""
+    radii = np.empty(final.centers.shape[0])
+    for partition, part in final.slices().items():
+        model = models[partition]
+        radii[part] = gem.final_radius(final.centers[part], model.weights, model.n_points, upsilon)
+    return radii
+
+
+def _choose_upsilon(
+    federation: Federation, models: Mapping[int, ClientModel], final: Components
+) -> tuple[float, dict[str, Any] | None]:
+    """The configured upsilon, or the silhouette-tuned one (paper appendix D.3) when ``upsilon: auto``."""
+    alg = federation.cfg["algorithm"]
+    if alg["upsilon"] != "auto":
+        return float(alg["upsilon"]), None
+    grid = [float(u) for u in alg["upsilon_grid"]]
+    aggregations = [
+        merging.final_aggregation(final.centers, _final_radii(models, final, u), final.owners, final.weights) for u in grid
+    ]
+    slices = final.slices()
+    payloads = {
+        models[p].node_id: {"candidates": np.stack([agg.global_centroids[agg.labels[part]] for agg in aggregations])}
+        for p, part in slices.items()
+    }
+    replies = federation.exchange(TASK_GEM_SILHOUETTE, "silhouette", payloads, message_type=MessageType.EVALUATE)
+    totals = np.zeros(len(grid))
+    weight_sum = np.zeros(len(grid))
+    for reply in replies:
+        try:
+            scores = require_array({k: np.nan_to_num(v, nan=0.0) for k, v in reply.arrays.items()}, "silhouettes", (len(grid),))
+        except InvalidReply as err:
+            federation.reject(reply.node_id, "silhouette", f"invalid reply: {err}")
+            continue
+        valid = np.isfinite(reply.arrays["silhouettes"])
+        n_points = models[reply.partition_id].n_points
+        totals += np.where(valid, scores * n_points, 0.0)
+        weight_sum += np.where(valid, n_points, 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        silhouettes = np.where(weight_sum > 0, totals / np.maximum(weight_sum, 1), np.nan)
+    k_hats = np.array([agg.k_hat for agg in aggregations])
+    guard = math.sqrt(sum(m.n_components for m in models.values()))
+    if np.all(np.isnan(silhouettes)):
+        log.warning("no client could score a silhouette; upsilon falls back to the grid's median value")
+        chosen = len(grid) // 2
+    else:
+        chosen = merging.select_upsilon(silhouettes, k_hats, guard)
+    log.info("upsilon tuning: grid %s, silhouettes %s, K_hat %s -> upsilon %g",
+             grid, np.round(silhouettes, 4).tolist(), k_hats.tolist(), grid[chosen])
+    return grid[chosen], {"grid": grid, "silhouettes": silhouettes, "k_hats": k_hats, "guard": guard}
+
+
+def _evaluate(
+    federation: Federation, models: Mapping[int, ClientModel], final: Components, aggregation: merging.FinalAggregation
+) -> dict[str, float]:
+    """Clients label their test points with the consensus model; local ARI, pooled (global) ARI and K_hat."""
+    slices = final.slices()
+    payloads = {
+        models[p].node_id: {
+            "centroids": aggregation.global_centroids[aggregation.labels[part]],
+            "global-ids": aggregation.labels[part],
+        }
+        for p, part in slices.items()
+    }
+    replies = federation.exchange(TASK_GEM_EVALUATE, "evaluate", payloads, message_type=MessageType.EVALUATE)
+    aris, weights, triplets = [], [], []
+    has_labels = True
+    for reply in replies:
+        try:
+            counts = require_array(reply.arrays, "counts", (None,), nonnegative=True)
+            true_values = require_array(reply.arrays, "true-values", counts.shape)
+            pred_values = require_array(reply.arrays, "pred-values", counts.shape)
+            local = float(reply.values["local-ari"])
+        except (InvalidReply, KeyError, TypeError, ValueError) as err:
+            federation.reject(reply.node_id, "evaluate", f"invalid reply: {err}")
+            continue
+        has_labels = has_labels and bool(reply.values.get("has-labels", True))
+        aris.append(local)
+        weights.append(models[reply.partition_id].n_points)
+        triplets.append((true_values.astype(np.int64), pred_values.astype(np.int64), counts.astype(np.int64)))
+    if not triplets:
+        return {"local_ari": float("nan"), "global_ari": float("nan"), "k_hat": 0}
+    true_all, pred_all, count_all = (np.concatenate(parts) for parts in zip(*triplets))
+    evaluation = {"k_hat": metrics.k_hat_from_predictions(pred_all, count_all)}
+    if has_labels:
+        evaluation["local_ari"] = metrics.weighted_local_ari(np.asarray(aris), np.asarray(weights))
+        evaluation["global_ari"] = metrics.ari_from_contingency(true_all, pred_all, count_all)
+    return evaluation
+
+
+def run_baselines(cfg: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """The in-process comparators on the same clients' data, scored like FedGEM.
+
+    The server regenerates the scenario's data for this (a simulation), never from the clients.
+    """
+    scenario = cfg["scenario"]
+    clients = [scenarios.scenario_client_data(scenario, p, int(cfg["seed"])) for p in range(client_count(scenario))]
+    true_k = scenarios.true_n_clusters(scenario)
+    seed = int(cfg["seed"])
+    runs = {
+        "central-gmm": lambda: baselines.central_gmm(clients, true_k, n_init=cfg["algorithm"]["n_init"], random_state=seed),
+        "dp-gmm": lambda: baselines.dp_gmm(clients, random_state=seed),
+        "k-fed": lambda: baselines.k_fed(clients, true_k, random_state=seed),
+        "fed-kmeans": lambda: baselines.fed_kmeans(clients, true_k, random_state=seed),
+    }
+    result_metrics, timings = {}, {}
+    for name, run in runs.items():
+        outcome = run()
+        scores = baselines.evaluate_clustering(clients, outcome.test_labels)
+        scores["k_true"] = true_k
+        result_metrics[name] = scores
+        timings[name] = outcome.fit_seconds
+    return result_metrics, timings
+
