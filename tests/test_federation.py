@@ -1,0 +1,180 @@
+"""End to end through the real ClientApp and ServerApp code: in-process, and on Flower's simulation engine."""
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from clients.app import app as client_app
+from clients.protocol import ARRAYS, VALUES
+from server.app import compose_config, write_result
+from server.engines import run_engine, run_inprocess
+from server.federation import NotEnoughClients
+
+SMALL_ICA = [
+    "scenario.n_clients=10",
+    "scenario.corrupt_ratio=0.2",
+    "scenario.n_corrupt=60",
+    "scenario.n_normal=3000",
+    "scenario.r=4",
+]
+SEPARATED_BLOBS = [
+    "algorithm=fedgem",
+    "scenario=blobs",
+    "scenario.r_min=8",
+    "scenario.n_clients=5",
+    "scenario.n_clusters=6",
+    "scenario.n_train=1500",
+    "scenario.n_test=1500",
+    "algorithm.rounds=5",
+]
+
+
+def _assert_same_numbers(a, b, path="result"):
+    """Every number in two results agrees to 1e-12 (timings and versions excluded)."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), path
+        for key in a:
+            if key in ("timings", "versions", "engine", "config") or key.startswith("fit"):
+                continue
+            _assert_same_numbers(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_numbers(x, y, f"{path}[{i}]")
+    elif isinstance(a, (float, np.floating)) and not isinstance(a, bool):
+        assert np.isclose(a, b, rtol=0, atol=1e-12) or (np.isnan(a) and np.isnan(b)), f"{path}: {a} != {b}"
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12, err_msg=path)
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+@pytest.fixture(scope="module")
+def ica_inprocess():
+    return run_inprocess(compose_config(SMALL_ICA + ["engine=inprocess"]))
+
+
+@pytest.fixture(scope="module")
+def gem_inprocess():
+    return run_inprocess(compose_config(SEPARATED_BLOBS + ["engine=inprocess"]))
+
+
+def test_rfica_inprocess_is_robust_to_a_corrupted_client(ica_inprocess):
+    errors = {name: m["error"] for name, m in ica_inprocess["metrics"].items()}
+    assert errors["rf-ica"] < 0.1
+    assert errors["rf-ica"] < errors["f-ica"]
+    assert errors["rf-ica"] < errors["simple-mean"]
+    assert errors["simple-mean"] > 0.5 and errors["simple-median"] > 0.5
+    assert ica_inprocess["clients"] == {"expected": 10, "answered": 10, "rejected": []}
+    assert len(ica_inprocess["rfica"]["corrupted_clients"]) == 2
+
+
+def test_result_json_has_the_interface_keys(ica_inprocess, tmp_path):
+    path = write_result(tmp_path, ica_inprocess)
+    data = json.loads(path.read_text())
+    for key in ("algorithm", "scenario", "engine", "seed", "config", "versions", "metrics", "clients", "history", "timings"):
+        assert key in data
+    assert set(data["metrics"]) == {"rf-ica", "f-ica", "simple-mean", "simple-median"}
+    assert data["timings"]["total"] > 0 and data["timings"]["rf-ica"] > 0
+    assert "rf-ica" in (tmp_path / "summary.txt").read_text()
+
+
+def test_fedgem_inprocess_recovers_separated_blobs(gem_inprocess):
+    fedgem = gem_inprocess["metrics"]["fedgem"]
+    assert fedgem["k_hat"] == 6 and fedgem["k_true"] == 6
+    assert fedgem["global_ari"] > 0.95 and fedgem["local_ari"] > 0.95
+    assert {"central-gmm", "dp-gmm", "k-fed", "fed-kmeans"} <= set(gem_inprocess["metrics"])
+    history = gem_inprocess["history"]
+    assert [h["round"] for h in history] == [1, 2, 3, 4, 5]
+    assert all({"super_clusters", "mean_radius", "centroid_shift"} <= set(h) for h in history)
+    mapping = gem_inprocess["fedgem"]["client_mapping"]
+    assert sorted(mapping) == [str(i) for i in range(5)]
+    # No client maps two of its components to one global cluster.
+    assert all(len(set(ids)) == len(ids) for ids in mapping.values())
+
+
+@pytest.mark.parametrize("overrides, inprocess_fixture", [(SMALL_ICA, "ica_inprocess"), (SEPARATED_BLOBS, "gem_inprocess")])
+def test_flower_simulation_equals_inprocess(overrides, inprocess_fixture, request):
+    """A real Flower simulation (Ray, one ClientApp per simulated SuperNode) gives the in-process result to 1e-12."""
+    simulated = run_engine(compose_config(overrides + ["engine=simulation"]))
+    assert simulated["engine"] == "simulation"
+    _assert_same_numbers(request.getfixturevalue(inprocess_fixture), simulated)
+
+
+def _corrupting_app(corrupt):
+    """A ClientApp that runs fedica's real ClientApp, then lets ``corrupt(partition, reply)`` tamper with the reply."""
+    app = ClientApp()
+
+    def handler(msg: Message, context: Context) -> Message:
+        reply = client_app(msg, context)
+        partition = int(context.node_config["partition-id"])
+        if reply.has_content():
+            tampered = corrupt(partition, reply.content)
+            if isinstance(tampered, Exception):
+                raise tampered
+            if tampered is not None:
+                return Message(tampered, reply_to=msg)
+        return reply
+
+    app.train()(handler)
+    app.evaluate()(handler)
+    return app
+
+
+def _replace(content, arrays=None, values=None):
+    new_arrays = {k: v.numpy() for k, v in content[ARRAYS].items()}
+    new_arrays.update(arrays or {})
+    new_values = dict(content[VALUES].items())
+    new_values.update(values or {})
+    return RecordDict({ARRAYS: ArrayRecord({k: Array(np.asarray(v)) for k, v in new_arrays.items()}), VALUES: ConfigRecord(new_values)})
+
+
+def test_malformed_rfica_replies_are_rejected_with_reasons():
+    def corrupt(partition, content):
+        return {
+            0: _replace(content, arrays={"mixing": np.full((4, 4), np.nan)}),
+            1: _replace(content, arrays={"mixing": np.eye(3)}),
+            2: _replace(content, values={"n-samples": 0}),
+            3: RecordDict({"other": ConfigRecord({"x": 1})}),
+            4: RuntimeError("client crashed"),
+            5: _replace(content, arrays={"mixing": np.eye(4).astype(np.complex128)}),
+        }.get(partition)
+
+    cfg = compose_config(SMALL_ICA + ["engine=inprocess"])
+    result = run_inprocess(cfg, client_app=_corrupting_app(corrupt))
+    reasons = {r["client"] if isinstance(r["client"], int) else r["reason"]: r["reason"] for r in result["clients"]["rejected"]}
+    assert result["clients"]["answered"] == 4
+    assert len(result["clients"]["rejected"]) == 6
+    assert "non-finite" in reasons[0]
+    assert "shape (3, 3)" in reasons[1]
+    assert "'n-samples'=0" in reasons[2]
+    assert any("client crashed" in r for r in reasons.values())
+    assert any("no 'arrays' record" in r for r in reasons.values())
+    assert "dtype complex128" in reasons[5]
+    assert all(r["round"] == 1 for r in result["clients"]["rejected"])
+    assert np.isfinite(result["metrics"]["rf-ica"]["error"])
+
+
+def test_too_few_valid_replies_is_a_clear_error():
+    cfg = compose_config(SMALL_ICA + ["engine=inprocess", "min_clients=8"])
+    app = _corrupting_app(lambda partition, content: RuntimeError("down") if partition < 4 else None)
+    with pytest.raises(NotEnoughClients, match="only 6 valid replies, min_clients=8"):
+        run_inprocess(cfg, client_app=app)
+
+
+def test_fedgem_survives_a_client_with_broken_replies(gem_inprocess):
+    def corrupt(partition, content):
+        if partition == 2:
+            return _replace(content, arrays={"maximisers": np.full((9, 2), 1.0)} if "maximisers" in content[ARRAYS] else {})
+        return None
+
+    cfg = compose_config(SEPARATED_BLOBS + ["engine=inprocess"])
+    result = run_inprocess(cfg, client_app=_corrupting_app(corrupt))
+    rejected_rounds = {r["round"] for r in result["clients"]["rejected"] if r["client"] == 2}
+    assert rejected_rounds == {1, 2, 3, 4, 5, "final"}
+    assert all("shape" in r["reason"] for r in result["clients"]["rejected"])
+    assert result["metrics"]["fedgem"]["global_ari"] > 0.9
+    assert "2" not in result["fedgem"]["client_mapping"]
