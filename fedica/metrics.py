@@ -1,0 +1,149 @@
+"""Clustering metrics, including the pooled ARI computed from per-client contingency triplets.
+
+In a federation the server never sees test points or labels, only each client's contingency table as sparse
+triplets ``(true label, predicted global id, count)``. Summing the clients' triplets gives the pooled
+contingency table, from which the pooled ("global") ARI follows exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import sparse
+from sklearn.metrics import adjusted_rand_score
+
+__all__ = [
+    "adjusted_rand",
+    "ari_from_contingency",
+    "contingency",
+    "k_hat_from_predictions",
+    "weighted_local_ari",
+]
+
+
+def adjusted_rand(labels_true, labels_pred) -> float:
+    """Adjusted Rand index (scikit-learn's `adjusted_rand_score`).
+
+    Parameters
+    ----------
+    labels_true : array-like of shape (n,)
+    labels_pred : array-like of shape (n,)
+
+    Returns
+    -------
+    float
+    """
+    return float(adjusted_rand_score(np.asarray(labels_true), np.asarray(labels_pred)))
+
+
+def weighted_local_ari(per_client_ari, weights) -> float:
+    """Weighted mean of the clients' ARIs (the paper weights client g by N_g).
+
+    Parameters
+    ----------
+    per_client_ari : array-like of shape (G,)
+    weights : array-like of shape (G,)
+        Non-negative, not all zero.
+
+    Returns
+    -------
+    float
+    """
+    per_client_ari = np.asarray(per_client_ari, dtype=float)
+    weights = np.asarray(weights, dtype=float)
+    if per_client_ari.ndim != 1 or weights.shape != per_client_ari.shape:
+        raise ValueError(f"per_client_ari and weights must be 1-D of equal length, got shapes "
+                         f"{per_client_ari.shape} and {weights.shape}")
+    if np.any(weights < 0) or not weights.sum() > 0:
+        raise ValueError("weights must be non-negative with a positive sum")
+    return float(np.average(per_client_ari, weights=weights))
+
+
+def contingency(labels_true, labels_pred) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Contingency table of two labelings as sparse triplets (the message a client sends).
+
+    Parameters
+    ----------
+    labels_true : array-like of shape (n,)
+        Integer true labels.
+    labels_pred : array-like of shape (n,)
+        Integer predicted (global) cluster ids.
+
+    Returns
+    -------
+    true_values : ndarray of shape (t,)
+    pred_values : ndarray of shape (t,)
+    counts : ndarray of shape (t,), int64
+        One entry per distinct (true, predicted) pair that occurs, with its number of points.
+    """
+    labels_true = np.asarray(labels_true)
+    labels_pred = np.asarray(labels_pred)
+    if labels_true.ndim != 1 or labels_true.shape != labels_pred.shape:
+        raise ValueError(f"labels_true and labels_pred must be 1-D of equal length, got shapes "
+                         f"{labels_true.shape} and {labels_pred.shape}")
+    pairs, counts = np.unique(np.column_stack([labels_true, labels_pred]), axis=0, return_counts=True)
+    return pairs[:, 0], pairs[:, 1], counts.astype(np.int64)
+
+
+def ari_from_contingency(true_values, pred_values, counts) -> float:
+    """Adjusted Rand index from contingency triplets; repeated (true, pred) pairs are summed.
+
+    Equals `adjusted_rand` on the pooled labels. Hand-written because scikit-learn's ARI takes labels, not a
+    table; it uses scikit-learn's pair-confusion formula (with Python integers, so no overflow) and its special
+    case (no disagreeing pairs gives 1.0).
+
+    Parameters
+    ----------
+    true_values : array-like of shape (t,)
+    pred_values : array-like of shape (t,)
+    counts : array-like of shape (t,)
+        Non-negative integer counts.
+
+    Returns
+    -------
+    float
+    """
+    true_values = np.asarray(true_values)
+    pred_values = np.asarray(pred_values)
+    counts = np.asarray(counts)
+    if not (true_values.ndim == 1 and true_values.shape == pred_values.shape == counts.shape):
+        raise ValueError(f"true_values, pred_values and counts must be 1-D of equal length, got shapes "
+                         f"{true_values.shape}, {pred_values.shape} and {counts.shape}")
+    if counts.size and (np.any(counts < 0) or np.any(counts != np.round(counts))):
+        raise ValueError("counts must be non-negative integers")
+    if not counts.sum() > 0:
+        return 1.0  # scikit-learn's value for empty labelings
+    _, rows = np.unique(true_values, return_inverse=True)
+    _, cols = np.unique(pred_values, return_inverse=True)
+    table = sparse.coo_matrix((counts.astype(np.int64), (rows.ravel(), cols.ravel()))).tocsr()  # sums repeats
+    n_samples = int(counts.sum())
+    row_sums = np.ravel(table.sum(axis=1))
+    col_sums = np.ravel(table.sum(axis=0))
+    sum_squares = int((table.data.astype(object) ** 2).sum()) if table.nnz else 0
+    tp = sum_squares - n_samples
+    fp = int(table.dot(col_sums).astype(object).sum()) - sum_squares
+    fn = int(table.T.dot(row_sums).astype(object).sum()) - sum_squares
+    tn = n_samples**2 - fp - fn - sum_squares
+    if fn == 0 and fp == 0:
+        return 1.0
+    return 2.0 * (tp * tn - fn * fp) / ((tp + fn) * (fn + tn) + (tp + fp) * (fp + tn))
+
+
+def k_hat_from_predictions(pred_values, counts) -> int:
+    """Number of distinct predicted clusters that receive at least one test point (the paper's K_hat).
+
+    Parameters
+    ----------
+    pred_values : array-like of shape (t,)
+        Predicted cluster ids of contingency triplets (repeats allowed).
+    counts : array-like of shape (t,)
+
+    Returns
+    -------
+    int
+    """
+    pred_values = np.asarray(pred_values)
+    counts = np.asarray(counts)
+    if pred_values.shape != counts.shape:
+        raise ValueError(f"pred_values and counts must have equal shapes, got {pred_values.shape} and "
+                         f"{counts.shape}")
+    return int(np.unique(pred_values[counts > 0]).size)

@@ -1,0 +1,352 @@
+"""Properties of the FedGEM clustering scenarios (fedica.scenarios)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.spatial.distance import pdist
+from sklearn.datasets import load_digits
+
+from fedica import scenarios
+from fedica.scenarios import (
+    ClientData,
+    DataFileError,
+    blobs_centers,
+    blobs_client_data,
+    client_cluster_sets,
+    client_shares,
+    digits_client_data,
+    load_client_file,
+    scenario_client_data,
+    true_n_clusters,
+    waveform,
+    waveform_client_data,
+)
+
+BLOBS = dict(n_clients=5, n_clusters=6, dim=3, r_min=4.0, n_train=2500, n_test=5000)
+
+
+def clear_caches():
+    for cached in (scenarios._blobs_structure, scenarios._waveform_dataset, scenarios._digits_dataset,
+                   scenarios._class_partition, scenarios._cached_client_data):
+        cached.cache_clear()
+
+
+def assert_same(a: ClientData, b: ClientData):
+    for field in dataclasses.fields(ClientData):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, y)
+        else:
+            assert x == y
+
+
+# ------------------------------------------------------------------------------------------------ determinism
+
+@pytest.mark.parametrize("setting", ["nominal", "client_imbalance", "cluster_imbalance"])
+def test_blobs_deterministic_and_partitions_differ(setting):
+    a = blobs_client_data(1, setting=setting, seed=3, **BLOBS)
+    clear_caches()
+    assert_same(a, blobs_client_data(1, setting=setting, seed=3, **BLOBS))
+    other = blobs_client_data(2, setting=setting, seed=3, **BLOBS)
+    centers = blobs_centers(6, 3, 4.0, random_state=scenarios._stream(3, scenarios._STREAM_CENTERS))
+    noise, other_noise = a.X_train - centers[a.y_train], other.X_train - centers[other.y_train]
+    assert not np.allclose(noise[:10], other_noise[:10])  # clients draw independent noise
+    reseeded = blobs_client_data(1, setting=setting, seed=4, **BLOBS)
+    assert not np.array_equal(a.X_train[:10], reseeded.X_train[:10])
+
+
+@pytest.mark.parametrize("make", [
+    lambda g: blobs_client_data(g, setting="cluster_imbalance", seed=7, **BLOBS),
+    lambda g: waveform_client_data(g, n_samples=1500, seed=7),
+    lambda g: digits_client_data(g, n_clients=5, seed=7),
+])
+def test_client_alone_equals_client_among_all(make):
+    clear_caches()
+    alone = make(3)
+    clear_caches()
+    together = [make(g) for g in reversed(range(5))][::-1]
+    assert_same(alone, together[3])
+
+
+def test_scenario_dispatch_matches_direct_call_and_returns_copies():
+    scenario = {"name": "blobs", "setting": "nominal", "k_min": 2, "k_max": None, **BLOBS}
+    direct = blobs_client_data(0, seed=5, **{k: v for k, v in scenario.items() if k != "name"})
+    first = scenario_client_data(scenario, 0, 5)
+    assert_same(first, direct)
+    first.X_train[:] = 0.0  # must not reach the cache
+    assert_same(scenario_client_data(scenario, 0, 5), direct)
+    assert_same(scenario_client_data({"name": "waveform", "n_samples": 900}, 2, 1),
+                waveform_client_data(2, n_samples=900, seed=1))
+
+
+def test_scenario_errors_and_true_k():
+    with pytest.raises(ValueError, match="blobs.*waveform.*digits.*files"):
+        scenario_client_data({"name": "moons"}, 0, 0)
+    with pytest.raises(ValueError, match="unknown keys.*'rmin'"):
+        scenario_client_data({"name": "digits", "rmin": 3}, 0, 0)
+    assert true_n_clusters({"name": "blobs", **BLOBS}) == 6
+    assert true_n_clusters({"name": "waveform"}) == 3
+    assert true_n_clusters({"name": "digits"}) == 10
+    assert true_n_clusters({"name": "files", "paths": ["a.csv"]}) is None
+
+
+# ------------------------------------------------------------------------------------------------ blobs
+
+@settings(max_examples=40, deadline=None)
+@given(n_clusters=st.integers(2, 12), dim=st.integers(1, 6), r_min=st.floats(0.1, 30.0), seed=st.integers(0, 10**6))
+def test_blobs_centers_min_distance_is_exactly_r_min(n_clusters, dim, r_min, seed):
+    centers = blobs_centers(n_clusters, dim, r_min, random_state=seed)
+    assert centers.shape == (n_clusters, dim)
+    distances = pdist(centers)
+    assert distances.min() >= r_min - 1e-9
+    assert abs(distances.min() - r_min) <= 1e-9
+
+
+@pytest.mark.parametrize("args, match", [((1, 2, 1.0), "n_clusters"), ((3, 0, 1.0), "dim"),
+                                         ((3, 2, 0.0), "r_min"), ((3, 2, -1.0), "r_min")])
+def test_blobs_centers_rejects_bad_arguments(args, match):
+    with pytest.raises(ValueError, match=match):
+        blobs_centers(*args)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_clients=st.integers(1, 12), n_clusters=st.integers(2, 12), data=st.data())
+def test_cluster_sets_cover_every_cluster_with_sizes_in_range(n_clients, n_clusters, data):
+    k_max = data.draw(st.integers(max(1, -(-n_clusters // n_clients)), n_clusters))
+    k_min = data.draw(st.integers(1, k_max))
+    sets = client_cluster_sets(n_clients, n_clusters, k_min, k_max, random_state=data.draw(st.integers(0, 999)))
+    assert len(sets) == n_clients
+    for held in sets:
+        assert k_min <= held.size <= k_max
+        assert np.all(np.diff(held) > 0) and held.min() >= 0 and held.max() < n_clusters
+    np.testing.assert_array_equal(np.unique(np.concatenate(sets)), np.arange(n_clusters))
+
+
+def test_fedgem_default_range_is_two_to_k_minus_one():
+    for seed in range(20):
+        for g in range(5):
+            data = blobs_client_data(g, seed=seed, **BLOBS)
+            assert 2 <= data.n_components < BLOBS["n_clusters"]
+            assert np.unique(data.y_train).size == data.n_components
+
+
+@pytest.mark.parametrize("k_min, k_max", [(0, 3), (4, 3), (2, 7)])
+def test_cluster_sets_reject_bad_range(k_min, k_max):
+    with pytest.raises(ValueError, match=r"k_min <= k_max <= n_clusters"):
+        client_cluster_sets(5, 6, k_min, k_max)
+
+
+def test_cluster_sets_reject_uncoverable():
+    with pytest.raises(ValueError, match="every cluster"):
+        client_cluster_sets(2, 10, 2, 3)
+
+
+def test_client_shares():
+    assert client_shares("client_imbalance", 5).tolist() == [0.40, 0.24, 0.16, 0.16, 0.04]
+    np.testing.assert_allclose(client_shares("client_imbalance", 10), [.2, .12, .08, .08, .02] * 2)
+    for setting in ("nominal", "cluster_imbalance"):
+        np.testing.assert_allclose(client_shares(setting, 7), np.full(7, 1 / 7))
+    for g in range(1, 13):
+        assert client_shares("client_imbalance", g).sum() == pytest.approx(1.0, abs=1e-12)
+    with pytest.raises(ValueError, match="setting"):
+        client_shares("skewed", 5)
+
+
+@pytest.mark.parametrize("n_train, n_test", [(2500, 5000), (2503, 4999)])
+def test_client_imbalance_counts_add_up(n_train, n_test):
+    params = {**BLOBS, "n_train": n_train, "n_test": n_test}
+    clients = [blobs_client_data(g, setting="client_imbalance", **params) for g in range(5)]
+    train = np.array([c.X_train.shape[0] for c in clients])
+    test = np.array([c.X_test.shape[0] for c in clients])
+    assert train.sum() == n_train and test.sum() == n_test
+    np.testing.assert_allclose(train / n_train, [.4, .24, .16, .16, .04], atol=1 / n_train + 1e-12)
+    np.testing.assert_allclose(test / n_test, [.4, .24, .16, .16, .04], atol=1 / n_test + 1e-12)
+    if n_train == 2500:
+        assert train.tolist() == [1000, 600, 400, 400, 100]
+
+
+def test_blobs_points_are_unit_gaussians_around_the_centres_of_own_clusters():
+    params = {**BLOBS, "n_train": 25000, "n_test": 5000}
+    centers = blobs_centers(6, 3, 4.0, random_state=scenarios._stream(0, scenarios._STREAM_CENTERS))
+    for g in range(5):
+        c = blobs_client_data(g, **params)
+        held = np.unique(c.y_train)
+        np.testing.assert_array_equal(np.unique(c.y_test), held)
+        counts = np.bincount(c.y_train, minlength=6)[held]
+        assert counts.max() - counts.min() <= 1  # nominal: equal local proportions
+        for k in held:
+            X = c.X_train[c.y_train == k]
+            assert np.all(np.abs(X.mean(axis=0) - centers[k]) < 5 / np.sqrt(len(X)))
+            np.testing.assert_allclose(X.var(axis=0), 1.0, atol=0.15)
+
+
+def test_cluster_imbalance_varies_local_proportions_but_keeps_every_cluster():
+    spreads = []
+    for g in range(5):
+        c = blobs_client_data(g, setting="cluster_imbalance", seed=2, **BLOBS)
+        counts = np.bincount(c.y_train)[np.unique(c.y_train)]
+        assert counts.size == c.n_components and counts.min() >= 1
+        spreads.append(counts.max() - counts.min())
+    assert max(spreads) > 10
+
+
+# ------------------------------------------------------------------------------------------------ waveform
+
+def test_waveform_matches_breiman_formulas():
+    n = 9000
+    X, y = waveform(n, random_state=0)
+    assert X.shape == (n, 21) and y.shape == (n,) and set(np.unique(y)) == {0, 1, 2}
+    np.testing.assert_allclose(np.bincount(y) / n, 1 / 3, atol=0.025)
+    i = np.arange(1, 22)
+    h1 = np.maximum(6 - np.abs(i - 11), 0)
+    h2 = np.maximum(6 - np.abs(i - 15), 0)
+    h3 = np.maximum(6 - np.abs(i - 7), 0)
+    for label, (a, b) in enumerate([(h1, h2), (h1, h3), (h2, h3)]):
+        Xc = X[y == label]
+        sd = np.sqrt((a - b) ** 2 / 12 + 1)  # u ~ U(0,1) mixes a and b, plus N(0,1) noise
+        assert np.all(np.abs(Xc.mean(axis=0) - (0.5 * a + 0.5 * b)) < 5 * sd / np.sqrt(len(Xc)))
+        np.testing.assert_allclose(Xc.std(axis=0), sd, rtol=0.1)
+
+
+def test_waveform_clients_partition_the_data_set_by_held_classes():
+    clients = [waveform_client_data(g, n_samples=3000, seed=1) for g in range(5)]
+    X_all = np.concatenate([np.vstack([c.X_train, c.X_test]) for c in clients])
+    assert X_all.shape == (3000, 21)
+    assert np.unique(X_all, axis=0).shape[0] == 3000  # every point on exactly one client
+    n_train = sum(c.X_train.shape[0] for c in clients)
+    assert n_train == pytest.approx(0.7 * 3000, abs=3)
+    for c in clients:
+        assert c.n_components == 2 == np.unique(c.y_train).size  # text's default: 2 <= K_g < 3
+        np.testing.assert_array_equal(np.unique(c.y_test), np.unique(c.y_train))
+    # every class's training points are dealt evenly among its holders
+    for label in range(3):
+        sizes = [np.sum(c.y_train == label) for c in clients if label in c.y_train]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_waveform_k_max_is_configurable():
+    sizes = {waveform_client_data(g, n_samples=600, k_max=3, seed=s).n_components for s in range(6) for g in range(5)}
+    assert 3 in sizes
+
+
+# ------------------------------------------------------------------------------------------------ digits
+
+def test_digits_clients_hold_the_whole_data_set():
+    clients = [digits_client_data(g, seed=0) for g in range(10)]
+    y_all = np.concatenate([np.concatenate([c.y_train, c.y_test]) for c in clients])
+    assert y_all.size == 1797
+    np.testing.assert_array_equal(np.bincount(y_all), np.bincount(load_digits().target))
+    for c in clients:
+        assert c.X_train.shape[1] == 64 and c.X_train.max() <= 16 and c.X_train.min() >= 0
+        assert c.n_components == np.unique(c.y_train).size
+        assert 2 <= c.n_components <= 9
+        assert set(np.unique(c.y_train)) <= set(range(10))
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+def _data(n=40, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, d)).round(6), rng.integers(0, 3, n)
+
+
+def _assert_round_trip(client, X, y):
+    X_back = np.vstack([client.X_train, client.X_test])
+    y_back = np.concatenate([client.y_train, client.y_test])
+    order, order_back = np.lexsort(X.T), np.lexsort(X_back.T)
+    np.testing.assert_allclose(X_back[order_back], X[order])
+    np.testing.assert_array_equal(y_back[order_back], y[order])
+
+
+def test_csv_with_header_and_label_column(tmp_path):
+    X, y = _data()
+    path = tmp_path / "client.csv"
+    lines = ["a,label,b,c"] + [f"{r[0]},{lab},{r[1]},{r[2]}" for r, lab in zip(X, y)]
+    path.write_text("\n".join(lines) + "\n")
+    by_name = load_client_file(path, label_column="label", test_fraction=0.25, seed=1)
+    by_index = load_client_file(path, label_column=1, test_fraction=0.25, seed=1)
+    assert_same(by_name, by_index)
+    assert by_name.n_components == 3 and by_name.X_test.shape == (10, 3)
+    _assert_round_trip(by_name, X, y)
+
+
+def test_csv_without_header_and_unlabelled(tmp_path):
+    X, _ = _data()
+    path = tmp_path / "plain.csv"
+    path.write_text("\n".join(",".join(map(str, row)) for row in X))
+    client = load_client_file(path, n_components=4)
+    assert client.y_train is None and client.n_components == 4
+    assert client.X_train.shape[0] + client.X_test.shape[0] == 40  # first row is data, not a header
+    with pytest.raises(DataFileError, match="plain.csv.*no labels"):
+        load_client_file(path)
+
+
+def test_npy_and_npz_round_trip(tmp_path):
+    X, y = _data()
+    np.save(tmp_path / "c.npy", np.column_stack([X, y]))
+    _assert_round_trip(load_client_file(tmp_path / "c.npy", label_column=-1), X, y)
+    np.savez(tmp_path / "c.npz", X=X, y=y)
+    client = load_client_file(tmp_path / "c.npz")
+    assert client.n_components == 3
+    _assert_round_trip(client, X, y)
+
+
+def test_files_scenario(tmp_path):
+    X, y = _data()
+    paths = []
+    for g in range(2):
+        np.savez(tmp_path / f"c{g}.npz", X=X + g, y=y)
+        paths.append(str(tmp_path / f"c{g}.npz"))
+    scenario = {"name": "files", "paths": paths, "label_column": None, "n_components": [2, 5],
+                "test_fraction": 0.3}
+    assert [scenario_client_data(scenario, g, 0).n_components for g in range(2)] == [2, 5]
+
+
+BAD_FILES = [
+    # (file name, content, expected message parts)
+    ("empty.csv", "", ["empty.csv", "empty"]),
+    ("header_only.csv", "a,b,label\n", ["header_only.csv", "no data"]),
+    ("text.csv", "a,b,label\n1,2,0\n3,x,1\n", ["text.csv", "line 3", "column 1", "'b'", "not a number"]),
+    ("blank.csv", "1,2,0\n3,,1\n", ["blank.csv", "line 2", "column 1", "not a number"]),
+    ("nan.csv", "a,b,label\n1,2,0\n3,4,1\nnan,5,0\n", ["nan.csv", "line 4", "column 0", "not finite"]),
+    ("inf.csv", "1,2,0\n3,4,1\n5,-inf,0\n", ["inf.csv", "line 3", "column 1", "not finite"]),
+    ("few.csv", "1,2,0\n3,4,1\n5,6,2\n", ["few.csv", "3 points", "n_components=4"]),
+    ("ragged.csv", "1,2,0\n3,4\n", ["ragged.csv", "line 2", "cells"]),
+    ("onelabel.csv", "1,2,0\n3,4,0\n5,6,0\n", ["onelabel.csv", "at least 2 components"]),
+    ("fraction.csv", "1,2,0\n3,4,1.5\n5,6,0\n", ["fraction.csv", "line 2", "column 2", "not an integer"]),
+]
+
+
+@pytest.mark.parametrize("name, content, parts", BAD_FILES, ids=[b[0] for b in BAD_FILES])
+def test_bad_csv_files_name_file_and_place(tmp_path, name, content, parts):
+    path = tmp_path / name
+    path.write_text(content)
+    n_components = 4 if name == "few.csv" else None
+    with pytest.raises(DataFileError) as error:
+        load_client_file(path, label_column=2 if name != "few.csv" else -1, n_components=n_components)
+    for part in parts:
+        assert part in str(error.value)
+
+
+def test_bad_numpy_files(tmp_path):
+    with pytest.raises(DataFileError, match="missing.npy.*no such file"):
+        load_client_file(tmp_path / "missing.npy")
+    np.save(tmp_path / "flat.npy", np.arange(10.0))
+    with pytest.raises(DataFileError, match="flat.npy.*2-D"):
+        load_client_file(tmp_path / "flat.npy", n_components=2)
+    bad = np.ones((6, 3))
+    bad[4, 2] = np.nan
+    np.save(tmp_path / "nan.npy", bad)
+    with pytest.raises(DataFileError, match=r"nan.npy: row 4, column 2.*not finite"):
+        load_client_file(tmp_path / "nan.npy", n_components=2)
+    bad[4, 2] = np.inf
+    np.savez(tmp_path / "inf.npz", X=bad)
+    with pytest.raises(DataFileError, match=r"inf.npz: row 4, column 2.*not finite"):
+        load_client_file(tmp_path / "inf.npz", n_components=2)
+    np.savez(tmp_path / "noX.npz", data=np.ones((5, 2)))
+    with pytest.raises(DataFileError, match="noX.npz.*'X'"):
+        load_client_file(tmp_path / "noX.npz", n_components=2)
+    assert issubclass(DataFileError, ValueError)
