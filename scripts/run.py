@@ -16,6 +16,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from fedica.config import ConfigError, validate_config
@@ -33,7 +34,7 @@ def main(cfg: DictConfig) -> None:
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     if is_complete_result(out_dir / RESULT_FILE):
-        print(f"{out_dir / RESULT_FILE} is complete; skipping this run")
+        log.info("%s is complete; skipping this run", out_dir / RESULT_FILE)
         return
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     try:
@@ -47,8 +48,9 @@ def main(cfg: DictConfig) -> None:
         print(f"fedica-run: the run stopped: {err}", file=sys.stderr)
         sys.exit(1)
     path = write_result(out_dir, result)
-    print(format_summary(result))
-    print(f"result: {path}")
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        print(format_summary(result))
+        print(f"result: {path}")
 
 
 if __name__ == "__main__":
