@@ -19,6 +19,7 @@ SCENARIOS_BY_ALGORITHM = {
     "fedgem": ("blobs", "waveform", "digits", "files"),
 }
 ENGINES = ("simulation", "inprocess", "deployment")
+BASELINE_METHODS = ("central-gmm", "dp-gmm", "k-fed", "fed-kmeans")
 ATTACKS_BY_ALGORITHM = {
     "rfica": ("none", "random_orthogonal", "scaled_junk", "permuted_truth"),
     "fedgem": ("none", "inflated_radius", "inflated_count", "random_centroids"),
@@ -106,6 +107,9 @@ def validate_config(cfg: Mapping[str, Any]) -> None:
     top.number("round_timeout", low=0, low_open=True)
     top.number("node_wait_timeout", low=0, low_open=True)
     top.boolean("baselines")
+    methods = top.get("baseline_methods")
+    if not isinstance(methods, Sequence) or isinstance(methods, str) or not set(methods) <= set(BASELINE_METHODS):
+        top.fail("baseline_methods", f"must be a list of: {', '.join(BASELINE_METHODS)}")
     for section in ("algorithm", "scenario", "engine", "attack"):
         if not isinstance(cfg.get(section), Mapping):
             raise ConfigError(f"{section} is missing: choose one with {section}=<name>")

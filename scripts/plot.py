@@ -4,7 +4,8 @@ Every run of a sweep wrote ``result.json`` with its full config; the experiment 
 ``plot`` section says what to draw: ``x`` (a dotted config key), ``metrics`` (one row
 of panels each), optional ``panels`` (a config key: one column of panels per value),
 ``series`` (a config key whose values split each method into separate lines),
-``methods`` (which methods to draw; default all), ``logy``, ``xlabel``.
+``methods`` (which methods to draw; default all), ``logy``, ``xlabel``. The metric
+``seconds`` draws each method's fitting time (``timings`` in the result).
 
     fedica-plot multirun/rfica_fig1_k                     # writes multirun/rfica_fig1_k/figure.png and table.md
     fedica-plot multirun/rfica_fig1_k --out docs/figures/rfica_fig1_k.png --table docs/tables/rfica_fig1_k.md
@@ -62,7 +63,8 @@ def summarise(results: Sequence[Mapping[str, Any]], spec: Mapping[str, Any]) -> 
             if wanted and method not in wanted:
                 continue
             for metric in spec["metrics"]:
-                value = values.get(metric)
+                # "seconds" is the method's own fitting time, kept under timings in the result.
+                value = result["timings"].get(method) if metric == "seconds" else values.get(metric)
                 if value is not None:
                     samples[panel][metric][method + suffix][x].append(float(value))
     return {
@@ -95,7 +97,7 @@ def plot(table: Mapping, spec: Mapping[str, Any], out: Path, title: str) -> None
                 means = np.array([xs[k][0] for k in x])
                 sds = np.array([xs[k][1] for k in x])
                 ax.errorbar(x, means, yerr=sds, marker="o", capsize=3, label=line)
-            if spec.get("logy") and metric == "error":
+            if spec.get("logy") and metric in ("error", "seconds"):
                 ax.set_yscale("log")
             ax.set_xlabel(spec.get("xlabel", spec["x"]))
             ax.set_ylabel(metric)

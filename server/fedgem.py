@@ -329,8 +329,8 @@ def run_baselines(cfg: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]], 
         "fed-kmeans": lambda: baselines.fed_kmeans(clients, true_k, random_state=seed),
     }
     result_metrics, timings = {}, {}
-    for name, run in runs.items():
-        outcome = run()
+    for name in cfg["baseline_methods"]:
+        outcome = runs[name]()
         scores = baselines.evaluate_clustering(clients, outcome.test_labels)
         scores["k_true"] = true_k
         result_metrics[name] = scores
