@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
@@ -181,9 +182,15 @@ def _gem_round(arrays, values, cfg, partition_id, context):
     n_points = data.X_train.shape[0]
     if _is_hostile(cfg, partition_id, client_count(cfg["scenario"])) and cfg["attack"]["kind"] in attacks.GEM_ATTACKS:
         maximisers, radii, n_points = attacks.hostile_gem_reply(
-            cfg["attack"]["kind"], maximisers, radii, n_points, attacks.attack_rng(cfg["seed"], partition_id)
+            cfg["attack"]["kind"], maximisers, radii, n_points, attacks.attack_rng(cfg["seed"], partition_id, _stage(values))
         )
     return {"maximisers": maximisers, "radii": radii, "weights": weights}, {"n-points": n_points, "fit-seconds": seconds}
+
+
+def _stage(values: Mapping[str, Any]) -> int:
+    """The protocol stage as a number: the round, or a fixed code for a named stage."""
+    label = str(values.get("server-round", "0"))
+    return int(label) if label.isdigit() else zlib.crc32(label.encode())
 
 
 def _gem_final(arrays, values, cfg, partition_id, context):
@@ -203,7 +210,7 @@ def _gem_final(arrays, values, cfg, partition_id, context):
     if _is_hostile(cfg, partition_id, client_count(cfg["scenario"])) and cfg["attack"]["kind"] in attacks.GEM_ATTACKS:
         radii = reply_arrays.get("radii", np.zeros(data.n_components))
         maximisers, radii, n_points = attacks.hostile_gem_reply(
-            cfg["attack"]["kind"], maximisers, radii, n_points, attacks.attack_rng(cfg["seed"], partition_id)
+            cfg["attack"]["kind"], maximisers, radii, n_points, attacks.attack_rng(cfg["seed"], partition_id, _stage(values))
         )
         reply_arrays.update(maximisers=maximisers, radii=radii)
     return reply_arrays, {"n-points": n_points, "fit-seconds": seconds}

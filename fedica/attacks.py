@@ -38,9 +38,9 @@ def hostile_mask(n_clients: int, fraction: float, *, seed: int) -> np.ndarray:
     return mask
 
 
-def attack_rng(seed: int, partition_id: int) -> np.random.Generator:
-    """The random stream of one hostile client."""
-    return np.random.default_rng(np.random.SeedSequence([seed, partition_id, 0xA77AC]))
+def attack_rng(seed: int, partition_id: int, stage: int = 0) -> np.random.Generator:
+    """The random stream of one hostile client at one stage (round) of the protocol, so that its junk is fresh every round."""
+    return np.random.default_rng(np.random.SeedSequence([seed, partition_id, stage, 0xA77AC]))
 
 
 def hostile_ica_estimate(kind: str, true_mixing: np.ndarray, rng: np.random.Generator) -> np.ndarray:

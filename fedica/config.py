@@ -176,6 +176,11 @@ def _check_fedgem(alg: _Checker) -> None:
         alg.fail("upsilon_grid", "must be a non-empty list of positive numbers")
     if alg.get("upsilon") != "auto":
         alg.number("upsilon", low=0, low_open=True)
+    if alg.get("radius_outlier_factor") is not None:
+        alg.number("radius_outlier_factor", low=1.0, low_open=True)
+    if alg.get("count_cap_factor") is not None:
+        alg.number("count_cap_factor", low=1.0)
+    alg.number("participation", low=0.0, high=1.0, low_open=True)
 
 
 def _check_ica_paper(sc: _Checker) -> None:

@@ -32,9 +32,11 @@ class ClientModel:
     """What the server knows of one client: its node, its declared sizes and the centroids it was sent last."""
 
     node_id: int
-    n_points: int
+    n_points: int            # the count the server uses (declared, capped by count_cap_factor)
     weights: np.ndarray      # (K_g,) pi
     centroids: np.ndarray    # (K_g, d) the centroids the server sent (or the client reported at initialisation)
+
+    declared_points: int = 0
 
     @property
     def n_components(self) -> int:
@@ -86,36 +88,38 @@ def run_fedgem(federation: Federation) -> dict[str, Any]:
             federation.reject(reply.node_id, "init", f"invalid reply: {err}")
             continue
         dim = centroids.shape[1] if dim is None else dim
-        models[reply.partition_id] = ClientModel(reply.node_id, n_points, weights, centroids)
+        models[reply.partition_id] = ClientModel(reply.node_id, n_points, weights, centroids, n_points)
         client_seconds += float(reply.values.get("fit-seconds", 0.0))
     federation.require(models.values(), "FedGEM initialisation")
+    _cap_counts(models, alg["count_cap_factor"])
 
     history: list[dict[str, Any]] = []
     for round_number in range(1, alg["rounds"] + 1):
+        asked = _participants(models, alg["participation"], cfg, round_number)
         replies = federation.exchange(
-            TASK_GEM_ROUND, round_number, {m.node_id: {"centroids": m.centroids} for m in models.values()}
+            TASK_GEM_ROUND, round_number, {models[p].node_id: {"centroids": models[p].centroids} for p in asked}
         )
         components, seconds = _collect_round(federation, models, replies, round_number, dim)
         client_seconds += seconds
         federation.require(components.partitions, f"FedGEM round {round_number}")
         start = time.perf_counter()
-        step = merging.server_step(components.centers, components.eps, components.owners, components.weights)
+        new_centers, n_super, excluded = _trusted_server_step(components, alg["radius_outlier_factor"])
         server_seconds += time.perf_counter() - start
+        _log_excluded(components, excluded, round_number)
         shifts = []
         for partition, part in components.slices().items():
-            new = step.new_centers[part]
-            shifts.append(np.linalg.norm(new - models[partition].centroids, axis=1))
-            models[partition].centroids = new
+            shifts.append(np.linalg.norm(new_centers[part] - models[partition].centroids, axis=1))
+            models[partition].centroids = new_centers[part]
         history.append({
             "round": round_number,
             "clients": components.partitions,
-            "super_clusters": step.n_super_clusters,
+            "super_clusters": n_super,
             "mean_radius": float(np.mean(np.sqrt(components.eps))),
             "centroid_shift": float(np.mean(np.concatenate(shifts))),
+            "excluded_components": int(excluded.sum()),
         })
         log.info("FedGEM round %d/%d: %d clients, %d super-clusters, mean radius %.4g",
-                 round_number, alg["rounds"], len(components.partitions), step.n_super_clusters,
-                 history[-1]["mean_radius"])
+                 round_number, alg["rounds"], len(components.partitions), n_super, history[-1]["mean_radius"])
 
     # Final stage: one more EM step on every client; the server computes the final radii itself.
     final_replies = federation.exchange(
@@ -127,11 +131,11 @@ def run_fedgem(federation: Federation) -> dict[str, Any]:
 
     start = time.perf_counter()
     upsilon, tuning = _choose_upsilon(federation, models, final)
-    final_radii = _final_radii(models, final, upsilon)
-    aggregation = merging.final_aggregation(final.centers, final_radii, final.owners, final.weights)
+    aggregation, excluded = _trusted_final_aggregation(final, _final_radii(models, final, upsilon), alg["radius_outlier_factor"])
     server_seconds += time.perf_counter() - start
+    _log_excluded(final, excluded, "final")
 
-    evaluation = _evaluate(federation, models, final, aggregation)
+    evaluation, client_aris = _evaluate(federation, models, final, aggregation)
     true_k = scenarios.true_n_clusters(cfg["scenario"])
     fedgem_metrics = {
         **evaluation,
@@ -158,6 +162,7 @@ def run_fedgem(federation: Federation) -> dict[str, Any]:
         "fedgem": {
             "global_centroids": aggregation.global_centroids,
             "client_mapping": mapping,
+            "client_local_ari": client_aris,
             "upsilon": upsilon,
             "upsilon_tuning": tuning,
             "participation": federation.participation,
@@ -166,9 +171,95 @@ def run_fedgem(federation: Federation) -> dict[str, Any]:
     }
 
 
+def _participants(models: Mapping[int, ClientModel], participation: float, cfg: Mapping[str, Any], round_number: int) -> list[int]:
+    """The clients asked in a round: all, or a seeded random share (at least ``min_clients``)."""
+    partitions = sorted(models)
+    if participation >= 1.0:
+        return partitions
+    count = min(len(partitions), max(int(cfg["min_clients"]), math.ceil(participation * len(partitions))))
+    rng = np.random.default_rng(np.random.SeedSequence([int(cfg["seed"]), round_number, 0x9A27]))
+    return sorted(rng.choice(partitions, size=count, replace=False).tolist())
+
+
+def _cap_counts(models: Mapping[int, ClientModel], factor: float | None) -> None:
+    """Cap each client's sample count at ``factor`` times the median declared count.
+
+    The count scales a client's weight in every consensus and its final radius, so one client
+    claiming a huge count could otherwise pull every global centroid towards its own.
+    """
+    if factor is None:
+        return
+    cap = int(factor * np.median([m.declared_points for m in models.values()]))
+    for partition, model in models.items():
+        if model.declared_points > cap:
+            log.warning("client %d declares %d points, more than %g x the median; the server counts %d",
+                        partition, model.declared_points, factor, cap)
+            model.n_points = cap
+
+
+def _outlying_radii(eps: np.ndarray, factor: float | None) -> np.ndarray:
+    """Components whose ball radius exceeds ``factor`` times the median radius (a robust rule; None: none)."""
+    radii = np.sqrt(eps)
+    if factor is None or radii.size == 0:
+        return np.zeros(radii.shape, dtype=bool)
+    median = float(np.median(radii))
+    return radii > factor * median if median > 0 else np.zeros(radii.shape, dtype=bool)
+
+
+def _trusted_server_step(components: Components, factor: float | None) -> tuple[np.ndarray, int, np.ndarray]:
+    """A server step in which components with outlying radii take part in no merge and keep their maximiser.
+
+    Returns
+    -------
+    new_centers : ndarray of shape (m, d)
+    n_super_clusters : int
+        Super-clusters of the merged components plus one per excluded component.
+    excluded : ndarray of shape (m,), dtype bool
+    """
+    excluded = _outlying_radii(components.eps, factor)
+    keep = ~excluded
+    new_centers = components.centers.copy()
+    step = merging.server_step(components.centers[keep], components.eps[keep], components.owners[keep], components.weights[keep])
+    new_centers[keep] = step.new_centers
+    return new_centers, step.n_super_clusters + int(excluded.sum()), excluded
+
+
+def _trusted_final_aggregation(
+    final: Components, radii: np.ndarray, factor: float | None
+) -> tuple[merging.FinalAggregation, np.ndarray]:
+    """The final aggregation over the trusted components.
+
+    ``final.eps`` holds each component's drift ``||M_k - theta_k||^2`` from the centroids the
+    server sent it. A component is not trusted when its final radius is an outlier (say, a
+    client whose centroids are far apart claims a huge ball), or when its drift is an outlier
+    AND exceeds its own final radius (it moved further in one EM step than the tolerance it
+    asks for: it did not converge with the federation, or it lies). An untrusted component
+    founds no global cluster: it is mapped to the nearest global centroid of the others, so
+    that it can neither merge every cluster into one nor add clusters of its own.
+    """
+    excluded = _outlying_radii(radii, factor) | (_outlying_radii(final.eps, factor) & (final.eps > radii))
+    keep = ~excluded
+    trusted = merging.final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep])
+    labels = np.empty(final.centers.shape[0], dtype=np.int64)
+    labels[keep] = trusted.labels
+    if excluded.any():
+        distances = np.linalg.norm(final.centers[excluded, None, :] - trusted.global_centroids[None, :, :], axis=2)
+        labels[excluded] = np.argmin(distances, axis=1)
+    return merging.FinalAggregation(labels, trusted.global_centroids, trusted.k_hat), excluded
+
+
+def _log_excluded(components: Components, excluded: np.ndarray, round_label: int | str) -> None:
+    if excluded.any():
+        owners = sorted(set(components.owners[excluded].tolist()))
+        log.warning("round %s: %d components with outlying radii (clients %s) took part in no merge",
+                    round_label, int(excluded.sum()), owners)
+
+
 def _collect_round(
     federation: Federation, models: Mapping[int, ClientModel], replies: list[Reply], round_number: int, dim: int
 ) -> tuple[Components, float]:
+    """Validate the round's replies and stack them; radii are recomputed on the server where the model allows."""
+    local_steps = federation.cfg["algorithm"]["local_steps"]
     partitions, centers, eps, owners, weights = [], [], [], [], []
     seconds = 0.0
     for reply in replies:
@@ -183,9 +274,17 @@ def _collect_round(
         except InvalidReply as err:
             federation.reject(reply.node_id, round_number, f"invalid reply: {err}")
             continue
-        if n_points != model.n_points:
+        if n_points != model.declared_points:
             log.warning("client %d claims %d points, it declared %d at initialisation; the declared count is used",
-                        reply.partition_id, n_points, model.n_points)
+                        reply.partition_id, n_points, model.declared_points)
+        if local_steps == 1:
+            # The server never trusts a reported radius: with one EM step the exact radius is
+            # ||M_k - theta_k||^2 for the centroids theta it sent this client itself.
+            recomputed = gem.uncertainty_radius(maximisers, model.centroids)
+            if not np.allclose(radii, recomputed, rtol=1e-6, atol=1e-9):
+                log.warning("client %d, round %d: reported radii %s differ from the recomputed %s; the recomputed are used",
+                            reply.partition_id, round_number, np.round(radii, 6).tolist(), np.round(recomputed, 6).tolist())
+            radii = recomputed
         partitions.append(reply.partition_id)
         centers.append(maximisers)
         eps.append(radii)
@@ -200,7 +299,8 @@ def _collect_round(
 def _collect_final(
     federation: Federation, models: Mapping[int, ClientModel], replies: list[Reply], dim: int
 ) -> tuple[Components, float]:
-    partitions, centers, owners, weights = [], [], [], []
+    """Validate the final stage's replies; ``eps`` of the result holds each component's drift from the centroids sent."""
+    partitions, centers, drifts, owners, weights = [], [], [], [], []
     seconds = 0.0
     for reply in replies:
         model = models.get(reply.partition_id)
@@ -214,13 +314,13 @@ def _collect_final(
             continue
         partitions.append(reply.partition_id)
         centers.append(maximisers)
+        drifts.append(gem.uncertainty_radius(maximisers, model.centroids))
         owners.append(np.full(model.n_components, reply.partition_id))
         weights.append(model.n_points * model.weights)
         seconds += float(reply.values.get("fit-seconds", 0.0))
     if not partitions:
         return Components([], np.empty((0, dim)), np.empty(0), np.empty(0, int), np.empty(0)), seconds
-    centers_all = np.vstack(centers)
-    return Components(partitions, centers_all, np.zeros(len(centers_all)), np.concatenate(owners), np.concatenate(weights)), seconds
+    return Components(partitions, np.vstack(centers), np.concatenate(drifts), np.concatenate(owners), np.concatenate(weights)), seconds
 
 
 def _final_radii(models: Mapping[int, ClientModel], final: Components, upsilon: float) -> np.ndarray:
@@ -241,7 +341,7 @@ def _choose_upsilon(
         return float(alg["upsilon"]), None
     grid = [float(u) for u in alg["upsilon_grid"]]
     aggregations = [
-        merging.final_aggregation(final.centers, _final_radii(models, final, u), final.owners, final.weights) for u in grid
+        _trusted_final_aggregation(final, _final_radii(models, final, u), alg["radius_outlier_factor"])[0] for u in grid
     ]
     slices = final.slices()
     payloads = {
@@ -277,8 +377,16 @@ def _choose_upsilon(
 
 def _evaluate(
     federation: Federation, models: Mapping[int, ClientModel], final: Components, aggregation: merging.FinalAggregation
-) -> dict[str, float]:
-    """Clients label their test points with the consensus model; local ARI, pooled (global) ARI and K_hat."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Clients label their test points with the consensus model.
+
+    Returns
+    -------
+    metrics : dict
+        N_g-weighted local ARI, pooled (global) ARI and K_hat (clusters receiving test points).
+    client_aris : dict
+        Each client's own local ARI, keyed by partition id.
+    """
     slices = final.slices()
     payloads = {
         models[p].node_id: {
@@ -288,7 +396,7 @@ def _evaluate(
         for p, part in slices.items()
     }
     replies = federation.exchange(TASK_GEM_EVALUATE, "evaluate", payloads, message_type=MessageType.EVALUATE)
-    aris, weights, triplets = [], [], []
+    aris, weights, triplets, client_aris = [], [], [], {}
     has_labels = True
     for reply in replies:
         try:
@@ -301,16 +409,17 @@ def _evaluate(
             continue
         has_labels = has_labels and bool(reply.values.get("has-labels", True))
         aris.append(local)
+        client_aris[str(reply.partition_id)] = local
         weights.append(models[reply.partition_id].n_points)
         triplets.append((true_values.astype(np.int64), pred_values.astype(np.int64), counts.astype(np.int64)))
     if not triplets:
-        return {"local_ari": float("nan"), "global_ari": float("nan"), "k_hat": 0}
+        return {"local_ari": float("nan"), "global_ari": float("nan"), "k_hat": 0}, client_aris
     true_all, pred_all, count_all = (np.concatenate(parts) for parts in zip(*triplets))
     evaluation = {"k_hat": metrics.k_hat_from_predictions(pred_all, count_all)}
     if has_labels:
         evaluation["local_ari"] = metrics.weighted_local_ari(np.asarray(aris), np.asarray(weights))
         evaluation["global_ari"] = metrics.ari_from_contingency(true_all, pred_all, count_all)
-    return evaluation
+    return evaluation, client_aris
 
 
 def run_baselines(cfg: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]], dict[str, float]]:

@@ -76,3 +76,19 @@ def test_missing_section_is_named(rfica_cfg):
     del cfg["scenario"]
     with pytest.raises(ConfigError, match="scenario is missing"):
         validate_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["algorithm=fedgem", "algorithm.participation=0"], "algorithm.participation"),
+        (["algorithm=fedgem", "algorithm.participation=1.5"], "algorithm.participation"),
+        (["algorithm=fedgem", "algorithm.radius_outlier_factor=0.5"], "algorithm.radius_outlier_factor"),
+        (["algorithm=fedgem", "algorithm.count_cap_factor=0.5"], "algorithm.count_cap_factor"),
+        (["algorithm=fedgem", "baseline_methods=[central-gmm,em]"], "baseline_methods"),
+    ],
+)
+def test_bad_robustness_values_name_the_key(overrides, key):
+    with pytest.raises(ConfigError) as info:
+        validate_config(compose_config(overrides))
+    assert str(info.value).startswith(key), str(info.value)
