@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -76,20 +75,10 @@ def run_rfica(federation: Federation) -> dict[str, Any]:
             "true_mixing": truth,
             "client_partitions": partitions,
             "n_samples": n_samples,
-            "corrupted_clients": np.flatnonzero(_corrupted(sc, cfg["seed"])).tolist(),
+            "corrupted_clients": np.flatnonzero(
+                ica.ica_corrupted_clients(n_clients=sc["n_clients"], corrupt_ratio=sc["corrupt_ratio"], seed=cfg["seed"])
+            ).tolist(),
             "hostile_clients": federation.hostile_partitions(),
         },
     }
-
-
-def _corrupted(sc: Mapping[str, Any], seed: int) -> np.ndarray:
-    return np.array(
-        [
-            ica.client_sample_size(
-                k, n_clients=sc["n_clients"], corrupt_ratio=sc["corrupt_ratio"],
-                n_normal=sc["n_normal"], n_corrupt=sc["n_corrupt"], seed=seed,
-            ) == sc["n_corrupt"] and sc["corrupt_ratio"] > 0
-            for k in range(sc["n_clients"])
-        ]
-    )
 
