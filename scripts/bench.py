@@ -1,0 +1,222 @@
+"""``fedica-bench``: the performance benchmarks (never a timed assertion in the tests).
+
+Each benchmark reports the median of several repetitions and the machine it ran on,
+and everything lands in one JSON file (default ``benchmarks/results.json``):
+
+1. ``fedgem_inprocess``: FedGEM on the in-process engine, MNIST-sized synthetic workload
+   (blobs, G=100 clients, 49,000 training points, d=10, K=10, T=10, R_min=4, upsilon=1),
+   against scikit-learn's spherical ``GaussianMixture`` on the pooled data with the same
+   number of EM iterations, measured in the same run.
+2. ``fedgem_simulation``: the same run through Flower's simulation engine (Ray).
+3. ``server_step``: FedGEM's server step alone at 1k, 10k, 100k components (d=10), KD-tree
+   candidate search against all pairs, time and peak memory.
+4. ``rfica``: one client's FastICA (n=5000, r=10), the server aggregation at K=100 and
+   K=1000 (r=10), and the whole one-shot simulation at K=100.
+
+    fedica-bench                       # all of them
+    fedica-bench --only server_step --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+import tracemalloc
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedica.results import versions, write_json_atomic
+
+MNIST_SIZED = [
+    "algorithm=fedgem",
+    "scenario=blobs",
+    "scenario.n_clients=100",
+    "scenario.n_clusters=10",
+    "scenario.dim=10",
+    "scenario.r_min=4",
+    "scenario.n_train=49000",
+    "scenario.n_test=21000",
+    "algorithm.rounds=10",
+    "algorithm.upsilon=1.0",
+    "baselines=false",
+    "log_level=WARNING",
+]
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    return {
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "load_average": os.getloadavg(),
+        "versions": versions(),
+    }
+
+
+def timed(function: Callable[[], Any], repeats: int) -> tuple[dict[str, float], Any]:
+    """Median, min and max wall seconds of ``repeats`` calls, and the last call's return value."""
+    seconds, value = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        value = function()
+        seconds.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(seconds), "min_s": min(seconds), "max_s": max(seconds), "repeats": repeats}, value
+
+
+def bench_fedgem_inprocess(repeats: int) -> dict[str, Any]:
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.mixture import GaussianMixture
+
+    from fedica import scenarios
+    from server.app import compose_config
+    from server.engines import run_inprocess
+
+    cfg = compose_config(MNIST_SIZED + ["engine=inprocess"])
+    results = []
+    wall, _ = timed(lambda: results.append(run_inprocess(cfg)), repeats)
+    result = results[-1]
+    fits = [r["timings"]["fedgem"] for r in results]
+    clients = [scenarios.scenario_client_data(cfg["scenario"], p, cfg["seed"]) for p in range(cfg["scenario"]["n_clients"])]
+    pooled = np.vstack([c.X_train for c in clients])
+    iterations = cfg["algorithm"]["rounds"] + 1
+    gmm = GaussianMixture(10, covariance_type="spherical", max_iter=iterations, tol=0.0, n_init=1, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        gmm_time, _ = timed(lambda: gmm.fit(pooled), repeats)
+    fedgem_fit = statistics.median(fits)
+    return {
+        "workload": MNIST_SIZED,
+        "run_wall": wall,
+        "fedgem_fit_median_s": fedgem_fit,
+        "fedgem_server_s": result["timings"]["fedgem_server"],
+        "fedgem_clients_sum_s": result["timings"]["fedgem_clients_sum"],
+        "central_gmm": {**gmm_time, "em_iterations": iterations, "n_points": int(pooled.shape[0])},
+        "ratio_fedgem_to_gmm": fedgem_fit / gmm_time["median_s"],
+        "metrics": result["metrics"]["fedgem"],
+    }
+
+
+def bench_fedgem_simulation(repeats: int, inprocess_wall: float | None) -> dict[str, Any]:
+    from server.app import compose_config
+    from server.engines import run_engine
+
+    cfg = compose_config(MNIST_SIZED + ["engine=simulation"])
+    wall, result = timed(lambda: run_engine(cfg), repeats)
+    return {
+        "run_wall": wall,
+        "overhead_ratio_to_inprocess": wall["median_s"] / inprocess_wall if inprocess_wall else None,
+        "metrics": result["metrics"]["fedgem"],
+    }
+
+
+def _components(m: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """m components of m/10 clients with 10 components each, around 10 true centres, small radii."""
+    rng = np.random.default_rng(seed)
+    n_clients = m // 10
+    truth = rng.normal(scale=10.0, size=(10, d))
+    owners = np.repeat(np.arange(n_clients), 10)
+    ids = np.tile(np.arange(10), n_clients)
+    centers = truth[ids] + rng.normal(scale=0.05, size=(m, d))
+    eps = rng.uniform(0.005, 0.02, size=m)
+    return centers, eps, owners, np.ones(m)
+
+
+def _all_pairs_candidates(centers: np.ndarray, radii: np.ndarray, owners: np.ndarray) -> int:
+    """All-pairs overlap test (the authors' approach, vectorised), in row blocks to bound memory."""
+    count = 0
+    for start in range(0, centers.shape[0], 2048):
+        block = slice(start, start + 2048)
+        distances = np.linalg.norm(centers[block, None, :] - centers[None, :, :], axis=2)
+        overlap = (distances <= radii[block, None] + radii[None, :]) & (owners[block, None] != owners[None, :])
+        count += int(np.count_nonzero(overlap))
+    return count // 2
+
+
+def bench_server_step(repeats: int, sizes: Sequence[int] = (1_000, 10_000, 100_000)) -> dict[str, Any]:
+    from fedica import merging
+
+    rows = []
+    for m in sizes:
+        centers, eps, owners, weights = _components(m, 10)
+        radii = np.sqrt(eps)
+        kd, _ = timed(lambda: merging.candidate_pairs(centers, radii, owners), repeats)
+        step, result = timed(lambda: merging.server_step(centers, eps, owners, weights), repeats)
+        tracemalloc.start()
+        merging.server_step(centers, eps, owners, weights)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        row = {
+            "components": m,
+            "kdtree_candidates": kd,
+            "server_step": step,
+            "server_step_peak_mib": peak / 2**20,
+            "super_clusters": result.n_super_clusters,
+        }
+        if m <= 20_000:
+            row["all_pairs_candidates"], _ = timed(lambda: _all_pairs_candidates(centers, radii, owners), 1)
+        else:
+            row["all_pairs_candidates"] = "not run: quadratic (about 5e9 distance evaluations)"
+        rows.append(row)
+        print(f"  server step at {m} components: {step['median_s']:.3f} s, peak {peak / 2**20:.1f} MiB", flush=True)
+    return {"d": 10, "rows": rows}
+
+
+def bench_rfica(repeats: int) -> dict[str, Any]:
+    from fedica import ica
+    from server.app import compose_config
+    from server.engines import run_engine
+
+    data = ica.ica_client_data(0, n_clients=1, r=10, corrupt_ratio=0.0, n_normal=5000, n_corrupt=5000,
+                               sparsity=0.1, orthogonal=True, seed=0)
+    local, _ = timed(lambda: ica.local_fastica(data, random_state=0), repeats)
+    truth = ica.ica_true_mixing(r=10, orthogonal=True, seed=0)
+    rng = np.random.default_rng(1)
+    out = {"local_fastica_n5000_r10": local}
+    for k in (100, 1000):
+        estimates = np.stack([truth[:, rng.permutation(10)] * rng.choice([-1, 1], 10) + rng.normal(scale=0.02, size=(10, 10))
+                              for _ in range(k)])
+        agg, _ = timed(lambda: ica.rf_ica_aggregate(estimates, np.full(k, 5000), random_state=0), repeats)
+        out[f"server_aggregation_K{k}_r10"] = agg
+    cfg = compose_config(["scenario.n_clients=100", "scenario.r=10", "engine=simulation", "log_level=WARNING"])
+    out["simulation_K100_r10"], result = timed(lambda: run_engine(cfg), 1)
+    out["simulation_K100_r10"]["errors"] = {k: v["error"] for k, v in result["metrics"].items()}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="fedica-bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="benchmarks/results.json")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", action="append", choices=["fedgem_inprocess", "fedgem_simulation", "server_step", "rfica"])
+    args = parser.parse_args(argv)
+    chosen = args.only or ["fedgem_inprocess", "fedgem_simulation", "server_step", "rfica"]
+    path = Path(args.out)
+    report: dict[str, Any] = {"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    inprocess_wall = None
+    for name in chosen:
+        print(f"benchmark {name} ...", flush=True)
+        if name == "fedgem_inprocess":
+            report[name] = bench_fedgem_inprocess(args.repeats)
+            inprocess_wall = report[name]["run_wall"]["median_s"]
+        elif name == "fedgem_simulation":
+            report[name] = bench_fedgem_simulation(1, inprocess_wall)
+        elif name == "server_step":
+            report[name] = bench_server_step(args.repeats)
+        else:
+            report[name] = bench_rfica(args.repeats)
+        write_json_atomic(path, report)
+    report["machine"]["load_average_end"] = os.getloadavg()
+    write_json_atomic(path, report)
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()
