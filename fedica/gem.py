@@ -1,0 +1,319 @@
+"""Client-side mathematics of FedGEM for an isotropic Gaussian mixture.
+
+The model (section 2 of the design note ``ALGORITHMS.md``) is a mixture of ``k`` Gaussians
+with identity covariance and *fixed* weights ``pi``; only the means ``theta`` are
+estimated. A client runs EM steps on its own data and reports, per component, the
+M-step maximiser ``M_k`` and the squared radius ``eps_k`` of the largest ball around
+``M_k`` whose every point is still a generalised-EM (GEM) step.
+
+Radius. The paper (eq. 3) defines ``eps_k`` as the largest value such that every ``m``
+with ``||m - M_k||^2 <= eps_k`` satisfies
+``sum_n gamma_nk log N(x_n | m, I) >= sum_n gamma_nk log N(x_n | theta_k, I)``.
+Because ``sum_n gamma_nk ||x_n - m||^2 = sum_n gamma_nk ||x_n - M_k||^2 +
+(sum_n gamma_nk) ||m - M_k||^2``, the constraint reads ``||m - M_k||^2 <= ||theta_k - M_k||^2``,
+so the exact solution is ``eps_k = ||M_k - theta_k||^2``. The paper's reformulation
+(eq. 7) and bisection (Algorithm 4) are not equivalent to eq. 3 and are not used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.spatial.distance import cdist, pdist
+from scipy.special import logsumexp
+from sklearn.cluster import kmeans_plusplus
+
+__all__ = [
+    "kmeanspp_init",
+    "responsibilities",
+    "em_step",
+    "uncertainty_radius",
+    "local_round",
+    "min_centroid_distance",
+    "final_radius",
+    "assign_labels",
+    "local_objective",
+]
+
+
+def _as_points(X, name="X"):
+    X = np.asarray(X, dtype=float)
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array (n, d); got shape {X.shape}.")
+    if not np.all(np.isfinite(X)):
+        raise ValueError(f"{name} must contain only finite values.")
+    return X
+
+
+def _as_centroids(centroids, d, name="centroids"):
+    centroids = _as_points(centroids, name)
+    if centroids.shape[0] < 1:
+        raise ValueError(f"{name} must hold at least one row.")
+    if centroids.shape[1] != d:
+        raise ValueError(
+            f"{name} must have {d} columns to match the data; got shape {centroids.shape}."
+        )
+    return centroids
+
+
+def _as_weights(weights, k, name="weights"):
+    weights = np.asarray(weights, dtype=float)
+    if weights.shape != (k,):
+        raise ValueError(f"{name} must have shape ({k},); got {weights.shape}.")
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
+        raise ValueError(f"{name} must be finite, non-negative and have a positive sum.")
+    return weights
+
+
+def kmeanspp_init(X, n_components, *, n_init=3, random_state=None):
+    """Best of several k-means++ seedings.
+
+    Each seeding comes from :func:`sklearn.cluster.kmeans_plusplus`; the one with the
+    smallest k-means objective of the seeds themselves (sum of squared distances of the
+    points to their nearest seed, no Lloyd iterations) is returned.
+
+    Parameters
+    ----------
+    X : array-like of shape (n, d)
+        Local data.
+    n_components : int
+        Number of seeds ``k``; ``1 <= k <= n``.
+    n_init : int, default=3
+        Number of independent seedings, ``>= 1``.
+    random_state : int, numpy.random.Generator or None, default=None
+        Source of randomness.
+
+    Returns
+    -------
+    seeds : ndarray of shape (n_components, d)
+        The best seeding.
+    """
+    X = _as_points(X)
+    if not isinstance(n_components, (int, np.integer)) or n_components < 1:
+        raise ValueError(f"n_components must be an integer >= 1; got {n_components!r}.")
+    if X.shape[0] < n_components:
+        raise ValueError(
+            f"X must hold at least n_components={n_components} points; got {X.shape[0]}."
+        )
+    if not isinstance(n_init, (int, np.integer)) or n_init < 1:
+        raise ValueError(f"n_init must be an integer >= 1; got {n_init!r}.")
+    rng = np.random.default_rng(random_state)
+    best_seeds, best_objective = None, np.inf
+    for _ in range(n_init):
+        seeds, _ = kmeans_plusplus(
+            X, n_components, random_state=int(rng.integers(np.iinfo(np.int32).max))
+        )
+        objective = local_objective(X, seeds)
+        if objective < best_objective:
+            best_seeds, best_objective = seeds, objective
+    return np.array(best_seeds, dtype=float)
+
+
+def _log_responsibilities(X, centroids, weights):
+    with np.errstate(divide="ignore"):
+        log_weights = np.log(weights)
+    # cdist computes the differences directly, so squared distances keep full
+    # relative precision even far from the origin (no ||x||^2 - 2x.t + ||t||^2 cancellation).
+    log_joint = log_weights[None, :] - 0.5 * cdist(X, centroids, "sqeuclidean")
+    return log_joint - logsumexp(log_joint, axis=1, keepdims=True)
+
+
+def responsibilities(X, centroids, weights):
+    """Posterior component probabilities of an identity-covariance mixture.
+
+    ``gamma_nk`` is the softmax over ``k`` of ``log pi_k - ||x_n - theta_k||^2 / 2``,
+    computed with log-sum-exp so that points far from every centroid stay finite.
+
+    Parameters
+    ----------
+    X : array-like of shape (n, d)
+        Points.
+    centroids : array-like of shape (k, d)
+        Component means ``theta``.
+    weights : array-like of shape (k,)
+        Fixed component weights ``pi`` (non-negative, positive sum; only their ratios matter).
+
+    Returns
+    -------
+    gamma : ndarray of shape (n, k)
+        Responsibilities; each row sums to one.
+    """
+    X = _as_points(X)
+    centroids = _as_centroids(centroids, X.shape[1])
+    weights = _as_weights(weights, centroids.shape[0])
+    return np.exp(_log_responsibilities(X, centroids, weights))
+
+
+def em_step(X, centroids, weights):
+    """One EM step for the means of an identity-covariance mixture with fixed weights.
+
+    Parameters
+    ----------
+    X : array-like of shape (n, d)
+        Points.
+    centroids : array-like of shape (k, d)
+        Current means ``theta``.
+    weights : array-like of shape (k,)
+        Fixed component weights ``pi``.
+
+    Returns
+    -------
+    maximisers : ndarray of shape (k, d)
+        ``M_k = sum_n gamma_nk x_n / sum_n gamma_nk``. A component whose total
+        responsibility is zero (numerically) keeps its centroid, which is its exact
+        M-step maximiser in the limit and gives it a zero radius.
+    """
+    X = _as_points(X)
+    centroids = _as_centroids(centroids, X.shape[1])
+    gamma = responsibilities(X, centroids, weights)
+    totals = gamma.sum(axis=0)
+    maximisers = centroids.copy()
+    alive = totals > 0
+    maximisers[alive] = (gamma[:, alive].T @ X) / totals[alive, None]
+    return maximisers
+
+
+def uncertainty_radius(maximisers, centroids):
+    """Exact squared radius of the GEM uncertainty ball (paper eq. 3).
+
+    Parameters
+    ----------
+    maximisers : array-like of shape (k, d)
+        M-step maximisers ``M_k``.
+    centroids : array-like of shape (k, d)
+        The centroids ``theta_k`` the E-step was taken at.
+
+    Returns
+    -------
+    eps : ndarray of shape (k,)
+        ``||M_k - theta_k||^2``; the ball's radius is ``sqrt(eps)``. See the module
+        docstring for the derivation.
+    """
+    maximisers = _as_points(maximisers, "maximisers")
+    centroids = _as_points(centroids, "centroids")
+    if maximisers.shape != centroids.shape:
+        raise ValueError(
+            f"maximisers and centroids must have the same shape; got {maximisers.shape} "
+            f"and {centroids.shape}."
+        )
+    return np.sum((maximisers - centroids) ** 2, axis=1)
+
+
+def local_round(X, centroids, weights, *, n_steps=1):
+    """A client's work in one collaborative round: ``n_steps`` EM steps and a radius.
+
+    Parameters
+    ----------
+    X : array-like of shape (n, d)
+        Local data.
+    centroids : array-like of shape (k, d)
+        Centroids received from the server (or the initial seeds).
+    weights : array-like of shape (k,)
+        Fixed component weights ``pi``.
+    n_steps : int, default=1
+        Number of EM steps ``S >= 1``.
+
+    Returns
+    -------
+    maximisers : ndarray of shape (k, d)
+        Result of the last EM step.
+    eps : ndarray of shape (k,)
+        Squared radius of the last step, relative to that step's starting centroids.
+    """
+    if not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
+        raise ValueError(f"n_steps must be an integer >= 1; got {n_steps!r}.")
+    X = _as_points(X)
+    current = _as_centroids(centroids, X.shape[1])
+    for _ in range(n_steps):
+        start = current
+        current = em_step(X, start, weights)
+    return current, uncertainty_radius(current, start)
+
+
+def min_centroid_distance(centroids):
+    """Smallest Euclidean distance between two distinct rows.
+
+    Parameters
+    ----------
+    centroids : array-like of shape (k, d)
+        Centroids, ``k >= 2``.
+
+    Returns
+    -------
+    distance : float
+    """
+    centroids = _as_points(centroids, "centroids")
+    if centroids.shape[0] < 2:
+        raise ValueError(f"centroids must hold at least 2 rows; got {centroids.shape[0]}.")
+    return float(pdist(centroids).min())
+
+
+def final_radius(maximisers, weights, n_points, upsilon):
+    """Final-aggregation squared radii from the paper's heuristic (appendix D.3).
+
+    Parameters
+    ----------
+    maximisers : array-like of shape (k, d)
+        The client's final maximisers, ``k >= 2``.
+    weights : array-like of shape (k,)
+        Fixed component weights ``pi`` (positive).
+    n_points : int
+        Number of local points ``N_g >= 1``.
+    upsilon : float
+        The hyperparameter, ``>= 0``.
+
+    Returns
+    -------
+    eps_final : ndarray of shape (k,)
+        ``upsilon * Rmin_g / (pi_k * sqrt(N_g))`` with ``Rmin_g`` the smallest distance
+        between two of the maximisers. It is used like ``eps``: the ball radius is its
+        square root.
+    """
+    maximisers = _as_points(maximisers, "maximisers")
+    weights = np.asarray(weights, dtype=float)
+    if weights.shape != (maximisers.shape[0],):
+        raise ValueError(
+            f"weights must have shape ({maximisers.shape[0]},); got {weights.shape}."
+        )
+    if not np.all(np.isfinite(weights)) or np.any(weights <= 0):
+        raise ValueError("weights must be finite and positive.")
+    if not np.isfinite(n_points) or n_points < 1:
+        raise ValueError(f"n_points must be >= 1; got {n_points!r}.")
+    if not np.isfinite(upsilon) or upsilon < 0:
+        raise ValueError(f"upsilon must be finite and >= 0; got {upsilon!r}.")
+    rmin = min_centroid_distance(maximisers)
+    return upsilon * rmin / (weights * np.sqrt(n_points))
+
+
+def assign_labels(X, centroids):
+    """Index of the nearest centroid of every point.
+
+    Parameters
+    ----------
+    X : array-like of shape (n, d)
+    centroids : array-like of shape (k, d)
+
+    Returns
+    -------
+    labels : ndarray of shape (n,), int
+        Ties go to the lower index.
+    """
+    X = _as_points(X)
+    centroids = _as_centroids(centroids, X.shape[1])
+    return np.argmin(cdist(X, centroids, "sqeuclidean"), axis=1)
+
+
+def local_objective(X, centroids):
+    """k-means objective: sum of squared distances to the nearest centroid.
+
+    Parameters
+    ----------
+    X : array-like of shape (n, d)
+    centroids : array-like of shape (k, d)
+
+    Returns
+    -------
+    objective : float
+    """
+    X = _as_points(X)
+    centroids = _as_centroids(centroids, X.shape[1])
+    return float(cdist(X, centroids, "sqeuclidean").min(axis=1).sum())
