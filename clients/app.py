@@ -21,6 +21,7 @@ from flwr.clientapp import ClientApp
 
 from clients.protocol import (
     CLIENT_ERROR_CODE,
+    ERROR_KEY,
     TASK_GEM_EVALUATE,
     TASK_GEM_FINAL,
     TASK_GEM_INIT,
@@ -53,19 +54,22 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 
 def _handle(msg: Message, context: Context) -> Message:
+    partition_id = None
     try:
-        arrays, values = unpack(msg.content)
-        task = values["task"]
-        cfg = json.loads(values["cfg"])
-        handler = _TASKS[task]
         partition_id = _partition_id(context)
+        arrays, values = unpack(msg.content)
+        cfg = json.loads(values["cfg"])
+        handler = _TASKS[values["task"]]
         reply_arrays, reply_values = handler(arrays, values, cfg, partition_id, context)
         reply_values["partition-id"] = partition_id
         return Message(pack(reply_arrays, reply_values), reply_to=msg)
-    except Exception as err:  # noqa: BLE001 - any failure becomes an error reply the server can log
+    except Exception as err:  # noqa: BLE001 - any failure becomes a reply the server can log
         reason = f"{type(err).__name__}: {err}"
-        log.warning("client replies with an error: %s", reason)
-        return Message(Error(code=CLIENT_ERROR_CODE, reason=reason), reply_to=msg)
+        log.warning("client %s replies with an error: %s", partition_id, reason)
+        if partition_id is None:
+            return Message(Error(code=CLIENT_ERROR_CODE, reason=reason), reply_to=msg)
+        # A client that knows who it is says so, so that the server's books name it.
+        return Message(pack({}, {"partition-id": partition_id, ERROR_KEY: reason}), reply_to=msg)
 
 
 def _partition_id(context: Context) -> int:

@@ -19,8 +19,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 ARRAYS = "arrays"
 VALUES = "values"
 
-# Error code of a reply whose client failed with a reason it could name (bad data, bad config).
+# Error code of a reply whose client failed before it knew its partition id.
 CLIENT_ERROR_CODE = 900
+# Value of a reply whose client failed with a reason it could name (bad data, bad config).
+ERROR_KEY = "error"
 
 TASK_RFICA_FIT = "rfica.fit"
 TASK_GEM_INIT = "fedgem.init"

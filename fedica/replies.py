@@ -115,6 +115,8 @@ def validate_gem_components(
     -------
     centres : ndarray of shape (K_g, d)
     """
+    if dim is not None and isinstance(arrays.get(key), np.ndarray) and arrays[key].ndim == 2 and arrays[key].shape[1] != dim:
+        raise InvalidReply(f"{key!r} has dimension {arrays[key].shape[1]}; the federation's data has d={dim}")
     centres = require_array(arrays, key, (n_components, dim))
     if centres.shape[0] < 2:
         raise InvalidReply(f"{key!r} has {centres.shape[0]} components; a client fits at least 2")

@@ -17,7 +17,7 @@ import numpy as np
 from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
 
-from clients.protocol import MalformedMessage, config_to_json, pack, unpack
+from clients.protocol import ERROR_KEY, MalformedMessage, config_to_json, pack, unpack
 from fedica import attacks
 from fedica.config import client_count
 from fedica.replies import InvalidReply, require_int
@@ -134,6 +134,9 @@ class Federation:
                     raise InvalidReply(f"partition-id {partition} was already claimed by another node in this round")
             except (MalformedMessage, InvalidReply) as err:
                 self.reject(node, round_label, f"malformed reply: {err}")
+                continue
+            if ERROR_KEY in reply_values:
+                self.reject(node, round_label, f"client error: {reply_values[ERROR_KEY]}")
                 continue
             seen_partitions.add(partition)
             replies.append(Reply(node, partition, arrays, reply_values))

@@ -78,8 +78,9 @@ def run_fedgem(federation: Federation) -> dict[str, Any]:
 
     # Initialisation exchange: every client reports its k-means++ centroids, weights and size.
     models: dict[int, ClientModel] = {}
-    dim: int | None = None
-    for reply in federation.exchange(TASK_GEM_INIT, "init", {node: {} for node in nodes}):
+    init_replies = federation.exchange(TASK_GEM_INIT, "init", {node: {} for node in nodes})
+    dim = _majority_dimension(init_replies)
+    for reply in init_replies:
         try:
             centroids = validate_gem_components(reply.arrays, "centroids", dim=dim, n_components=None)
             weights = validate_weights(reply.arrays, "weights", centroids.shape[0])
@@ -87,7 +88,6 @@ def run_fedgem(federation: Federation) -> dict[str, Any]:
         except InvalidReply as err:
             federation.reject(reply.node_id, "init", f"invalid reply: {err}")
             continue
-        dim = centroids.shape[1] if dim is None else dim
         models[reply.partition_id] = ClientModel(reply.node_id, n_points, weights, centroids, n_points)
         client_seconds += float(reply.values.get("fit-seconds", 0.0))
     federation.require(models.values(), "FedGEM initialisation")
@@ -169,6 +169,16 @@ def run_fedgem(federation: Federation) -> dict[str, Any]:
             "hostile_clients": federation.hostile_partitions(),
         },
     }
+
+
+def _majority_dimension(replies: list[Reply]) -> int | None:
+    """The data dimension most clients report, so that one client with another dimension cannot set it for all."""
+    dims = [r.arrays["centroids"].shape[1] for r in replies
+            if isinstance(r.arrays.get("centroids"), np.ndarray) and r.arrays["centroids"].ndim == 2]
+    if not dims:
+        return None
+    values, counts = np.unique(dims, return_counts=True)
+    return int(values[np.argmax(counts)])
 
 
 def _participants(models: Mapping[int, ClientModel], participation: float, cfg: Mapping[str, Any], round_number: int) -> list[int]:

@@ -178,3 +178,35 @@ def test_fedgem_survives_a_client_with_broken_replies(gem_inprocess):
     assert all("shape" in r["reason"] for r in result["clients"]["rejected"])
     assert result["metrics"]["fedgem"]["global_ari"] > 0.9
     assert "2" not in result["fedgem"]["client_mapping"]
+
+
+def test_fedgem_on_users_files_goes_on_without_unusable_ones(tmp_path):
+    """The files scenario: each client reads its own CSV; a broken or mismatched file is one client's error, not the run's."""
+    from fedica.scenarios import blobs_client_data
+
+    paths = []
+    for partition in range(4):
+        data = blobs_client_data(partition, n_clients=4, n_clusters=4, dim=3, r_min=8.0, n_train=1200, n_test=800, seed=5)
+        table = np.column_stack([np.vstack([data.X_train, data.X_test]), np.concatenate([data.y_train, data.y_test])])
+        path = tmp_path / f"site{partition}.csv"
+        lines = ["f0,f1,f2,label"] + [",".join(f"{v:.6f}" for v in row[:3]) + f",{int(row[3])}" for row in table]
+        paths.append(path)
+        path.write_text("\n".join(lines) + "\n")
+    broken = tmp_path / "site4.csv"
+    broken.write_text("f0,f1,f2,label\n1.0,2.0,nan,0\n3.0,1.0,2.0,1\n")
+    wrong_dim = tmp_path / "site5.csv"
+    wrong_dim.write_text("f0,f1,label\n" + "\n".join(f"{i % 7}.0,{i % 3}.5,{i % 2}" for i in range(60)) + "\n")
+    missing = tmp_path / "site6.csv"
+    all_paths = ",".join(str(p) for p in paths + [broken, wrong_dim, missing])
+    cfg = compose_config([
+        "engine=inprocess", "algorithm=fedgem", "scenario=files", f"scenario.paths=[{all_paths}]",
+        "scenario.label_column=label", "algorithm.rounds=3", "algorithm.upsilon=1.0",
+    ])
+    result = run_inprocess(cfg)
+    reasons = {r["client"]: r["reason"] for r in result["clients"]["rejected"]}
+    assert result["clients"]["answered"] == 4
+    assert "site4.csv" in reasons[4] and "column 2" in reasons[4] and "DataFileError" in reasons[4]
+    assert "dimension 2; the federation's data has d=3" in reasons[5]
+    assert "site6.csv: no such file" in reasons[6]
+    assert result["metrics"]["fedgem"]["global_ari"] > 0.9
+    assert set(result["metrics"]) == {"fedgem"}
