@@ -1,0 +1,77 @@
+"""Sweeps: atomic results, resuming, sweep size, plotting."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from fedica.results import is_complete_result, write_json_atomic
+from scripts import plot
+from scripts.progress import sweep_size
+from server.app import CONF_DIR
+
+
+def test_atomic_write_leaves_nothing_half_written(tmp_path):
+    target = tmp_path / "result.json"
+    write_json_atomic(target, {"metrics": {"a": 1.0}, "timings": {}})
+    with pytest.raises(TypeError):
+        write_json_atomic(target, {"metrics": object(), "timings": {}})
+    # The old complete file is still there, and no temporary file is left behind.
+    assert json.loads(target.read_text())["metrics"] == {"a": 1.0}
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+
+
+def test_is_complete_result(tmp_path):
+    path = tmp_path / "result.json"
+    assert not is_complete_result(path)
+    path.write_text('{"metrics": {"a": 1}')
+    assert not is_complete_result(path)
+    path.write_text('{"metrics": {}, "timings": {}}')
+    assert is_complete_result(path)
+
+
+@pytest.mark.parametrize(
+    "experiment, size",
+    [("rfica_fig1_k", 100), ("rfica_fig1_ratio", 180), ("rfica_init", 360), ("fedgem_sensitivity", 360), ("fedgem_tables", 100)],
+)
+def test_sweep_size_counts_every_run(experiment, size):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=[f"+experiment={experiment}"], return_hydra_config=True)
+    assert sweep_size(cfg) == size
+
+
+def _sweep(sweep_dir, *extra):
+    command = [
+        sys.executable, "-m", "fedica", "-m", "+experiment=rfica_fig1_k", f"hydra.sweep.dir={sweep_dir}",
+        "scenario.n_clients=4", "seed=0,1", "scenario.n_normal=400", "scenario.n_corrupt=100",
+        "scenario.r=3", *extra,
+    ]
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=Path(__file__).parent.parent)
+
+
+def test_a_sweep_started_again_skips_complete_runs_and_plots(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    first = _sweep(sweep_dir)
+    assert first.returncode == 0, first.stderr
+    results = sorted(sweep_dir.glob("*/result.json"))
+    assert len(results) == 2
+    assert "[sweep] 2/2 runs done" in first.stdout
+    kept = results[0].stat().st_mtime_ns
+    results[1].unlink()  # as if the sweep had been interrupted during its second run
+
+    second = _sweep(sweep_dir)
+    assert second.returncode == 0, second.stderr
+    assert "(1 already complete: skipped)" in second.stdout
+    assert results[0].stat().st_mtime_ns == kept
+    assert results[1].exists()
+
+    plot.main([str(sweep_dir), "--out", str(tmp_path / "fig.png"), "--table", str(tmp_path / "table.md")])
+    assert (tmp_path / "fig.png").stat().st_size > 1000
+    table = (tmp_path / "table.md").read_text()
+    assert "| scenario.n_clients | rf-ica | f-ica | simple-mean | simple-median |" in table
+    assert table.count("\n| 4 |") == 1
