@@ -88,7 +88,7 @@ def plot(table: Mapping, spec: Mapping[str, Any], out: Path, title: str) -> None
 
     panels = list(table)
     metrics = list(spec["metrics"])
-    fig, axes = plt.subplots(len(metrics), len(panels), figsize=(4.2 * len(panels), 3.3 * len(metrics)), squeeze=False)
+    fig, axes = plt.subplots(len(metrics), len(panels), figsize=(4.2 * len(panels), 3.3 * len(metrics) + 0.22 * 2), squeeze=False)
     for col, panel in enumerate(panels):
         for row, metric in enumerate(metrics):
             ax = axes[row][col]
@@ -104,9 +104,12 @@ def plot(table: Mapping, spec: Mapping[str, Any], out: Path, title: str) -> None
             if panel != "":
                 ax.set_title(f"{spec['panels'].split('.')[-1]} = {panel}")
             ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    columns = min(len(labels), 2 * len(panels))
+    legend_rows = -(-len(labels) // columns)
+    fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.22 * legend_rows / (3.3 * len(metrics)), 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -112,15 +112,24 @@ class Federation:
             partition and missing replies are left out and recorded in ``rejected``.
         """
         common = {"task": task, "cfg": self._cfg_json, "server-round": str(round_label), **(values or {})}
+        # A node the SuperLink has marked offline is not asked (it would only cost the round its timeout).
+        online = set(self.grid.get_node_ids())
+        for node in payloads:
+            if node not in online:
+                self.reject(node, round_label, "the node is offline (lost by the SuperLink)")
         messages = [
             Message(pack(arrays, common), dst_node_id=node, message_type=message_type, group_id=str(round_label))
             for node, arrays in payloads.items()
+            if node in online
         ]
+        received = list(self.grid.send_and_receive(messages, timeout=float(self.cfg["round_timeout"])))
+        # The SuperLink answers for an unreachable node itself (source node 1): the node is the message's destination.
+        destination = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
         answered: set[int] = set()
         replies: list[Reply] = []
         seen_partitions: set[int] = set()
-        for message in self.grid.send_and_receive(messages, timeout=float(self.cfg["round_timeout"])):
-            node = message.metadata.src_node_id
+        for message in received:
+            node = destination.get(message.metadata.reply_to_message_id, message.metadata.src_node_id)
             answered.add(node)
             if message.has_error():
                 self.reject(node, round_label, f"client error (code {message.error.code}): {message.error.reason}")
@@ -141,7 +150,7 @@ class Federation:
             seen_partitions.add(partition)
             replies.append(Reply(node, partition, arrays, reply_values))
         for node in payloads:
-            if node not in answered:
+            if node in online and node not in answered:
                 self.reject(node, round_label, f"no reply within {self.cfg['round_timeout']} s")
         replies.sort(key=lambda reply: reply.partition_id)
         self.participation.append({"round": round_label, "task": task, "clients": [r.partition_id for r in replies]})

@@ -1,0 +1,505 @@
+"""Real deployments (issue 5): flower-superlink and flower-supernode processes on loopback, driven by scripts/deploy.py.
+
+A deployment round takes ~10 s (Flower's hard-coded 3 s polls and one new process per
+message), so the four deployments below start together in background threads when the first
+test needs them, and each test waits for its own: the file takes 2.5-3 minutes on two busy
+cores instead of about six. Ports are chosen free at runtime. The fast tests at the top start
+no process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.common.config import parse_config_args
+
+from clients.app import app as client_app
+from clients.protocol import unpack
+from fedica.results import to_jsonable
+from scripts import deploy
+from scripts.deploy import (
+    DeploymentOptions,
+    LocalDeployment,
+    PortInUse,
+    RunFailed,
+    compose,
+    config_overrides,
+    deployment_node_configs,
+    make_node_key,
+    run_deployment,
+)
+from server.engines import run_inprocess
+
+REPO = Path(__file__).resolve().parent.parent
+RFICA = ["scenario.n_clients=3", "scenario.n_normal=2000", "scenario.n_corrupt=200", "scenario.r=3"]
+FEDGEM = [
+    "algorithm=fedgem", "scenario.n_clients=3", "scenario.n_clusters=4", "scenario.r_min=8",
+    "scenario.n_train=600", "scenario.n_test=600", "algorithm.rounds=2", "algorithm.upsilon=1.0", "baselines=false",
+]
+# Seconds a round waits for a silent node. A healthy exchange takes ~10 s alone, but 30+ s when the four
+# deployments share two busy cores, so the margin is wide; a killed node is found sooner by
+# Flower's heartbeat (at most 60 s), so its round_timeout only has to stay out of the way.
+SILENT_TIMEOUT = 60
+KILLED_TIMEOUT = 120
+SILENT, KILLED = 2, 2  # the partition that never answers (RF-ICA) / whose SuperNode is killed (FedGEM)
+UNCOMPARED = ("timings", "versions", "engine", "config", "deployment")
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _same_numbers(a, b, path="result", *, atol=1e-9):
+    """Every number of two JSON-like results agrees to ``atol`` (timings, versions, engine and config excluded)."""
+    if isinstance(a, dict):
+        keys = {k for k in a if k not in UNCOMPARED and not k.startswith("fit")}
+        assert keys == {k for k in b if k not in UNCOMPARED and not k.startswith("fit")}, f"{path}: keys differ"
+        for key in keys:
+            _same_numbers(a[key], b[key], f"{path}.{key}", atol=atol)
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), f"{path}: {a!r} != {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same_numbers(x, y, f"{path}[{i}]", atol=atol)
+    elif isinstance(a, float) or isinstance(b, float):
+        assert a is not None and b is not None and abs(a - b) <= atol, f"{path}: {a!r} != {b!r}"
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def _as_json(result):
+    """A result as it reads back from result.json (NaN becomes null)."""
+    return json.loads(json.dumps(to_jsonable(result)))
+
+
+def _inprocess(overrides, lost=None):
+    """The in-process engine's result; ``lost``: (partition, rounds) whose ClientApp fails in those rounds."""
+    cfg = compose(overrides + ["engine=inprocess"])
+    if lost is None:
+        return _as_json(run_inprocess(cfg))
+    partition, rounds = lost
+
+    def handler(msg: Message, context: Context) -> Message:
+        if int(context.node_config["partition-id"]) == partition and unpack(msg.content)[1]["server-round"] in rounds:
+            raise ConnectionError("this client is gone")
+        return client_app(msg, context)
+
+    failing = ClientApp()
+    failing.train()(handler)
+    failing.evaluate()(handler)
+    return _as_json(run_inprocess(cfg, client_app=failing))
+
+
+_PORT_LOCK = threading.Lock()
+_TAKEN: set[int] = set()
+
+
+def _free_ports(count):
+    """The first of ``count`` consecutive ports that are free now (and not handed out before)."""
+    with _PORT_LOCK:
+        for _ in range(500):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                base = sock.getsockname()[1]
+            ports = set(range(base, base + count))
+            if base + count < 65535 and not ports & _TAKEN and all(deploy.port_is_free("127.0.0.1", p) for p in ports):
+                _TAKEN.update(ports)
+                return base
+    raise RuntimeError("no block of free ports")
+
+
+def _options(n_nodes=3, **changes):
+    base = _free_ports(n_nodes + 1)
+    return DeploymentOptions(superlink_port=base, supernode_port=base + 1, startup_timeout=180.0, run_timeout=600.0, **changes)
+
+
+def _engine_overrides(options):
+    return [f"engine.superlink_port={options.superlink_port}", f"engine.supernode_port={options.supernode_port}",
+            f"engine.startup_timeout={options.startup_timeout}", f"engine.run_timeout={options.run_timeout}"]
+
+
+def _process_tree(roots):
+    table = deploy._process_table()
+    return deploy._descendants(roots, table)
+
+
+def _still_running(pids):
+    table = deploy._process_table()
+    return sorted(pid for pid in pids if pid in table and table[pid][2] != "Z")
+
+
+def _ports_free(options, n_nodes=3):
+    """Nothing listens any more on the deployment's ports."""
+    return all(deploy.port_is_free("127.0.0.1", p) for p in [options.superlink_port] + [options.supernode_port + i for i in range(n_nodes)])
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.1)
+
+
+# ---------------------------------------------------------------- fast: no processes
+
+
+def test_the_submitted_app_declares_the_projects_flower_app():
+    ours = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    submitted = tomllib.loads(deploy.app_pyproject())
+    assert submitted["tool"]["flwr"]["app"]["publisher"] == ours["publisher"]
+    assert submitted["tool"]["flwr"]["app"]["components"] == ours["components"]
+    assert submitted["tool"]["flwr"]["app"]["config"] == ours["config"]
+    assert submitted["project"]["dependencies"] == []  # nothing for a runtime `uv sync` to fetch
+
+
+@pytest.mark.parametrize("overrides", [
+    ["engine=deployment"] + RFICA + ["seed=4", "round_timeout=12.5", "engine.tls=true"],
+    ["engine=deployment"] + FEDGEM + ["algorithm.upsilon_grid=[0.5,2.0]", "+extra.note='a b'"],
+    ["engine=deployment", "algorithm=fedgem", "scenario=files", "scenario.n_components=3",
+     "scenario.paths=['/data/site a.csv',\"/data/it's.csv\"]"],
+])
+def test_overrides_for_the_serverapp_compose_the_same_config(overrides):
+    cfg = compose(overrides)
+    sent = config_overrides(cfg)
+    assert compose(sent) == cfg
+    assert "engine=deployment" in sent
+
+
+def test_any_string_reaches_the_serverapp_unchanged_or_is_refused():
+    cfg = compose(["engine=deployment", "algorithm=fedgem", "scenario=files", "scenario.n_components=2", "scenario.paths=[a,b]"])
+    cfg["scenario"]["paths"] = ["C:\\data\\", "it's \\'odd\\'", 'q"uote', "null", "12", "é ü", ""]
+    assert compose(config_overrides(cfg)) == cfg
+    cfg["scenario"]["paths"] = ["${oops}"]  # OmegaConf would resolve it in the ServerApp
+    with pytest.raises(deploy.DeploymentError, match="Hydra overrides"):
+        config_overrides(cfg)
+
+
+def test_files_scenario_gives_each_supernode_its_own_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = compose(["engine=deployment", "algorithm=fedgem", "scenario=files", "scenario.n_components=2",
+                   "scenario.paths=[a.csv,sub/b.csv]"])
+    configs = deployment_node_configs(cfg)
+    assert configs == [
+        {"partition-id": 0, "num-partitions": 2, "data-path": str(tmp_path / "a.csv")},
+        {"partition-id": 1, "num-partitions": 2, "data-path": str(tmp_path / "sub" / "b.csv")},
+    ]
+    # Flower parses the --node-config value back into the same node config.
+    odd_paths = [{"partition-id": 0, "num-partitions": 1, "data-path": path} for path in ("C:\\data\\site a.csv", "/data/it's.csv")]
+    for config in configs + odd_paths:
+        assert parse_config_args([deploy.node_config_arg(config)]) == config
+
+
+def test_a_busy_port_is_reported_before_anything_starts(tmp_path, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        deployment = LocalDeployment(DeploymentOptions(superlink_port=port, supernode_port=_free_ports(3)),
+                                     [{"partition-id": i, "num-partitions": 3} for i in range(3)], tmp_path / "logs")
+        with pytest.raises(PortInUse, match=rf"port {port} .*SuperLink.*superlink_port"):
+            deployment.start()
+        assert deployment.superlink is None and deployment.supernodes == []
+        code = deploy.main(RFICA + ["--superlink-port", str(port), "--out-dir", str(tmp_path / "out")])
+    assert code == 1
+    assert f"port {port}" in capsys.readouterr().err
+
+
+def test_print_commands_for_separate_machines(tmp_path, capsys):
+    code = deploy.main(RFICA + ["--print-commands", "--tls", "--node-auth", "--host", "0.0.0.0",
+                                "--superlink-address", "link.example.org", "--superlink-port", "9443",
+                                "--out-dir", str(tmp_path)])
+    text = capsys.readouterr().out
+    assert code == 0
+    commands = [line for line in text.splitlines() if line and not line.startswith("#")]
+    superlink = [c for c in commands if c.startswith("flower-superlink")]
+    supernodes = [c for c in commands if c.startswith("flower-supernode")]
+    registrations = [c for c in commands if c.startswith("flwr supernode register")]
+    assert len(superlink) == 1 and "--host 0.0.0.0 --port 9443" in superlink[0]
+    assert "--enable-supernode-auth" in superlink[0] and "--ssl-certfile" in superlink[0] and "--insecure" not in superlink[0]
+    assert len(supernodes) == 3 and len(registrations) == 3
+    for i, command in enumerate(supernodes):
+        assert "--superlink link.example.org:9443" in command
+        assert f"partition-id={i} num-partitions=3" in command
+        assert f"--auth-supernode-private-key supernode-{i}" in command
+    assert any(c.startswith("flwr run ") and "--run-config" in c for c in commands)
+    # The files the commands name exist, and the certificate is valid for the advertised name.
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate((tmp_path / "certs" / "server.pem").read_bytes())
+    assert "link.example.org" in cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert (tmp_path / "keys" / "supernode-2.pub").exists() and (tmp_path / "app" / "fedica-app" / "pyproject.toml").exists()
+    sent = compose(shlex.split(tomllib.loads((tmp_path / "run_config.toml").read_text())["overrides"]))
+    assert sent["scenario"]["n_clients"] == 3 and sent["engine"]["node_auth"] is True and sent["engine"]["superlink_port"] == 9443
+
+
+# ---------------------------------------------------------------- the deployments (background threads)
+
+
+class _ProcessRecorder:
+    """Records, twice a second, every process of a deployment (and what they start) until stopped."""
+
+    def __init__(self, deployment):
+        self.pids: set[int] = set()
+        self._deployment = deployment
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._record, daemon=True)
+        self._thread.start()
+
+    def _record(self):
+        while not self._stop.is_set():
+            self.pids |= _process_tree(p.pid for p in self._deployment.processes())
+            self._stop.wait(0.5)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        return self.pids
+
+
+def _timed(job):
+    def run():
+        start = time.monotonic()
+        outcome = job()
+        outcome["seconds"] = time.monotonic() - start
+        return outcome
+    return run
+
+
+def _tls_job(root):
+    """TLS with SuperNode authentication: FedGEM, RF-ICA and a run that fails, at once; an intruder with an unregistered key."""
+    options = _options(tls=True, node_auth=True)
+    runs = {
+        "fedgem": config_overrides(compose(["engine=deployment"] + FEDGEM + _engine_overrides(options))),
+        "rfica": config_overrides(compose(["engine=deployment"] + RFICA + _engine_overrides(options))),
+        "failing": ["algorithm=rfica", "engine=deployment", "scenario.n_clients=0"],
+    }
+    intruder_port = _free_ports(1)
+
+    def job():
+        out = {}
+        with LocalDeployment(options, [{"partition-id": i, "num-partitions": 3} for i in range(3)], root / "tls" / "deployment") as d:
+            recorder = _ProcessRecorder(d)
+            key, _ = make_node_key(root / "intruder-key", "intruder")
+            # It claims to be site 0: admitted, it would change both results.
+            intruder = d.start_supernode(3, {"partition-id": 0, "num-partitions": 3}, private_key=key, port=intruder_port, name="intruder")
+            with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+                futures = {name: pool.submit(d.run, overrides, root / "tls" / name) for name, overrides in runs.items()}
+            for name, future in futures.items():
+                out[name] = future.exception() if name == "failing" else future.result()
+            out["intruder_exit"] = intruder.popen.wait(timeout=60)
+            out["intruder_log"] = intruder.log_text()
+            out["nodes"] = d.list_supernodes()
+            out["node_ids"] = list(d.node_ids)
+        out["left"] = _still_running(recorder.stop())
+        return out
+
+    return job
+
+
+def _killed_job(root):
+    """FedGEM through run_deployment; SuperNode KILLED is SIGKILLed as soon as round 2's message reaches it."""
+    options = _options()
+    cfg = compose(["engine=deployment"] + FEDGEM + _engine_overrides(options)
+                  + [f"round_timeout={KILLED_TIMEOUT}", f"engine.out_dir={root / 'killed'}"])
+
+    def job():
+        out = {}
+
+        def kill_in_round_two(d):
+            node = d.supernodes[KILLED]
+            # Messages: init, round 1, round 2 (all "train").
+            _wait_for(lambda: node.log_text().count("Receiving: train message") >= 3, 600, "round 2 never reached the node")
+            d.stop_supernode(KILLED, signal.SIGKILL)
+            out["killed"] = True
+
+        def on_ready(d):
+            out["recorder"] = _ProcessRecorder(d)
+            threading.Thread(target=kill_in_round_two, args=(d,), daemon=True).start()
+
+        out["result"] = run_deployment(cfg, on_ready=on_ready)
+        out["left"] = _still_running(out.pop("recorder").stop())
+        out["ports_free"] = _ports_free(options)
+        return out
+
+    return job
+
+
+def _silent_job(root):
+    """RF-ICA through run_deployment; SuperNode SILENT stays connected but never answers (its ClientApp launcher is frozen)."""
+    options = _options()
+    cfg = compose(["engine=deployment"] + RFICA + _engine_overrides(options)
+                  + [f"round_timeout={SILENT_TIMEOUT}", f"engine.out_dir={root / 'silent'}"])
+
+    def job():
+        out = {}
+
+        def freeze_launcher(d):
+            node = d.supernodes[SILENT]
+
+            def launcher():
+                for pid in _process_tree([node.pid]) - {node.pid}:
+                    with contextlib.suppress(OSError):
+                        if b"flower-superexec" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                            return pid
+                return None
+
+            _wait_for(lambda: launcher() is not None, 60, "the SuperNode's flower-superexec never started")
+            os.kill(launcher(), signal.SIGSTOP)
+            out["silent_node"] = d.node_ids[SILENT]
+            out["recorder"] = _ProcessRecorder(d)
+
+        out["result"] = run_deployment(cfg, on_ready=freeze_launcher)
+        out["left"] = _still_running(out.pop("recorder").stop())
+        out["ports_free"] = _ports_free(options)
+        return out
+
+    return job
+
+
+def _interrupt_job(root):
+    """fedica-deploy as a command, interrupted (SIGINT, as Ctrl-C) while its run is going."""
+    options = _options(n_nodes=2)
+    out_dir = root / "interrupt"
+    command = [sys.executable, "-m", "scripts.deploy", "scenario.n_clients=2", "scenario.n_normal=2000", "scenario.r=3",
+               "--superlink-port", str(options.superlink_port), "--supernode-port", str(options.supernode_port),
+               "--out-dir", str(out_dir)]
+
+    def job():
+        root.mkdir(parents=True, exist_ok=True)
+        stderr_path = root / "interrupt.stderr"
+        with open(stderr_path, "w") as stderr:
+            launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, cwd=root, text=True)
+        logs = out_dir / "deployment"
+
+        def log_has(name, text):
+            path = logs / name
+            return path.exists() and text in path.read_text(errors="replace")
+
+        try:
+            # Interrupt once the ServerApp runs and both SuperNodes have received their message.
+            _wait_for(lambda: log_has("superlink.log", "Started task"), 300, "the run never started")
+            _wait_for(lambda: all(log_has(f"supernode-{i}.log", "Receiving: train") for i in range(2)), 120, "no message reached the SuperNodes")
+            pids = _process_tree([launcher.pid]) - {launcher.pid}
+            launcher.send_signal(signal.SIGINT)
+            code = launcher.wait(timeout=120)
+        finally:
+            # Should the test fail on the way, no process of it may outlive it.
+            deploy.terminate([deploy.ManagedProcess("fedica-deploy", launcher, stderr_path)], 5.0)
+        return {"code": code, "stderr": stderr_path.read_text(), "pids": pids, "left": _still_running(pids),
+                "ports_free": _ports_free(options, 2)}
+
+    return job
+
+
+@pytest.fixture(scope="module")
+def deployments(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deployments")
+    jobs = {"killed": _killed_job(root), "tls": _tls_job(root), "silent": _silent_job(root), "interrupt": _interrupt_job(root)}
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        yield {name: pool.submit(_timed(job)) for name, job in jobs.items()}
+
+
+def _outcome(deployments, name):
+    outcome = deployments[name].result(timeout=900)
+    print(f"deployment job {name!r} took {outcome['seconds']:.1f} s")
+    return outcome
+
+
+@pytest.mark.deployment
+def test_rfica_deployment_equals_inprocess(deployments):
+    outcome = _outcome(deployments, "tls")
+    result = outcome["rfica"]
+    assert result["engine"] == "deployment" and result["deployment"]["status"] == "finished:completed"
+    _same_numbers(_inprocess(RFICA), result)
+    run_id = result["deployment"]["run_id"]
+    logs = {p.name for p in Path(result["deployment"]["log_dir"]).iterdir()}
+    assert {"superlink.log", "supernode-0.log", "supernode-2.log", f"run-{run_id}.config.toml", f"run-{run_id}.serverapp.log"} <= logs
+
+
+@pytest.mark.deployment
+def test_fedgem_deployment_with_tls_and_node_auth_equals_inprocess(deployments):
+    outcome = _outcome(deployments, "tls")
+    result = outcome["fedgem"]
+    assert result["clients"] == {"expected": 3, "answered": 3, "rejected": []}
+    _same_numbers(_inprocess(FEDGEM), result)
+    assert json.loads((Path(result["deployment"]["log_dir"]).parent / "fedgem" / "result.json").read_text())["metrics"] == result["metrics"]
+    assert outcome["left"] == []
+
+
+@pytest.mark.deployment
+def test_a_supernode_with_an_unregistered_key_is_refused(deployments):
+    outcome = _outcome(deployments, "tls")
+    assert outcome["intruder_exit"] != 0
+    assert "Failed to activate SuperNode" in outcome["intruder_log"]
+    assert "SuperNode ID" not in outcome["intruder_log"]
+    assert sorted(int(n["node-id"]) for n in outcome["nodes"]) == sorted(outcome["node_ids"])
+
+
+@pytest.mark.deployment
+def test_a_failed_run_is_reported_as_failed_with_flowers_reason(deployments):
+    failed = _outcome(deployments, "tls")["failing"]
+    assert isinstance(failed, RunFailed)
+    assert failed.status == "finished:failed"
+    assert "n_clients" in failed.details  # the ServerApp's exception, as Flower reports it
+    assert failed.log_path.exists() and "n_clients" in failed.log_path.read_text()
+
+
+@pytest.mark.deployment
+def test_fedgem_finishes_without_a_supernode_killed_mid_rounds(deployments):
+    outcome = _outcome(deployments, "killed")
+    result = outcome["result"]
+    assert outcome.get("killed")
+    lost = [r for r in result["clients"]["rejected"] if r["client"] == KILLED]
+    dropped_in = lost[0]["round"]
+    assert dropped_in in (1, 2), "the node was killed during the collaborative rounds"
+    assert {r["round"] for r in lost} >= {dropped_in, "final"}
+    # No healthy client is rejected; FedGEM goes on with the two others.
+    assert not [r for r in result["clients"]["rejected"] if r["client"] in (0, 1)]
+    assert result["clients"]["answered"] == 2
+    assert [h["clients"] for h in result["history"]] == [[0, 1, 2] if h["round"] < dropped_in else [0, 1] for h in result["history"]]
+    assert sorted(result["fedgem"]["client_mapping"]) == ["0", "1"]
+    # The remaining clients' result is exactly FedGEM's when that client fails from the same round on.
+    reference = _inprocess(FEDGEM, lost=(KILLED, [str(r) for r in range(dropped_in, 3)] + ["final"]))
+    for key in ("metrics", "history", "fedgem"):
+        _same_numbers(reference[key], result[key], key)
+    assert outcome["left"] == [] and outcome["ports_free"]
+
+
+@pytest.mark.deployment
+def test_rfica_completes_after_the_timeout_without_a_silent_node(deployments):
+    outcome = _outcome(deployments, "silent")
+    result = outcome["result"]
+    assert result["clients"]["answered"] == 2
+    [rejected] = result["clients"]["rejected"]
+    assert rejected["client"] == f"node-{outcome['silent_node']}" and rejected["round"] == 1
+    assert re.fullmatch(rf"no reply within {SILENT_TIMEOUT}(\.0)? s", rejected["reason"])
+    assert result["timings"]["total"] >= SILENT_TIMEOUT
+    assert result["rfica"]["client_partitions"] == [0, 1]
+    reference = _inprocess(RFICA, lost=(SILENT, ["1"]))
+    _same_numbers(reference["metrics"], result["metrics"], "metrics")
+    assert outcome["left"] == [] and outcome["ports_free"]  # the frozen process was stopped too
+
+
+@pytest.mark.deployment
+def test_ctrl_c_stops_every_process(deployments):
+    outcome = _outcome(deployments, "interrupt")
+    assert outcome["code"] == 130, outcome["stderr"][-3000:]
+    assert "interrupted" in outcome["stderr"]
+    assert len(outcome["pids"]) >= 5  # SuperLink, 2 SuperNodes and their helpers were running
+    assert outcome["left"] == []
+    assert outcome["ports_free"]
