@@ -183,12 +183,16 @@ def _gem_round(arrays, values, cfg, partition_id, context):
     start = time.perf_counter()
     maximisers, radii = gem.local_round(data.X_train, centroids, weights, n_steps=cfg["algorithm"]["local_steps"])
     seconds = time.perf_counter() - start
-    n_points = data.X_train.shape[0]
-    if _is_hostile(cfg, partition_id, client_count(cfg["scenario"])) and cfg["attack"]["kind"] in attacks.GEM_ATTACKS:
-        maximisers, radii, n_points = attacks.hostile_gem_reply(
-            cfg["attack"]["kind"], maximisers, radii, n_points, attacks.attack_rng(cfg["seed"], partition_id, _stage(values))
-        )
+    maximisers, radii, n_points = _hostile_gem(cfg, partition_id, values, maximisers, radii, data.X_train.shape[0])
     return {"maximisers": maximisers, "radii": radii, "weights": weights}, {"n-points": n_points, "fit-seconds": seconds}
+
+
+def _hostile_gem(cfg, partition_id, values, maximisers, radii, n_points):
+    """A hostile client's replacement of its honest reply (``attack`` config); an honest client's reply unchanged."""
+    if not (_is_hostile(cfg, partition_id, client_count(cfg["scenario"])) and cfg["attack"]["kind"] in attacks.GEM_ATTACKS):
+        return maximisers, radii, n_points
+    rng = attacks.attack_rng(cfg["seed"], partition_id, _stage(values))
+    return attacks.hostile_gem_reply(cfg["attack"]["kind"], maximisers, radii, n_points, rng)
 
 
 def _stage(values: Mapping[str, Any]) -> int:
@@ -211,12 +215,12 @@ def _gem_final(arrays, values, cfg, partition_id, context):
     if upsilon != "auto":
         # The client's own final radius, for the record; the server recomputes it from the same inputs.
         reply_arrays["radii"] = gem.final_radius(maximisers, weights, n_points, float(upsilon))
-    if _is_hostile(cfg, partition_id, client_count(cfg["scenario"])) and cfg["attack"]["kind"] in attacks.GEM_ATTACKS:
-        radii = reply_arrays.get("radii", np.zeros(data.n_components))
-        maximisers, radii, n_points = attacks.hostile_gem_reply(
-            cfg["attack"]["kind"], maximisers, radii, n_points, attacks.attack_rng(cfg["seed"], partition_id, _stage(values))
-        )
-        reply_arrays.update(maximisers=maximisers, radii=radii)
+    maximisers, radii, n_points = _hostile_gem(
+        cfg, partition_id, values, maximisers, reply_arrays.get("radii", np.zeros(data.n_components)), n_points
+    )
+    reply_arrays["maximisers"] = maximisers
+    if "radii" in reply_arrays:
+        reply_arrays["radii"] = radii
     return reply_arrays, {"n-points": n_points, "fit-seconds": seconds}
 
 
