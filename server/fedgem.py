@@ -207,13 +207,23 @@ def _cap_counts(models: Mapping[int, ClientModel], factor: float | None) -> None
             model.n_points = cap
 
 
-def _outlying_radii(eps: np.ndarray, factor: float | None) -> np.ndarray:
-    """Components whose ball radius exceeds ``factor`` times the median radius (a robust rule; None: none)."""
+def _outlying_radii(eps: np.ndarray, factor: float | None, scale: float) -> np.ndarray:
+    """Components whose ball is an outlier by a robust rule (``factor`` None: none).
+
+    A radius is an outlier when it exceeds ``factor`` times the median radius AND half of
+    ``scale``, the typical distance between a client's own components. The first condition
+    alone would flag honest components late in a run, when most radii are nearly zero; a
+    ball smaller than half the cluster separation cannot swallow a neighbouring cluster.
+    """
     radii = np.sqrt(eps)
     if factor is None or radii.size == 0:
         return np.zeros(radii.shape, dtype=bool)
-    median = float(np.median(radii))
-    return radii > factor * median if median > 0 else np.zeros(radii.shape, dtype=bool)
+    return (radii > factor * float(np.median(radii))) & (radii > 0.5 * scale)
+
+
+def _separation_scale(components: Components) -> float:
+    """The median over clients of the smallest distance between a client's own components."""
+    return float(np.median([gem.min_centroid_distance(components.centers[part]) for part in components.slices().values()]))
 
 
 def _trusted_server_step(components: Components, factor: float | None) -> tuple[np.ndarray, int, np.ndarray]:
@@ -226,7 +236,7 @@ def _trusted_server_step(components: Components, factor: float | None) -> tuple[
         Super-clusters of the merged components plus one per excluded component.
     excluded : ndarray of shape (m,), dtype bool
     """
-    excluded = _outlying_radii(components.eps, factor)
+    excluded = _outlying_radii(components.eps, factor, _separation_scale(components))
     keep = ~excluded
     new_centers = components.centers.copy()
     step = merging.server_step(components.centers[keep], components.eps[keep], components.owners[keep], components.weights[keep])
@@ -247,7 +257,8 @@ def _trusted_final_aggregation(
     founds no global cluster: it is mapped to the nearest global centroid of the others, so
     that it can neither merge every cluster into one nor add clusters of its own.
     """
-    excluded = _outlying_radii(radii, factor) | (_outlying_radii(final.eps, factor) & (final.eps > radii))
+    scale = _separation_scale(final)
+    excluded = _outlying_radii(radii, factor, scale) | (_outlying_radii(final.eps, factor, scale) & (final.eps > radii))
     keep = ~excluded
     trusted = merging.final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep])
     labels = np.empty(final.centers.shape[0], dtype=np.int64)
