@@ -141,6 +141,7 @@ def run_fedgem(federation: Federation) -> dict[str, Any]:
         **evaluation,
         "super_clusters": aggregation.k_hat,
         "upsilon": upsilon,
+        "rounds": alg["rounds"],
     }
     if true_k is not None:
         fedgem_metrics["k_true"] = true_k
