@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 RESULT_FILE = "result.json"
+# What a run that stopped early had computed; a sweep does not count it as complete.
+PARTIAL_RESULT_FILE = "partial_result.json"
 SUMMARY_FILE = "summary.txt"
 
 

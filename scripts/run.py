@@ -20,7 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from fedica.config import ConfigError, validate_config
-from fedica.results import RESULT_FILE, format_summary, is_complete_result
+from fedica.results import PARTIAL_RESULT_FILE, RESULT_FILE, format_summary, is_complete_result
 from server.federation import NotEnoughClients
 
 log = logging.getLogger("fedica")
@@ -46,6 +46,9 @@ def main(cfg: DictConfig) -> None:
         result = run_engine(cfg_dict)
     except NotEnoughClients as err:
         print(f"fedica-run: the run stopped: {err}", file=sys.stderr)
+        if err.partial is not None:
+            path = write_result(out_dir, err.partial, name=PARTIAL_RESULT_FILE)
+            print(f"what it had computed: {path}", file=sys.stderr)
         sys.exit(1)
     path = write_result(out_dir, result)
     if HydraConfig.get().mode != RunMode.MULTIRUN:

@@ -23,8 +23,8 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedica.config import validate_config
-from fedica.results import SUMMARY_FILE, RESULT_FILE, format_summary, versions, write_json_atomic
-from server.federation import Federation
+from fedica.results import PARTIAL_RESULT_FILE, RESULT_FILE, SUMMARY_FILE, format_summary, versions, write_json_atomic
+from server.federation import Federation, NotEnoughClients
 from server.fedgem import run_fedgem
 from server.rfica import run_rfica
 
@@ -52,24 +52,35 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any]) -> dict[str, Any]:
     validate_config(cfg)
     start = time.perf_counter()
     federation = Federation(grid, cfg)
-    partial = _RUNNERS[cfg["algorithm"]["name"]](federation)
-    partial["timings"]["total"] = time.perf_counter() - start
-    return {
+    header = {
         "algorithm": cfg["algorithm"]["name"],
         "scenario": dict(cfg["scenario"]),
         "engine": cfg["engine"]["name"],
         "seed": cfg["seed"],
         "config": dict(cfg),
         "versions": versions(),
-        "history": [],
-        **partial,
+        "history": federation.history,
     }
+    try:
+        partial = _RUNNERS[cfg["algorithm"]["name"]](federation)
+    except NotEnoughClients as err:
+        # Nothing already computed is lost: the caller writes this as partial_result.json.
+        err.partial = {
+            **header,
+            "status": f"stopped: {err}",
+            "clients": federation.clients_record(0),
+            "participation": federation.participation,
+            "timings": {"total": time.perf_counter() - start},
+        }
+        raise
+    partial["timings"]["total"] = time.perf_counter() - start
+    return {**header, **partial}
 
 
-def write_result(out_dir: str | os.PathLike, result: Mapping[str, Any]) -> Path:
-    """Write ``result.json`` (atomically) and ``summary.txt`` into ``out_dir``."""
+def write_result(out_dir: str | os.PathLike, result: Mapping[str, Any], *, name: str = RESULT_FILE) -> Path:
+    """Write ``result.json`` (atomically; or ``name``) and ``summary.txt`` into ``out_dir``."""
     out_dir = Path(out_dir)
-    path = write_json_atomic(out_dir / RESULT_FILE, result)
+    path = write_json_atomic(out_dir / name, result)
     (out_dir / SUMMARY_FILE).write_text(format_summary(result) + "\n")
     return path
 
@@ -98,7 +109,11 @@ def main(grid: Grid, context: Context) -> None:
     out_dir = str(context.run_config.get("out-dir", "")) or os.environ.get("FEDICA_OUT") or str(
         Path("outputs") / "flwr" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     )
-    result = run_federation(grid, cfg)
+    try:
+        result = run_federation(grid, cfg)
+    except NotEnoughClients as err:
+        write_result(out_dir, err.partial, name=PARTIAL_RESULT_FILE)
+        raise
     path = write_result(out_dir, result)
     log.warning("%s\nresult: %s", format_summary(result), path.resolve())
 

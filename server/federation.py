@@ -26,7 +26,12 @@ log = logging.getLogger("fedica.server")
 
 
 class NotEnoughClients(RuntimeError):
-    """Fewer valid replies than ``min_clients``: the run cannot go on."""
+    """Fewer valid replies than ``min_clients``: the run cannot go on.
+
+    ``partial`` holds what the run had computed when it stopped (set by ``run_federation``).
+    """
+
+    partial: dict[str, Any] | None = None
 
 
 @dataclass
@@ -55,6 +60,7 @@ class Federation:
     rejected: list[dict[str, Any]] = field(default_factory=list)
     partition_of: dict[int, int] = field(default_factory=dict)
     participation: list[dict[str, Any]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.expected = client_count(self.cfg["scenario"])

@@ -93,7 +93,7 @@ def run_fedgem(federation: Federation) -> dict[str, Any]:
     federation.require(models.values(), "FedGEM initialisation")
     _cap_counts(models, alg["count_cap_factor"])
 
-    history: list[dict[str, Any]] = []
+    history = federation.history
     for round_number in range(1, alg["rounds"] + 1):
         asked = _participants(models, alg["participation"], cfg, round_number)
         replies = federation.exchange(

@@ -161,8 +161,29 @@ def test_malformed_rfica_replies_are_rejected_with_reasons():
 def test_too_few_valid_replies_is_a_clear_error():
     cfg = compose_config(SMALL_ICA + ["engine=inprocess", "min_clients=8"])
     app = _corrupting_app(lambda partition, content: RuntimeError("down") if partition < 4 else None)
-    with pytest.raises(NotEnoughClients, match="only 6 valid replies, min_clients=8"):
+    with pytest.raises(NotEnoughClients, match="only 6 valid replies, min_clients=8") as info:
         run_inprocess(cfg, client_app=app)
+    assert len(info.value.partial["clients"]["rejected"]) == 4
+
+
+def test_a_stopped_fedgem_run_keeps_what_it_computed(tmp_path):
+    """Clients that fail from round 3 on stop the run; the two rounds already done are kept."""
+
+    rounds_seen = {}
+
+    def failing(partition, content):
+        rounds_seen[partition] = rounds_seen.get(partition, 0) + 1
+        # init, round 1, round 2 succeed; every later reply fails
+        return RuntimeError("site went down") if rounds_seen[partition] > 3 and partition < 4 else None
+
+    cfg = compose_config(SEPARATED_BLOBS + ["engine=inprocess", "min_clients=2"])
+    with pytest.raises(NotEnoughClients) as info:
+        run_inprocess(cfg, client_app=_corrupting_app(failing))
+    partial = info.value.partial
+    assert [h["round"] for h in partial["history"]] == [1, 2]
+    assert partial["status"].startswith("stopped: FedGEM round 3")
+    path = write_result(tmp_path, partial, name="partial_result.json")
+    assert json.loads(path.read_text())["history"][1]["super_clusters"] >= 6
 
 
 def test_fedgem_survives_a_client_with_broken_replies(gem_inprocess):
