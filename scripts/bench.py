@@ -117,16 +117,21 @@ def bench_fedgem_simulation(repeats: int, inprocess_wall: float | None) -> dict[
     }
 
 
-def _components(m: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """m components of m/10 clients with 10 components each, around 10 true centres, small radii."""
+def _components(m: int, d: int, seed: int = 0, overlap: float = 0.4) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """m components of m/10 clients with 10 components each, around 10 true centres.
+
+    Each centre is the true centre plus N(0, 0.1^2) noise per coordinate; ball radii are
+    ``overlap`` x 0.1 x U(0.5, 1.5), so ``overlap`` sets how many balls meet (0.4: about 1%
+    of the components merge per round, as late in a run; 2: every pair within a cluster meets).
+    """
     rng = np.random.default_rng(seed)
     n_clients = m // 10
     truth = rng.normal(scale=10.0, size=(10, d))
     owners = np.repeat(np.arange(n_clients), 10)
     ids = np.tile(np.arange(10), n_clients)
-    centers = truth[ids] + rng.normal(scale=0.05, size=(m, d))
-    eps = rng.uniform(0.005, 0.02, size=m)
-    return centers, eps, owners, np.ones(m)
+    centers = truth[ids] + rng.normal(scale=0.1, size=(m, d))
+    radii = overlap * 0.1 * rng.uniform(0.5, 1.5, size=m)
+    return centers, radii**2, owners, np.ones(m)
 
 
 def _all_pairs_candidates(centers: np.ndarray, radii: np.ndarray, owners: np.ndarray) -> int:

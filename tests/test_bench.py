@@ -1,0 +1,27 @@
+"""The benchmark helpers compute what they claim (no timing is asserted: benchmarks never gate CI)."""
+
+import numpy as np
+
+from fedica import merging
+from scripts import bench
+
+
+def test_all_pairs_reference_agrees_with_the_kdtree_search():
+    centers, eps, owners, _ = bench._components(2_000, 10, seed=3, overlap=2.0)
+    radii = np.sqrt(eps)
+    pairs, _ = merging.candidate_pairs(centers, radii, owners)
+    assert bench._all_pairs_candidates(centers, radii, owners) == len(pairs) > 1000
+
+
+def test_timed_reports_median_of_repetitions():
+    calls = []
+    stats, value = bench.timed(lambda: calls.append(1) or len(calls), 3)
+    assert value == 3 and stats["repeats"] == 3
+    assert stats["min_s"] <= stats["median_s"] <= stats["max_s"]
+
+
+def test_server_step_benchmark_runs_at_small_scale():
+    report = bench.bench_server_step(1, sizes=(1_000,))
+    row = report["rows"][0]
+    assert row["components"] == 1_000 and 10 <= row["super_clusters"] <= 1_000
+    assert row["server_step_peak_mib"] > 0
