@@ -181,6 +181,7 @@ def _check_fedgem(alg: _Checker) -> None:
     if alg.get("count_cap_factor") is not None:
         alg.number("count_cap_factor", low=1.0)
     alg.number("participation", low=0.0, high=1.0, low_open=True)
+    alg.number("guard_factor", low=0.0, low_open=True)
 
 
 def _check_ica_paper(sc: _Checker) -> None:

@@ -673,7 +673,8 @@ def select_upsilon(silhouettes, k_hats, guard):
     k_hats : array-like of shape (c,)
         Number of global clusters per candidate.
     guard : float
-        ``sqrt(sum_g K_g)``.
+        The largest k_hat that is not significantly above ``sqrt(sum_g K_g)`` (the
+        caller scales that bound by its tolerance).
 
     Returns
     -------

@@ -4,7 +4,7 @@ Every run of a sweep wrote ``result.json`` with its full config; the experiment 
 ``plot`` section says what to draw: ``x`` (a dotted config key), ``metrics`` (one row
 of panels each), optional ``panels`` (a config key: one column of panels per value),
 ``series`` (a config key whose values split each method into separate lines),
-``methods`` (which methods to draw; default all), ``logy``, ``xlabel``. The metric
+``methods`` (which methods to draw; default all), ``logy``, ``logx``, ``xlabel``. The metric
 ``seconds`` draws each method's fitting time (``timings`` in the result).
 
     fedica-plot multirun/rfica_fig1_k                     # writes multirun/rfica_fig1_k/figure.png and table.md
@@ -99,6 +99,8 @@ def plot(table: Mapping, spec: Mapping[str, Any], out: Path, title: str) -> None
                 ax.errorbar(x, means, yerr=sds, marker="o", capsize=3, label=line)
             if spec.get("logy") and metric in ("error", "seconds"):
                 ax.set_yscale("log")
+            if spec.get("logx"):
+                ax.set_xscale("log")
             ax.set_xlabel(spec.get("xlabel", spec["x"]))
             ax.set_ylabel(metric)
             if panel != "":

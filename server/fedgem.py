@@ -386,7 +386,8 @@ def _choose_upsilon(
     with np.errstate(invalid="ignore", divide="ignore"):
         silhouettes = np.where(weight_sum > 0, totals / np.maximum(weight_sum, 1), np.nan)
     k_hats = np.array([agg.k_hat for agg in aggregations])
-    guard = math.sqrt(sum(m.n_components for m in models.values()))
+    # The paper keeps k_hat "not significantly" above sqrt(sum_g K_g); guard_factor says how far is significant.
+    guard = alg["guard_factor"] * math.sqrt(sum(m.n_components for m in models.values()))
     if np.all(np.isnan(silhouettes)):
         log.warning("no client could score a silhouette; upsilon falls back to the grid's median value")
         chosen = len(grid) // 2
