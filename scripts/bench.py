@@ -196,11 +196,41 @@ def bench_rfica(repeats: int) -> dict[str, Any]:
     return out
 
 
+def plot_server_scaling(report: dict[str, Any], out: Path) -> None:
+    """Log-log plot of the server step time against the number of components, with n log n for reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["server_step"]["rows"]
+    m = np.array([row["components"] for row in rows], dtype=float)
+    step = np.array([row["server_step"]["median_s"] for row in rows])
+    kd = np.array([row["kdtree_candidates"]["median_s"] for row in rows])
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    ax.loglog(m, step, "o-", label="server step (KD-tree)")
+    ax.loglog(m, kd, "s-", label="KD-tree candidate search alone")
+    brute = [(row["components"], row["all_pairs_candidates"]["median_s"]) for row in rows if isinstance(row["all_pairs_candidates"], dict)]
+    if brute:
+        ax.loglog(*zip(*brute), "^--", label="all-pairs candidate search")
+    reference = m * np.log(m)
+    ax.loglog(m, reference * step[0] / reference[0], ":", color="grey", label="n log n (scaled)")
+    ax.set_xlabel("components (d = 10)")
+    ax.set_ylabel("seconds (median)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="fedica-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results.json")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", action="append", choices=["fedgem_inprocess", "fedgem_simulation", "server_step", "rfica"])
+    parser.add_argument("--figure", help="PNG of the server step's scaling (with the server_step benchmark)")
     args = parser.parse_args(argv)
     chosen = args.only or ["fedgem_inprocess", "fedgem_simulation", "server_step", "rfica"]
     path = Path(args.out)
@@ -221,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     report["machine"]["load_average_end"] = os.getloadavg()
     write_json_atomic(path, report)
     print(f"-> {path}")
+    if args.figure and "server_step" in report:
+        plot_server_scaling(report, Path(args.figure))
+        print(f"-> {args.figure}")
 
 
 if __name__ == "__main__":

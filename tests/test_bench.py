@@ -25,3 +25,9 @@ def test_server_step_benchmark_runs_at_small_scale():
     row = report["rows"][0]
     assert row["components"] == 1_000 and 10 <= row["super_clusters"] <= 1_000
     assert row["server_step_peak_mib"] > 0
+
+
+def test_scaling_figure_is_drawn(tmp_path):
+    report = {"server_step": bench.bench_server_step(1, sizes=(1_000, 2_000))}
+    bench.plot_server_scaling(report, tmp_path / "scaling.png")
+    assert (tmp_path / "scaling.png").stat().st_size > 1000
