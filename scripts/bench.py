@@ -137,8 +137,8 @@ def _components(m: int, d: int, seed: int = 0, overlap: float = 0.4) -> tuple[np
 def _all_pairs_candidates(centers: np.ndarray, radii: np.ndarray, owners: np.ndarray) -> int:
     """All-pairs overlap test (the authors' approach, vectorised), in row blocks to bound memory."""
     count = 0
-    for start in range(0, centers.shape[0], 2048):
-        block = slice(start, start + 2048)
+    for start in range(0, centers.shape[0], 256):
+        block = slice(start, start + 256)
         distances = np.linalg.norm(centers[block, None, :] - centers[None, :, :], axis=2)
         overlap = (distances <= radii[block, None] + radii[None, :]) & (owners[block, None] != owners[None, :])
         count += int(np.count_nonzero(overlap))
