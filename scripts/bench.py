@@ -117,18 +117,22 @@ def bench_fedgem_simulation(repeats: int, inprocess_wall: float | None) -> dict[
     }
 
 
-def _components(m: int, d: int, seed: int = 0, overlap: float = 0.4) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """m components of m/10 clients with 10 components each, around 10 true centres.
+def _components(
+    m: int, d: int, seed: int = 0, overlap: float = 0.4, n_true: int = 10
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """m components of m/10 clients with 10 components each, around ``n_true`` true centres.
 
     Each centre is the true centre plus N(0, 0.1^2) noise per coordinate; ball radii are
     ``overlap`` x 0.1 x U(0.5, 1.5), so ``overlap`` sets how many balls meet (0.4: about 1%
     of the components merge per round, as late in a run; 2: every pair within a cluster meets).
+    With ``n_true`` = 10 the components per true cluster grow with m (G grows, K fixed), and so
+    do the overlapping pairs; with ``n_true`` = m / 100 every cluster keeps 100 members.
     """
     rng = np.random.default_rng(seed)
     n_clients = m // 10
-    truth = rng.normal(scale=10.0, size=(10, d))
+    truth = rng.normal(scale=10.0 * max(1.0, (n_true / 10) ** (1 / d)), size=(n_true, d))
     owners = np.repeat(np.arange(n_clients), 10)
-    ids = np.tile(np.arange(10), n_clients)
+    ids = np.concatenate([rng.choice(n_true, 10, replace=False) for _ in range(n_clients)])
     centers = truth[ids] + rng.normal(scale=0.1, size=(m, d))
     radii = overlap * 0.1 * rng.uniform(0.5, 1.5, size=m)
     return centers, radii**2, owners, np.ones(m)
@@ -149,8 +153,8 @@ def bench_server_step(repeats: int, sizes: Sequence[int] = (1_000, 10_000, 100_0
     from fedica import merging
 
     rows = []
-    for m in sizes:
-        centers, eps, owners, weights = _components(m, 10)
+    for m, workload in [(m, w) for w in ("fixed_K", "fixed_density") for m in sizes]:
+        centers, eps, owners, weights = _components(m, 10, n_true=10 if workload == "fixed_K" else max(10, m // 100))
         radii = np.sqrt(eps)
         kd, _ = timed(lambda: merging.candidate_pairs(centers, radii, owners), repeats)
         step, result = timed(lambda: merging.server_step(centers, eps, owners, weights), repeats)
@@ -159,19 +163,23 @@ def bench_server_step(repeats: int, sizes: Sequence[int] = (1_000, 10_000, 100_0
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         row = {
+            "workload": workload,
             "components": m,
             "kdtree_candidates": kd,
             "server_step": step,
             "server_step_peak_mib": peak / 2**20,
             "super_clusters": result.n_super_clusters,
         }
-        if m <= 20_000:
+        if m <= 20_000 and workload == "fixed_K":
             row["all_pairs_candidates"], _ = timed(lambda: _all_pairs_candidates(centers, radii, owners), 1)
         else:
-            row["all_pairs_candidates"] = "not run: quadratic (about 5e9 distance evaluations)"
+            row["all_pairs_candidates"] = "not run (quadratic: about 5e9 distance evaluations at 100k)"
         rows.append(row)
-        print(f"  server step at {m} components: {step['median_s']:.3f} s, peak {peak / 2**20:.1f} MiB", flush=True)
-    return {"d": 10, "rows": rows}
+        print(f"  server step, {workload}, {m} components: {step['median_s']:.3f} s, peak {peak / 2**20:.1f} MiB", flush=True)
+    return {"d": 10, "workloads": {
+        "fixed_K": "10 true clusters: members per cluster and overlapping pairs grow with m (G grows, K fixed)",
+        "fixed_density": "m/100 true clusters of 100 members each: overlapping pairs grow linearly with m",
+    }, "rows": rows}
 
 
 def bench_rfica(repeats: int) -> dict[str, Any]:
@@ -204,15 +212,18 @@ def plot_server_scaling(report: dict[str, Any], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = report["server_step"]["rows"]
-    m = np.array([row["components"] for row in rows], dtype=float)
-    step = np.array([row["server_step"]["median_s"] for row in rows])
-    kd = np.array([row["kdtree_candidates"]["median_s"] for row in rows])
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    ax.loglog(m, step, "o-", label="server step (KD-tree)")
-    ax.loglog(m, kd, "s-", label="KD-tree candidate search alone")
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    for workload, marker in (("fixed_K", "o"), ("fixed_density", "s")):
+        chosen = [row for row in rows if row["workload"] == workload]
+        if chosen:
+            ax.loglog([row["components"] for row in chosen], [row["server_step"]["median_s"] for row in chosen],
+                      marker + "-", label=f"server step, {workload.replace('_', ' ')}")
     brute = [(row["components"], row["all_pairs_candidates"]["median_s"]) for row in rows if isinstance(row["all_pairs_candidates"], dict)]
     if brute:
-        ax.loglog(*zip(*brute), "^--", label="all-pairs candidate search")
+        ax.loglog(*zip(*brute), "^--", label="all-pairs candidate search alone")
+    density = [row for row in rows if row["workload"] == "fixed_density"] or rows
+    m = np.array([row["components"] for row in density], dtype=float)
+    step = np.array([row["server_step"]["median_s"] for row in density])
     reference = m * np.log(m)
     ax.loglog(m, reference * step[0] / reference[0], ":", color="grey", label="n log n (scaled)")
     ax.set_xlabel("components (d = 10)")
