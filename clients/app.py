@@ -175,11 +175,16 @@ def _received_centroids(arrays: Mapping[str, np.ndarray], data: scenarios.Client
     return context.state[STATE_KEY]["centroids"].numpy()
 
 
-def _gem_round(arrays, values, cfg, partition_id, context):
+def _adopt_centroids(arrays, cfg, partition_id, context):
+    """Load the client's data and adopt the centroids the server sent (kept in the node's state)."""
     data = _gem_data(cfg, partition_id, context)
     centroids = _received_centroids(arrays, data, context)
     _store_centroids(context, centroids)
-    weights = _gem_weights(data)
+    return data, centroids, _gem_weights(data)
+
+
+def _gem_round(arrays, values, cfg, partition_id, context):
+    data, centroids, weights = _adopt_centroids(arrays, cfg, partition_id, context)
     start = time.perf_counter()
     maximisers, radii = gem.local_round(data.X_train, centroids, weights, n_steps=cfg["algorithm"]["local_steps"])
     seconds = time.perf_counter() - start
@@ -202,10 +207,7 @@ def _stage(values: Mapping[str, Any]) -> int:
 
 
 def _gem_final(arrays, values, cfg, partition_id, context):
-    data = _gem_data(cfg, partition_id, context)
-    centroids = _received_centroids(arrays, data, context)
-    _store_centroids(context, centroids)
-    weights = _gem_weights(data)
+    data, centroids, weights = _adopt_centroids(arrays, cfg, partition_id, context)
     start = time.perf_counter()
     maximisers = gem.em_step(data.X_train, centroids, weights)
     seconds = time.perf_counter() - start
