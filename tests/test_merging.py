@@ -206,6 +206,20 @@ def test_fast_path_matches_specification_on_larger_random_instances(seed):
     assert labels.max() + 1 < 200  # merges happened, and conflicts (few owners) occurred
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_blocked_union_find_matches_specification_with_thousands_of_conflicting_edges(seed):
+    """Dense overlaps and few owners: many blocks of edges conflict and are bisected."""
+    rng = np.random.default_rng(70 + seed)
+    m = 600
+    owners = rng.integers(0, 12, size=m)
+    truth = rng.normal(scale=4.0, size=(5, 3))
+    centers = truth[rng.integers(0, 5, size=m)] + rng.normal(scale=0.4, size=(m, 3))
+    radii = rng.uniform(0.2, 0.8, size=m)
+    pairs, _ = candidate_pairs(centers, radii, owners)
+    assert pairs.shape[0] > 15_000
+    np.testing.assert_array_equal(super_clusters(centers, radii, owners), reference_super_clusters(centers, radii, owners))
+
+
 # ------------------------------------------------------------------ consensus
 
 
