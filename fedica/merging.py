@@ -224,78 +224,35 @@ def candidate_pairs(centers, radii, owners):
 # ---------------------------------------------------------------- super-clusters
 
 
-# Blocks of at most this many edges that conflict are applied one edge at a time, which caps
-# the bisection (and its connected_components calls) at log2(4096 / 64) = 6 levels.
-_SEQUENTIAL_BLOCK = 64
+def _constrained_union_find(n_nodes, edges, node_owner):
+    """Sequential union-find over ``edges`` (already in processing order).
 
-
-def _constrained_union_find(n_nodes, edges, node_owner, *, block_size=4096):
-    """Union-find over ``edges`` (already in processing order) that skips every union
-    that would put two nodes of one owner in one set. Returns a set id for every node.
-
-    The semantics are sequential (whether a union happens depends on every earlier
-    one), but they are computed a block of edges at a time, with scipy's
-    ``connected_components`` doing the unions, because a Python loop over the edges
-    costs about a microsecond each and a wide first round has hundreds of thousands:
-
-    * an edge inside one set is a no-op, and an edge between two sets that already
-      share an owner is a skip now and forever (sets only grow): both are dropped;
-    * if the unions of all remaining edges of the block together create no owner
-      conflict, then applying them one by one in order creates none either (every
-      intermediate partition is finer than the final one), so the block is accepted
-      at once;
-    * otherwise the block is split in two halves processed in order, down to blocks of
-      64 edges, which are applied one edge at a time.
-
-    (scipy's ``DisjointSet`` and ``connected_components`` alone cannot skip unions.)
+    A union is skipped when the two sets share an owner. Returns the root of every node.
+    Hand-written because the skip needs the owner set of every root, which neither
+    scipy's ``DisjointSet`` nor ``connected_components`` can take into account.
     """
-    node_owner = np.asarray(node_owner, dtype=np.int64)
-    n_owners = int(node_owner.max()) + 1 if n_nodes else 1
-    group = np.arange(n_nodes)
-    blocks = [edges[start:start + block_size] for start in range(0, edges.shape[0], block_size)][::-1]
-    while blocks:
-        block = blocks.pop()
-        first, second = group[block[:, 0]], group[block[:, 1]]
-        live = first != second
-        if live.any():
-            live[live] = ~_groups_share_owner(group, node_owner, n_owners, first[live], second[live])
-        block = block[live]
-        if block.shape[0] == 0:
-            continue
-        graph = sparse.coo_matrix(
-            (np.ones(block.shape[0], dtype=np.int8), (group[block[:, 0]], group[block[:, 1]])),
-            shape=(n_nodes, n_nodes),
-        )
-        merged = connected_components(graph, directed=False)[1][group]
-        if np.unique(merged * n_owners + node_owner).shape[0] == n_nodes:
-            group = merged
-        elif block.shape[0] > _SEQUENTIAL_BLOCK:
-            half = block.shape[0] // 2
-            blocks.extend([block[half:], block[:half]])
-        else:
-            _sequential_unions(group, node_owner, block)
-    return group
+    parent = list(range(n_nodes))
+    owner_sets = [{owner} for owner in node_owner.tolist()]
 
+    def find(node):
+        root = node
+        while parent[root] != root:
+            root = parent[root]
+        while parent[node] != root:
+            parent[node], node = root, parent[node]
+        return root
 
-def _sequential_unions(group, node_owner, edges):
-    """Apply ``edges`` one at a time to the set ids ``group`` (in place), skipping owner conflicts."""
     for i, j in edges.tolist():
-        first, second = group[i], group[j]
-        if first == second:
+        root_i, root_j = find(i), find(j)
+        if root_i == root_j:
             continue
-        in_second = group == second
-        if np.intersect1d(node_owner[group == first], node_owner[in_second]).size == 0:
-            group[in_second] = first
-
-
-def _groups_share_owner(group, node_owner, n_owners, first, second):
-    """Whether sets ``first[e]`` and ``second[e]`` (set ids of ``group``) hold a common owner, per edge e."""
-    presence = sparse.csr_matrix(
-        (np.ones(group.shape[0], dtype=np.int32), (group, node_owner)), shape=(group.shape[0], n_owners)
-    )
-    presence.sum_duplicates()
-    common = presence[first].multiply(presence[second])
-    return np.asarray(common.sum(axis=1)).ravel() > 0
+        if len(owner_sets[root_i]) < len(owner_sets[root_j]):
+            root_i, root_j = root_j, root_i
+        if owner_sets[root_i].isdisjoint(owner_sets[root_j]):
+            parent[root_j] = root_i
+            owner_sets[root_i] |= owner_sets[root_j]
+            owner_sets[root_j] = None
+    return np.array([find(node) for node in range(n_nodes)], dtype=np.int64)
 
 
 def super_clusters(centers, radii, owners):
