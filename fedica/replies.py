@@ -20,7 +20,12 @@ class InvalidReply(ValueError):
 
 
 def require_array(
-    arrays: Mapping[str, Any], key: str, shape: tuple[int | None, ...], *, nonnegative: bool = False
+    arrays: Mapping[str, Any],
+    key: str,
+    shape: tuple[int | None, ...],
+    *,
+    nonnegative: bool = False,
+    allow_nan: bool = False,
 ) -> np.ndarray:
     """Fetch a real, finite array of a given shape from a reply.
 
@@ -31,6 +36,8 @@ def require_array(
     shape : tuple of int or None
         Expected shape; ``None`` accepts any length on that axis.
     nonnegative : bool, default=False
+    allow_nan : bool, default=False
+        Accept NaN (a value the client could not compute); infinities are still refused.
 
     Returns
     -------
@@ -47,7 +54,7 @@ def require_array(
         wanted = "x".join("?" if e is None else str(e) for e in shape) or "scalar"
         raise InvalidReply(f"{key!r} has shape {array.shape}, expected {wanted}")
     array = array.astype(np.float64)
-    if not np.all(np.isfinite(array)):
+    if not np.all(np.isfinite(array) | (allow_nan & np.isnan(array))):
         raise InvalidReply(f"{key!r} holds non-finite values")
     if nonnegative and np.any(array < 0):
         raise InvalidReply(f"{key!r} holds negative values")

@@ -8,8 +8,8 @@ written once to ``<sweep dir>/.progress.json``; every job that ends counts the
 
 from __future__ import annotations
 
-import itertools
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ def sweep_size(config: DictConfig) -> int:
     for override in OverridesParser.create().parse_overrides(arguments):
         key = override.get_key_element()
         counts[key] = len(list(override.sweep_string_iterator())) if override.is_sweep_override() else 1
-    return int(max(1, list(itertools.accumulate(counts.values(), lambda a, b: a * b, initial=1))[-1]))
+    return max(1, math.prod(counts.values()))
 
 
 class SweepProgress(Callback):

@@ -54,12 +54,10 @@ class Components:
     weights: np.ndarray   # (m,) N_g * pi_k
 
     def slices(self) -> dict[int, slice]:
-        bounds, start = {}, 0
-        for partition in self.partitions:
-            count = int(np.sum(self.owners == partition))
-            bounds[partition] = slice(start, start + count)
-            start += count
-        return bounds
+        """Each client's rows: its components are stacked contiguously, in the order of ``partitions``."""
+        starts = np.flatnonzero(np.r_[True, self.owners[1:] != self.owners[:-1]]) if self.owners.size else []
+        ends = list(starts[1:]) + [self.owners.size]
+        return {int(self.owners[a]): slice(int(a), int(b)) for a, b in zip(starts, ends)}
 
 
 def run_fedgem(federation: Federation) -> dict[str, Any]:
@@ -277,36 +275,32 @@ def _log_excluded(components: Components, excluded: np.ndarray, round_label: int
                     round_label, int(excluded.sum()), owners)
 
 
-def _collect_round(
-    federation: Federation, models: Mapping[int, ClientModel], replies: list[Reply], round_number: int, dim: int
+def _collect(
+    federation: Federation,
+    models: Mapping[int, ClientModel],
+    replies: list[Reply],
+    round_label: int | str,
+    dim: int,
+    read_radii,
 ) -> tuple[Components, float]:
-    """Validate the round's replies and stack them; radii are recomputed on the server where the model allows."""
-    local_steps = federation.cfg["algorithm"]["local_steps"]
+    """Validate replies and stack every client's maximisers with the radii ``read_radii`` gives.
+
+    ``read_radii(reply, model, maximisers)`` returns the client's (K_g,) squared radii or
+    raises :class:`InvalidReply`; a client the server never initialised is rejected.
+    """
     partitions, centers, eps, owners, weights = [], [], [], [], []
     seconds = 0.0
     for reply in replies:
         model = models.get(reply.partition_id)
         if model is None:
-            federation.reject(reply.node_id, round_number, "this client was not initialised")
+            federation.reject(reply.node_id, round_label, "this client was not initialised")
             continue
         try:
             maximisers = validate_gem_components(reply.arrays, "maximisers", dim=dim, n_components=model.n_components)
-            radii = require_array(reply.arrays, "radii", (model.n_components,), nonnegative=True)
-            n_points = require_int(reply.values, "n-points", minimum=model.n_components)
+            radii = read_radii(reply, model, maximisers)
         except InvalidReply as err:
-            federation.reject(reply.node_id, round_number, f"invalid reply: {err}")
+            federation.reject(reply.node_id, round_label, f"invalid reply: {err}")
             continue
-        if n_points != model.declared_points:
-            log.warning("client %d claims %d points, it declared %d at initialisation; the declared count is used",
-                        reply.partition_id, n_points, model.declared_points)
-        if local_steps == 1:
-            # The server never trusts a reported radius: with one EM step the exact radius is
-            # ||M_k - theta_k||^2 for the centroids theta it sent this client itself.
-            recomputed = gem.uncertainty_radius(maximisers, model.centroids)
-            if not np.allclose(radii, recomputed, rtol=1e-6, atol=1e-9):
-                log.warning("client %d, round %d: reported radii %s differ from the recomputed %s; the recomputed are used",
-                            reply.partition_id, round_number, np.round(radii, 6).tolist(), np.round(recomputed, 6).tolist())
-            radii = recomputed
         partitions.append(reply.partition_id)
         centers.append(maximisers)
         eps.append(radii)
@@ -318,31 +312,37 @@ def _collect_round(
     return Components(partitions, np.vstack(centers), np.concatenate(eps), np.concatenate(owners), np.concatenate(weights)), seconds
 
 
+def _collect_round(
+    federation: Federation, models: Mapping[int, ClientModel], replies: list[Reply], round_number: int, dim: int
+) -> tuple[Components, float]:
+    """A collaborative round's replies; radii are recomputed on the server where the model allows."""
+    local_steps = federation.cfg["algorithm"]["local_steps"]
+
+    def read_radii(reply: Reply, model: ClientModel, maximisers: np.ndarray) -> np.ndarray:
+        radii = require_array(reply.arrays, "radii", (model.n_components,), nonnegative=True)
+        n_points = require_int(reply.values, "n-points", minimum=model.n_components)
+        if n_points != model.declared_points:
+            log.warning("client %d claims %d points, it declared %d at initialisation; the declared count is used",
+                        reply.partition_id, n_points, model.declared_points)
+        if local_steps > 1:
+            return radii
+        # The server never trusts a reported radius: with one EM step the exact radius is
+        # ||M_k - theta_k||^2 for the centroids theta it sent this client itself.
+        recomputed = gem.uncertainty_radius(maximisers, model.centroids)
+        if not np.allclose(radii, recomputed, rtol=1e-6, atol=1e-9):
+            log.warning("client %d, round %d: reported radii %s differ from the recomputed %s; the recomputed are used",
+                        reply.partition_id, round_number, np.round(radii, 6).tolist(), np.round(recomputed, 6).tolist())
+        return recomputed
+
+    return _collect(federation, models, replies, round_number, dim, read_radii)
+
+
 def _collect_final(
     federation: Federation, models: Mapping[int, ClientModel], replies: list[Reply], dim: int
 ) -> tuple[Components, float]:
-    """Validate the final stage's replies; ``eps`` of the result holds each component's drift from the centroids sent."""
-    partitions, centers, drifts, owners, weights = [], [], [], [], []
-    seconds = 0.0
-    for reply in replies:
-        model = models.get(reply.partition_id)
-        if model is None:
-            federation.reject(reply.node_id, "final", "this client was not initialised")
-            continue
-        try:
-            maximisers = validate_gem_components(reply.arrays, "maximisers", dim=dim, n_components=model.n_components)
-        except InvalidReply as err:
-            federation.reject(reply.node_id, "final", f"invalid reply: {err}")
-            continue
-        partitions.append(reply.partition_id)
-        centers.append(maximisers)
-        drifts.append(gem.uncertainty_radius(maximisers, model.centroids))
-        owners.append(np.full(model.n_components, reply.partition_id))
-        weights.append(model.n_points * model.weights)
-        seconds += float(reply.values.get("fit-seconds", 0.0))
-    if not partitions:
-        return Components([], np.empty((0, dim)), np.empty(0), np.empty(0, int), np.empty(0)), seconds
-    return Components(partitions, np.vstack(centers), np.concatenate(drifts), np.concatenate(owners), np.concatenate(weights)), seconds
+    """The final stage's replies; ``eps`` of the result holds each component's drift from the centroids sent."""
+    return _collect(federation, models, replies, "final", dim,
+                    lambda reply, model, maximisers: gem.uncertainty_radius(maximisers, model.centroids))
 
 
 def _final_radii(models: Mapping[int, ClientModel], final: Components, upsilon: float) -> np.ndarray:
@@ -375,13 +375,13 @@ def _choose_upsilon(
     weight_sum = np.zeros(len(grid))
     for reply in replies:
         try:
-            scores = require_array({k: np.nan_to_num(v, nan=0.0) for k, v in reply.arrays.items()}, "silhouettes", (len(grid),))
+            scores = require_array(reply.arrays, "silhouettes", (len(grid),), allow_nan=True)
         except InvalidReply as err:
             federation.reject(reply.node_id, "silhouette", f"invalid reply: {err}")
             continue
-        valid = np.isfinite(reply.arrays["silhouettes"])
+        valid = np.isfinite(scores)
         n_points = models[reply.partition_id].n_points
-        totals += np.where(valid, scores * n_points, 0.0)
+        totals += np.where(valid, scores, 0.0) * n_points
         weight_sum += np.where(valid, n_points, 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         silhouettes = np.where(weight_sum > 0, totals / np.maximum(weight_sum, 1), np.nan)
