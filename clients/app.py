@@ -236,12 +236,14 @@ def _gem_silhouette(arrays, values, cfg, partition_id, context):
     sample = min(cfg["algorithm"]["silhouette_sample"], data.X_train.shape[0])
     rng = _seed_sequence(cfg, partition_id, 3)
     points = data.X_train[rng.choice(data.X_train.shape[0], size=sample, replace=False)]
+    start = time.perf_counter()
     scores = np.full(candidates.shape[0], np.nan)
     for i, centroids in enumerate(candidates):
         labels = gem.assign_labels(points, centroids)
         if 2 <= np.unique(labels).size < points.shape[0]:
             scores[i] = silhouette_score(points, labels)
-    return {"silhouettes": scores}, {"n-points": data.X_train.shape[0]}
+    seconds = time.perf_counter() - start
+    return {"silhouettes": scores}, {"n-points": data.X_train.shape[0], "fit-seconds": seconds}
 
 
 def _gem_evaluate(arrays, values, cfg, partition_id, context):

@@ -21,6 +21,7 @@ import numpy as np
 from scipy import sparse
 from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
+from scipy.spatial.distance import cdist
 
 __all__ = [
     "candidate_pairs",
@@ -41,6 +42,13 @@ _LEAF_SIZE = 64
 # Radii below rmax * 2**-52 are indistinguishable from zero next to the largest ball;
 # grouping them in one radius class bounds the number of classes.
 _SMALLEST_RADIUS_CLASS = -52
+# Up to this many components all pairs are compared directly (measured faster than the
+# KD-trees, d = 10), in blocks of about this many distances (512 KiB: small blocks stay in
+# cache and avoid a fresh memory mapping per call, measured 20% faster than one big block).
+_BRUTE_FORCE_MAX = 1_000
+_BRUTE_FORCE_BLOCK = 2**16
+# Edges per chunk of the constrained union-find (see _constrained_union_find).
+_UNION_CHUNK = 2048
 
 
 # ---------------------------------------------------------------- validation
@@ -89,22 +97,13 @@ def _segment_sum(values, labels, n_segments, row_weights):
     return np.asarray(indicator @ values)
 
 
-def _segment_mean_operator(labels, n_segments):
-    """Sparse (n_segments, r) matrix whose product with (r, d) rows gives the per-label means."""
-    counts = np.bincount(labels, minlength=n_segments)
-    return sparse.csr_matrix(
-        (1.0 / counts[labels], (labels, np.arange(labels.shape[0]))),
-        shape=(n_segments, labels.shape[0]),
-    )
-
-
 def _project_onto_balls(points, centers, radii):
     """Row-wise Euclidean projection of ``points`` (r, d) onto the balls (centers, radii)."""
     offsets = points - centers
     lengths = np.sqrt(np.einsum("ij,ij->i", offsets, offsets))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        shrink = np.where(lengths > radii, radii / lengths, 1.0)
-    return np.where((shrink < 1.0)[:, None], centers + offsets * shrink[:, None], points)
+    outside = lengths > radii
+    shrink = np.divide(radii, lengths, out=np.ones_like(lengths), where=outside)
+    return np.where(outside[:, None], centers + offsets * shrink[:, None], points)
 
 
 def _first_appearance_labels(keys):
@@ -139,55 +138,8 @@ def _flatten_neighbours(neighbour_lists):
     return np.repeat(np.arange(len(neighbour_lists)), counts), neighbours
 
 
-def candidate_pairs(centers, radii, owners):
-    """All overlapping pairs of components of different owners, found with KD-trees.
-
-    Components ``i`` and ``j`` overlap when ``||c_i - c_j|| <= r_i + r_j``.
-
-    Search strategy. One query radius for everything (``2 max r`` with ``query_pairs``,
-    or ``r_i + max r`` per point) degrades to all pairs as soon as one ball is large,
-    which happens in early rounds. Instead the pair is looked for from its member with
-    the larger radius, ``j``: every other member ``i`` has ``r_i <= r_j``, so it lies
-    within ``r_j + r_i <= 2 r_j`` of ``c_j``. To tighten that further the components are
-    split into radius classes (``floor(log2 r)``: radii within a factor 2) with one
-    :class:`scipy.spatial.cKDTree` each, and a point of class ``b`` queries the tree of
-    every class ``a <= b`` with ``query_ball_point`` and the per-point radius
-    ``r_j + min(r_j, largest radius of class a)``. A large ball thus only costs its own
-    queries, and small balls never search with a large radius. Candidates are filtered
-    exactly afterwards. ``query_ball_point`` is used rather than ``query_pairs``
-    because it takes a radius per point and measured several times faster (d = 10).
-
-    Cost: the tree searches plus the number of candidates. The searches are fast when
-    the radii are small next to the spacing of the centres; in 10 dimensions they
-    approach brute force as the two become comparable. No method can beat the number
-    of overlapping pairs, which is quadratic inside a group of mutually overlapping
-    balls (e.g. when every ball is wider than the scatter of its cluster's centres).
-
-    Parameters
-    ----------
-    centers : array-like of shape (m, d)
-        Ball centres.
-    radii : array-like of shape (m,)
-        Ball radii (``sqrt(eps)``), non-negative.
-    owners : array-like of shape (m,), int
-        Client id of every component.
-
-    Returns
-    -------
-    pairs : ndarray of shape (p, 2), int
-        Overlapping pairs with ``i < j`` and ``owners[i] != owners[j]``, sorted
-        lexicographically.
-    ratio : ndarray of shape (p,)
-        ``||c_i - c_j|| / (r_i + r_j)`` in ``[0, 1]``; 0 where both radii are 0 (the
-        centres then coincide).
-    """
-    centers = _as_centers(centers)
-    m = centers.shape[0]
-    radii = _as_vector(radii, m, "radii")
-    owners = _as_int_vector(owners, m, "owners")
-    if m < 2:
-        return np.empty((0, 2), dtype=np.int64), np.empty(0)
-
+def _pairs_by_kd_tree(centers, radii):
+    """Pairs (p, 2) that may overlap, each at least once, via per-radius-class KD-trees."""
     class_of = np.unique(_radius_classes(radii), return_inverse=True)[1].reshape(-1)
     by_class = np.argsort(class_of, kind="stable")
     members = np.split(by_class, np.cumsum(np.bincount(class_of))[:-1])
@@ -205,16 +157,101 @@ def candidate_pairs(centers, radii, owners):
             )
             query_index, neighbour = _flatten_neighbours(hits)
             found.append(np.column_stack([rows[query_index], members[a][neighbour]]))
-    pairs = np.sort(np.concatenate(found), axis=1)
+    return np.concatenate(found)
+
+
+def _pairs_by_brute_force(centers, radii):
+    """Pairs (p, 2) with i < j that may overlap, sorted and unique, from all pairwise
+    distances in row blocks."""
+    m = centers.shape[0]
+    block = max(1, _BRUTE_FORCE_BLOCK // m)
+    slack = _QUERY_SLACK * 2 * radii.max()
+    found = []
+    for start in range(0, m, block):
+        stop = min(start + block, m)
+        gap = cdist(centers[start:stop], centers[start:])
+        gap -= radii[start:]
+        gap -= radii[start:stop, None]
+        i, j = np.nonzero(gap <= slack)
+        upper = i < j
+        found.append(np.column_stack([i[upper], j[upper]]) + start)
+    return np.concatenate(found)
+
+
+def candidate_pairs(centers, radii, owners, *, algorithm="auto"):
+    """All overlapping pairs of components of different owners.
+
+    Components ``i`` and ``j`` overlap when ``||c_i - c_j|| <= r_i + r_j``.
+
+    Search strategy (``algorithm``). ``"brute"`` compares all pairs, vectorised in row
+    blocks (memory ``O(m)`` per block, time ``O(m^2)``); with a few hundred components,
+    as in the papers' experiments, that beats any tree by an order of magnitude.
+    ``"kd_tree"`` scales: one query radius for everything (``2 max r`` with
+    ``query_pairs``, or ``r_i + max r`` per point) would degrade to all pairs as soon
+    as one ball is large, which happens in early rounds. Instead the pair is looked for
+    from its member with the larger radius, ``j``: every other member ``i`` has
+    ``r_i <= r_j``, so it lies within ``r_j + r_i <= 2 r_j`` of ``c_j``. To tighten
+    that further the components are split into radius classes (``floor(log2 r)``:
+    radii within a factor 2) with one :class:`scipy.spatial.cKDTree` each, and a point
+    of class ``b`` queries the tree of every class ``a <= b`` with
+    ``query_ball_point`` and the per-point radius ``r_j + min(r_j, largest radius of
+    class a)``. A large ball thus only costs its own queries, and small balls never
+    search with a large radius. ``query_ball_point`` is used rather than
+    ``query_pairs`` because it takes a radius per point and measured several times
+    faster (d = 10). ``"auto"`` takes ``"brute"`` up to 1,000 components (measured
+    crossover with d = 10) and ``"kd_tree"`` above. Both search slightly wider than
+    the rule and then filter every candidate with the same exact test, so they return
+    identical results.
+
+    Cost of the KD-tree search: the tree searches plus the number of candidates. The
+    searches are fast when the radii are small next to the spacing of the centres; in
+    10 dimensions they approach brute force as the two become comparable. No method
+    can beat the number of overlapping pairs, which is quadratic inside a group of
+    mutually overlapping balls (e.g. when every ball is wider than the scatter of its
+    cluster's centres).
+
+    Parameters
+    ----------
+    centers : array-like of shape (m, d)
+        Ball centres.
+    radii : array-like of shape (m,)
+        Ball radii (``sqrt(eps)``), non-negative.
+    owners : array-like of shape (m,), int
+        Client id of every component.
+    algorithm : {"auto", "brute", "kd_tree"}, default="auto"
+        Search strategy; the result does not depend on it.
+
+    Returns
+    -------
+    pairs : ndarray of shape (p, 2), int
+        Overlapping pairs with ``i < j`` and ``owners[i] != owners[j]``, sorted
+        lexicographically.
+    ratio : ndarray of shape (p,)
+        ``||c_i - c_j|| / (r_i + r_j)`` in ``[0, 1]``; 0 where both radii are 0 (the
+        centres then coincide).
+    """
+    centers = _as_centers(centers)
+    m = centers.shape[0]
+    radii = _as_vector(radii, m, "radii")
+    owners = _as_int_vector(owners, m, "owners")
+    if algorithm not in ("auto", "brute", "kd_tree"):
+        raise ValueError(f"algorithm must be 'auto', 'brute' or 'kd_tree'; got {algorithm!r}.")
+    if m < 2:
+        return np.empty((0, 2), dtype=np.int64), np.empty(0)
+
+    brute = algorithm == "brute" or (algorithm == "auto" and m <= _BRUTE_FORCE_MAX)
+    pairs = _pairs_by_brute_force(centers, radii) if brute else np.sort(_pairs_by_kd_tree(centers, radii), axis=1)
     pairs = pairs[owners[pairs[:, 0]] != owners[pairs[:, 1]]]
 
-    distance = np.linalg.norm(centers[pairs[:, 0]] - centers[pairs[:, 1]], axis=1)
+    difference = centers[pairs[:, 0]] - centers[pairs[:, 1]]
+    distance = np.sqrt(np.einsum("ij,ij->i", difference, difference))
     radius_sum = radii[pairs[:, 0]] + radii[pairs[:, 1]]
     keep = distance <= radius_sum
     pairs, distance, radius_sum = pairs[keep], distance[keep], radius_sum[keep]
-    # A pair of equal-class members may be found from both ends: keep one (sorted by i, j).
-    _, first = np.unique(pairs[:, 0] * m + pairs[:, 1], return_index=True)
-    pairs, distance, radius_sum = pairs[first], distance[first], radius_sum[first]
+    if not brute:
+        # A pair of equal-class members may be found from both ends: keep one (sorted by i, j).
+        _, first = np.unique(pairs[:, 0] * m + pairs[:, 1], return_index=True)
+        pairs, distance, radius_sum = pairs[first], distance[first], radius_sum[first]
     ratio = np.divide(
         distance, radius_sum, out=np.zeros_like(distance), where=radius_sum > 0
     )
@@ -224,35 +261,70 @@ def candidate_pairs(centers, radii, owners):
 # ---------------------------------------------------------------- super-clusters
 
 
-def _constrained_union_find(n_nodes, edges, node_owner):
-    """Sequential union-find over ``edges`` (already in processing order).
+def _roots(parent):
+    """Root of every node (n,) of a union-find forest given as a parent array or list."""
+    roots = np.asarray(parent, dtype=np.int64)
+    # Pointer jumping: every pass halves the remaining depth.
+    while True:
+        jumped = roots[roots]
+        if np.array_equal(jumped, roots):
+            return roots
+        roots = jumped
 
-    A union is skipped when the two sets share an owner. Returns the root of every node.
-    Hand-written because the skip needs the owner set of every root, which neither
-    scipy's ``DisjointSet`` nor ``connected_components`` can take into account.
+
+def _constrained_union_find(n_nodes, edges, node_owner, *, chunk_size=_UNION_CHUNK):
+    """Sequential union-find over ``edges`` (p, 2) (already in processing order).
+
+    A union is skipped when the two sets share an owner. Returns the root of every node
+    (n_nodes,). Hand-written because the skip needs the owner set of every root, which
+    neither scipy's ``DisjointSet`` nor ``connected_components`` can take into account.
+    Path halving, and the set with more owners becomes the root.
+
+    Edges are taken ``chunk_size`` at a time. Before a chunk, the edges whose endpoints
+    already share a root, or whose roots already share an owner, are dropped in bulk:
+    sets only grow, so the sequential process would skip those edges too, and the result
+    does not depend on ``chunk_size``. With dense overlaps (every ball meets every other,
+    e.g. a large final upsilon) most edges join sets that already conflict, and this
+    removes them with one owner-set test per pair of roots instead of one per edge.
     """
     parent = list(range(n_nodes))
     owner_sets = [{owner} for owner in node_owner.tolist()]
+    for start in range(0, edges.shape[0], chunk_size):
+        chunk = edges[start : start + chunk_size]
+        if start:
+            chunk = _drop_settled_edges(chunk, _roots(parent), owner_sets, n_nodes)
+        for i, j in zip(chunk[:, 0].tolist(), chunk[:, 1].tolist()):
+            while parent[i] != i:
+                parent[i] = i = parent[parent[i]]
+            while parent[j] != j:
+                parent[j] = j = parent[parent[j]]
+            if i == j:
+                continue
+            if len(owner_sets[i]) < len(owner_sets[j]):
+                i, j = j, i
+            if owner_sets[i].isdisjoint(owner_sets[j]):
+                parent[j] = i
+                owner_sets[i] |= owner_sets[j]
+    return _roots(parent)
 
-    def find(node):
-        root = node
-        while parent[root] != root:
-            root = parent[root]
-        while parent[node] != root:
-            parent[node], node = root, parent[node]
-        return root
 
-    for i, j in edges.tolist():
-        root_i, root_j = find(i), find(j)
-        if root_i == root_j:
-            continue
-        if len(owner_sets[root_i]) < len(owner_sets[root_j]):
-            root_i, root_j = root_j, root_i
-        if owner_sets[root_i].isdisjoint(owner_sets[root_j]):
-            parent[root_j] = root_i
-            owner_sets[root_i] |= owner_sets[root_j]
-            owner_sets[root_j] = None
-    return np.array([find(node) for node in range(n_nodes)], dtype=np.int64)
+def _drop_settled_edges(edges, roots, owner_sets, n_nodes):
+    """The edges (p, 2) whose endpoints' current sets are distinct and share no owner."""
+    root_i, root_j = roots[edges[:, 0]], roots[edges[:, 1]]
+    live = root_i != root_j
+    edges, root_i, root_j = edges[live], root_i[live], root_j[live]
+    root_pairs, inverse = np.unique(
+        np.minimum(root_i, root_j) * n_nodes + np.maximum(root_i, root_j), return_inverse=True
+    )
+    # Testing the distinct pairs of roots pays only when edges share them; otherwise the
+    # sequential loop does the same tests anyway.
+    if 4 * root_pairs.size > edges.shape[0]:
+        return edges
+    joinable = np.array(
+        [owner_sets[pair // n_nodes].isdisjoint(owner_sets[pair % n_nodes]) for pair in root_pairs.tolist()],
+        dtype=bool,
+    )
+    return edges[joinable[inverse.reshape(-1)]]
 
 
 def super_clusters(centers, radii, owners):
@@ -311,7 +383,8 @@ def super_clusters(centers, radii, owners):
         local[nodes] = np.arange(nodes.shape[0])
         edge_in_conflict = in_conflict[pairs[:, 0]]
         sub_pairs, sub_ratio = pairs[edge_in_conflict], ratio[edge_in_conflict]
-        order = np.lexsort((sub_pairs[:, 1], sub_pairs[:, 0], sub_ratio))
+        # Pairs come sorted by (i, j), so a stable sort by ratio breaks ties by i, then j.
+        order = np.argsort(sub_ratio, kind="stable")
         # This loop is inherently sequential (whether a union happens depends on every
         # earlier union); it only visits the edges of owner-conflicting components.
         roots = _constrained_union_find(
@@ -344,23 +417,17 @@ def _closed_form_pairs(first, second, radii_first, radii_second, weights_first, 
     return first + step[:, None] * direction, nonempty
 
 
-def _segment_max(values, group, n_groups):
-    out = np.full(n_groups, -np.inf)
-    np.maximum.at(out, group, values)
-    return out
-
-
-def _emptiness_bound(multiplier, centers, radii, group, n_groups):
+def _emptiness_bound(multiplier, centers, radii, group, starts):
     """Per group, ``min_x sum_i lambda_i (||x - c_i||^2 - r_i^2)`` for ``lambda`` = the
     multipliers normalised to sum 1 (minimiser ``x = sum_i lambda_i c_i``); ``-inf`` where
-    all multipliers are 0. A positive value proves that no point lies in all balls."""
-    total = np.bincount(group, weights=multiplier, minlength=n_groups)
+    all multipliers are 0. A positive value proves that no point lies in all balls.
+    Rows are sorted by ``group``; ``starts`` (g,) is where each group's block begins."""
+    total = np.add.reduceat(multiplier, starts)
     weight = multiplier / np.where(total > 0, total, 1.0)[group]
-    xbar = _segment_sum(centers, group, n_groups, weight)
-    bound = np.bincount(
-        group,
-        weights=weight * (np.sum((xbar[group] - centers) ** 2, axis=1) - radii**2),
-        minlength=n_groups,
+    xbar = np.add.reduceat(centers * weight[:, None], starts, axis=0)
+    offsets = xbar[group] - centers
+    bound = np.add.reduceat(
+        weight * (np.einsum("ij,ij->i", offsets, offsets) - radii**2), starts
     )
     return np.where(total > 0, bound, -np.inf)
 
@@ -427,32 +494,36 @@ def _dykstra_intersection(
         must not use ``projection`` there.
     """
     n_groups = targets.shape[0]
+    # Rows sorted by group, so that every group is a contiguous block: the per-group
+    # means and maxima are then ufunc.reduceat calls, the cheapest segment reductions.
+    order = np.argsort(group, kind="stable")
+    group, radii = group[order], radii[order]
     # Work relative to the targets: the iterates and the emptiness bound then keep
     # their precision however far the balls are from the origin.
-    centers = centers - targets[group]
-    scale = _segment_max(
-        np.maximum(radii, np.linalg.norm(centers, axis=1)), group, n_groups
-    )
+    centers = centers[order] - targets[group]
+    counts = np.bincount(group, minlength=n_groups)
+    starts = np.cumsum(counts) - counts
+    scale = np.maximum.reduceat(np.maximum(radii, np.linalg.norm(centers, axis=1)), starts)
 
     shift = np.zeros_like(targets)
     feasible = np.zeros(n_groups, dtype=bool)
     active = np.arange(n_groups)
     row_group = group.copy()
-    averaging = _segment_mean_operator(row_group, n_groups)
     increment = np.zeros_like(centers)
     x = np.zeros_like(targets)
     x_at_check = x.copy()
     for sweep in range(1, max_iter + 1):
-        shifted = x[row_group] + increment
+        shifted = np.repeat(x, counts, axis=0)
+        shifted += increment
         landed = _project_onto_balls(shifted, centers, radii)
         increment = shifted - landed
-        x = averaging @ landed
+        x = np.add.reduceat(landed, starts, axis=0) / counts[:, None]
         if sweep % check_every and sweep < max_iter:
             continue
         group_scale = scale[active]
         moved = np.linalg.norm(x - x_at_check, axis=1)
         distance = np.linalg.norm(x[row_group] - centers, axis=1)
-        violation = _segment_max(distance - radii, row_group, active.shape[0])
+        violation = np.maximum.reduceat(distance - radii, starts)
         converged = (violation <= feasibility_tol * group_scale) & (
             moved <= move_tol * group_scale
         )
@@ -462,7 +533,7 @@ def _dykstra_intersection(
         per_reach = np.divide(push, reach, out=np.zeros_like(push), where=reach > 0)
         empty = np.zeros(active.shape[0], dtype=bool)
         for multiplier in (per_reach, push):
-            empty |= _emptiness_bound(multiplier, centers, radii, row_group, active.shape[0]) > (
+            empty |= _emptiness_bound(multiplier, centers, radii, row_group, starts) > (
                 emptiness_margin * group_scale**2
             )
 
@@ -478,9 +549,9 @@ def _dykstra_intersection(
             break
         keep_rows = ~settled[row_group]
         renumber = np.cumsum(~settled) - 1
-        active, x = active[~settled], x[~settled]
+        active, x, counts = active[~settled], x[~settled], counts[~settled]
+        starts = np.cumsum(counts) - counts
         row_group = renumber[row_group[keep_rows]]
-        averaging = _segment_mean_operator(row_group, active.shape[0])
         centers, radii, increment = centers[keep_rows], radii[keep_rows], increment[keep_rows]
         x_at_check = x.copy()
     return targets + shift, feasible

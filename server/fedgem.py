@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,8 +128,10 @@ def run_fedgem(federation: Federation) -> dict[str, Any]:
     client_seconds += seconds
     federation.require(final.partitions, "FedGEM final stage")
 
+    upsilon, tuning, tuning_seconds = _choose_upsilon(federation, models, final)
+    server_seconds += tuning_seconds["server"]
+    client_seconds += tuning_seconds["clients"]
     start = time.perf_counter()
-    upsilon, tuning = _choose_upsilon(federation, models, final)
     aggregation, excluded = _trusted_final_aggregation(final, _final_radii(models, final, upsilon), alg["radius_outlier_factor"])
     server_seconds += time.perf_counter() - start
     _log_excluded(final, excluded, "final")
@@ -206,18 +209,20 @@ def _cap_counts(models: Mapping[int, ClientModel], factor: float | None) -> None
             model.n_points = cap
 
 
-def _outlying_radii(eps: np.ndarray, factor: float | None, scale: float) -> np.ndarray:
+def _outlying_radii(eps: np.ndarray, factor: float | None, scale: Callable[[], float]) -> np.ndarray:
     """Components whose ball is an outlier by a robust rule (``factor`` None: none).
 
     A radius is an outlier when it exceeds ``factor`` times the median radius AND half of
-    ``scale``, the typical distance between a client's own components. The first condition
-    alone would flag honest components late in a run, when most radii are nearly zero; a
-    ball smaller than half the cluster separation cannot swallow a neighbouring cluster.
+    ``scale()``, the typical distance between a client's own components (computed only
+    when some radius passes the first test). The first condition alone would flag honest
+    components late in a run, when most radii are nearly zero; a ball smaller than half
+    the cluster separation cannot swallow a neighbouring cluster.
     """
     radii = np.sqrt(eps)
     if factor is None or radii.size == 0:
         return np.zeros(radii.shape, dtype=bool)
-    return (radii > factor * float(np.median(radii))) & (radii > 0.5 * scale)
+    large = radii > factor * float(np.median(radii))
+    return large & (radii > 0.5 * scale()) if large.any() else large
 
 
 def _separation_scale(components: Components) -> float:
@@ -235,7 +240,7 @@ def _trusted_server_step(components: Components, factor: float | None) -> tuple[
         Super-clusters of the merged components plus one per excluded component.
     excluded : ndarray of shape (m,), dtype bool
     """
-    excluded = _outlying_radii(components.eps, factor, _separation_scale(components))
+    excluded = _outlying_radii(components.eps, factor, lambda: _separation_scale(components))
     keep = ~excluded
     new_centers = components.centers.copy()
     step = merging.server_step(components.centers[keep], components.eps[keep], components.owners[keep], components.weights[keep])
@@ -256,7 +261,7 @@ def _trusted_final_aggregation(
     founds no global cluster: it is mapped to the nearest global centroid of the others, so
     that it can neither merge every cluster into one nor add clusters of its own.
     """
-    scale = _separation_scale(final)
+    scale = functools.cache(lambda: _separation_scale(final))
     excluded = _outlying_radii(radii, factor, scale) | (_outlying_radii(final.eps, factor, scale) & (final.eps > radii))
     keep = ~excluded
     trusted = merging.final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep])
@@ -356,11 +361,16 @@ def _final_radii(models: Mapping[int, ClientModel], final: Components, upsilon: 
 
 def _choose_upsilon(
     federation: Federation, models: Mapping[int, ClientModel], final: Components
-) -> tuple[float, dict[str, Any] | None]:
-    """The configured upsilon, or the silhouette-tuned one (paper appendix D.3) when ``upsilon: auto``."""
+) -> tuple[float, dict[str, Any] | None, dict[str, float]]:
+    """The configured upsilon, or the silhouette-tuned one (paper appendix D.3) when ``upsilon: auto``.
+
+    Also returns the seconds of computation it took on the server and, summed, on the
+    clients (their silhouettes); the message exchange in between counts as neither.
+    """
     alg = federation.cfg["algorithm"]
     if alg["upsilon"] != "auto":
-        return float(alg["upsilon"]), None
+        return float(alg["upsilon"]), None, {"server": 0.0, "clients": 0.0}
+    start = time.perf_counter()
     grid = [float(u) for u in alg["upsilon_grid"]]
     aggregations = [
         _trusted_final_aggregation(final, _final_radii(models, final, u), alg["radius_outlier_factor"])[0] for u in grid
@@ -370,7 +380,10 @@ def _choose_upsilon(
         models[p].node_id: {"candidates": np.stack([agg.global_centroids[agg.labels[part]] for agg in aggregations])}
         for p, part in slices.items()
     }
+    server_seconds = time.perf_counter() - start
     replies = federation.exchange(TASK_GEM_SILHOUETTE, "silhouette", payloads, message_type=MessageType.EVALUATE)
+    start = time.perf_counter()
+    client_seconds = 0.0
     totals = np.zeros(len(grid))
     weight_sum = np.zeros(len(grid))
     for reply in replies:
@@ -379,6 +392,7 @@ def _choose_upsilon(
         except InvalidReply as err:
             federation.reject(reply.node_id, "silhouette", f"invalid reply: {err}")
             continue
+        client_seconds += float(reply.values.get("fit-seconds", 0.0))
         valid = np.isfinite(scores)
         n_points = models[reply.partition_id].n_points
         totals += np.where(valid, scores, 0.0) * n_points
@@ -395,7 +409,8 @@ def _choose_upsilon(
         chosen = merging.select_upsilon(silhouettes, k_hats, guard)
     log.info("upsilon tuning: grid %s, silhouettes %s, K_hat %s -> upsilon %g",
              grid, np.round(silhouettes, 4).tolist(), k_hats.tolist(), grid[chosen])
-    return grid[chosen], {"grid": grid, "silhouettes": silhouettes, "k_hats": k_hats, "guard": guard}
+    tuning = {"grid": grid, "silhouettes": silhouettes, "k_hats": k_hats, "guard": guard}
+    return grid[chosen], tuning, {"server": server_seconds + time.perf_counter() - start, "clients": client_seconds}
 
 
 def _evaluate(

@@ -196,29 +196,43 @@ def test_component_without_responsibility_keeps_its_centroid():
 # ------------------------------------------------------------------ init & labels
 
 
-def test_kmeanspp_init_returns_the_best_of_its_seedings(monkeypatch):
+def test_kmeanspp_init_returns_the_best_of_its_seedings():
     rng = np.random.default_rng(11)
     X = _mixture(rng, n=300, d=2, k=4, spread=2.0)
-    seen = []
-    original = gem.kmeans_plusplus
-
-    def recording(*args, **kwargs):
-        seeds, indices = original(*args, **kwargs)
-        seen.append(seeds)
-        return seeds, indices
-
-    monkeypatch.setattr(gem, "kmeans_plusplus", recording)
-    seeds = gem.kmeanspp_init(X, 4, n_init=6, random_state=5)
-    assert len(seen) == 6
-    objectives = [gem.local_objective(X, s) for s in seen]
-    assert gem.local_objective(X, seeds) == min(objectives)
-    assert len({tuple(s.ravel()) for s in seen}) > 1  # the seedings differ
-    # Seeds are data points.
+    seedings, objectives = gem._kmeanspp_seedings(X, 4, 6, np.random.default_rng(5))
+    assert seedings.shape == (6, 4, 2)
+    np.testing.assert_allclose(objectives, [gem.local_objective(X, s) for s in seedings])
+    assert len({tuple(s.ravel()) for s in seedings}) > 1  # the seedings differ
+    seeds = gem.kmeanspp_init(X, 4, n_init=6, random_state=np.random.default_rng(5))
+    np.testing.assert_array_equal(seeds, seedings[np.argmin(objectives)])
+    # Seeds are distinct data points.
     assert all(np.any(np.all(X == row, axis=1)) for row in seeds)
-    monkeypatch.undo()
+    assert len({tuple(row) for row in seeds}) == 4
     np.testing.assert_array_equal(
         gem.kmeanspp_init(X, 4, random_state=9), gem.kmeanspp_init(X, 4, random_state=9)
     )
+
+
+def test_kmeanspp_seeding_matches_scikit_learns_in_distribution():
+    """Same algorithm as sklearn's greedy k-means++: same objective on average, one seed
+    per cluster on well-separated clusters."""
+    from sklearn.cluster import kmeans_plusplus
+
+    rng = np.random.default_rng(2)
+    k, d = 8, 10
+    truth = rng.normal(scale=6.0, size=(k, d))
+    labels = np.repeat(np.arange(k), 60)
+    X = truth[labels] + rng.normal(size=(labels.size, d))
+    ours = [gem.kmeanspp_init(X, k, n_init=1, random_state=s) for s in range(200)]
+    theirs = [kmeans_plusplus(X, k, random_state=s)[0] for s in range(200)]
+    mean_ours = np.mean([gem.local_objective(X, s) for s in ours])
+    mean_theirs = np.mean([gem.local_objective(X, s) for s in theirs])
+    assert abs(mean_ours - mean_theirs) < 0.05 * mean_theirs
+
+    def clusters_hit(seeds):
+        return len(set(gem.assign_labels(seeds, truth).tolist()))
+
+    assert np.mean([clusters_hit(s) == k for s in ours]) >= np.mean([clusters_hit(s) == k for s in theirs]) - 0.05
 
 
 def test_kmeanspp_init_rejects_bad_sizes():

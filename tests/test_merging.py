@@ -123,11 +123,12 @@ def random_instance(rng, m, d, n_owners, radius_decades=3):
 # ------------------------------------------------------------------ candidate pairs
 
 
+@pytest.mark.parametrize("algorithm", ["kd_tree", "brute"])
 @pytest.mark.parametrize("seed", range(8))
-def test_kdtree_pairs_equal_brute_force_pairs(seed):
+def test_candidate_pairs_equal_brute_force_pairs(seed, algorithm):
     rng = np.random.default_rng(seed)
     centers, radii, owners = random_instance(rng, m=300, d=int(rng.integers(1, 6)), n_owners=20)
-    pairs, ratio = candidate_pairs(centers, radii, owners)
+    pairs, ratio = candidate_pairs(centers, radii, owners, algorithm=algorithm)
     expected_pairs, expected_ratio = brute_force_pairs(centers, radii, owners)
     assert pairs.shape[0] > 10  # the instance is not trivial
     np.testing.assert_array_equal(pairs, expected_pairs)
@@ -135,13 +136,27 @@ def test_kdtree_pairs_equal_brute_force_pairs(seed):
 
 
 @FAST
-@given(instances(integer=True))
-def test_kdtree_pairs_equal_brute_force_on_exact_ties(instance):
+@given(instances(integer=True), st.sampled_from(["kd_tree", "brute"]))
+def test_candidate_pairs_equal_brute_force_on_exact_ties(instance, algorithm):
     centers, radii, owners, _ = instance
-    pairs, ratio = candidate_pairs(centers, radii, owners)
+    pairs, ratio = candidate_pairs(centers, radii, owners, algorithm=algorithm)
     expected_pairs, expected_ratio = brute_force_pairs(centers, radii, owners)
     np.testing.assert_array_equal(pairs, expected_pairs)
     np.testing.assert_allclose(ratio, expected_ratio, rtol=1e-12)
+
+
+@pytest.mark.parametrize("overlap", [0.4, 2.0])
+def test_kd_tree_and_brute_force_agree_exactly_in_ten_dimensions(overlap):
+    rng = np.random.default_rng(3)
+    truth = rng.normal(scale=10.0, size=(10, 10))
+    owners = np.repeat(np.arange(150), 10)
+    centers = truth[np.tile(np.arange(10), 150)] + rng.normal(scale=0.1, size=(1500, 10))
+    radii = overlap * 0.1 * rng.uniform(0.5, 1.5, size=1500)
+    tree_pairs, tree_ratio = candidate_pairs(centers, radii, owners, algorithm="kd_tree")
+    brute_pairs, brute_ratio = candidate_pairs(centers, radii, owners, algorithm="brute")
+    np.testing.assert_array_equal(tree_pairs, brute_pairs)
+    np.testing.assert_array_equal(tree_ratio, brute_ratio)
+    assert brute_pairs.shape[0] > (1000 if overlap > 1 else 0)
 
 
 def test_candidate_pairs_validates_input():
@@ -151,6 +166,8 @@ def test_candidate_pairs_validates_input():
         candidate_pairs(np.zeros((3, 2)), np.ones(3), np.array([0.5, 1.0, 2.0]))
     with pytest.raises(ValueError, match="centers"):
         candidate_pairs(np.zeros(3), np.ones(3), np.arange(3))
+    with pytest.raises(ValueError, match="algorithm"):
+        candidate_pairs(np.zeros((3, 2)), np.ones(3), np.arange(3), algorithm="ball_tree")
 
 
 # ------------------------------------------------------------------ super-clusters
@@ -218,6 +235,39 @@ def test_blocked_union_find_matches_specification_with_thousands_of_conflicting_
     pairs, _ = candidate_pairs(centers, radii, owners)
     assert pairs.shape[0] > 15_000
     np.testing.assert_array_equal(super_clusters(centers, radii, owners), reference_super_clusters(centers, radii, owners))
+
+
+def test_dense_overlaps_match_specification():
+    """Every ball meets every other (as with a large final upsilon): after the first
+    chunk nearly all edges join sets that already share an owner and are dropped in bulk."""
+    rng = np.random.default_rng(90)
+    n_owners, per_owner = 40, 6
+    truth = rng.normal(scale=3.0, size=(per_owner, 4))
+    owners = np.repeat(np.arange(n_owners), per_owner)
+    centers = truth[np.tile(np.arange(per_owner), n_owners)] + rng.normal(scale=0.3, size=(owners.size, 4))
+    radii = np.full(owners.size, 20.0)
+    pairs, _ = candidate_pairs(centers, radii, owners)
+    assert pairs.shape[0] > 20_000
+    labels = super_clusters(centers, radii, owners)
+    np.testing.assert_array_equal(labels, reference_super_clusters(centers, radii, owners))
+    assert labels.max() + 1 == per_owner
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 64, 10**9])
+def test_constrained_union_find_does_not_depend_on_the_chunk_size(chunk_size):
+    rng = np.random.default_rng(91)
+    n_nodes = 400
+    node_owner = rng.integers(0, 25, size=n_nodes)
+    edges = rng.integers(0, n_nodes, size=(6_000, 2))
+    edges = edges[edges[:, 0] != edges[:, 1]]
+    expected = merging._constrained_union_find(n_nodes, edges, node_owner, chunk_size=10**9)
+    roots = merging._constrained_union_find(n_nodes, edges, node_owner, chunk_size=chunk_size)
+    np.testing.assert_array_equal(
+        merging._first_appearance_labels(roots), merging._first_appearance_labels(expected)
+    )
+    for root in np.unique(roots):
+        members = node_owner[roots == root]
+        assert len(set(members.tolist())) == members.size
 
 
 # ------------------------------------------------------------------ consensus
