@@ -227,8 +227,6 @@ def _gem_final(arrays, values, cfg, partition_id, context):
 
 
 def _gem_silhouette(arrays, values, cfg, partition_id, context):
-    from sklearn.metrics import silhouette_score
-
     data = _gem_data(cfg, partition_id, context)
     candidates = np.asarray(arrays["candidates"], dtype=np.float64)
     if candidates.ndim != 3 or candidates.shape[1:] != (data.n_components, data.X_train.shape[1]):
@@ -237,11 +235,7 @@ def _gem_silhouette(arrays, values, cfg, partition_id, context):
     rng = _seed_sequence(cfg, partition_id, 3)
     points = data.X_train[rng.choice(data.X_train.shape[0], size=sample, replace=False)]
     start = time.perf_counter()
-    scores = np.full(candidates.shape[0], np.nan)
-    for i, centroids in enumerate(candidates):
-        labels = gem.assign_labels(points, centroids)
-        if 2 <= np.unique(labels).size < points.shape[0]:
-            scores[i] = silhouette_score(points, labels)
+    scores = metrics.mean_silhouettes(points, [gem.assign_labels(points, centroids) for centroids in candidates])
     seconds = time.perf_counter() - start
     return {"silhouettes": scores}, {"n-points": data.X_train.shape[0], "fit-seconds": seconds}
 

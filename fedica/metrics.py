@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import sparse
+from scipy.spatial.distance import pdist, squareform
 from sklearn.metrics import adjusted_rand_score
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "ari_from_contingency",
     "contingency",
     "k_hat_from_predictions",
+    "mean_silhouettes",
     "weighted_local_ari",
 ]
 
@@ -147,3 +149,55 @@ def k_hat_from_predictions(pred_values, counts) -> int:
         raise ValueError(f"pred_values and counts must have equal shapes, got {pred_values.shape} and "
                          f"{counts.shape}")
     return int(np.unique(pred_values[counts > 0]).size)
+
+
+def mean_silhouettes(X, labelings) -> np.ndarray:
+    """Mean silhouette coefficient of several labellings of the same points.
+
+    The same value as :func:`sklearn.metrics.silhouette_score` (Euclidean; a point alone
+    in its cluster scores 0), but the pairwise distances are computed once for all
+    labellings and each score is two matrix products: scikit-learn's function costs
+    about 2 ms per call on a client's few hundred points even with precomputed
+    distances, 15x this, and the upsilon tuning scores one labelling per grid value on
+    every client.
+
+    Parameters
+    ----------
+    X : array-like of shape (n, d)
+        Points.
+    labelings : array-like of shape (c, n), int
+        One labelling of the points per row.
+
+    Returns
+    -------
+    scores : ndarray of shape (c,)
+        NaN where a labelling has fewer than 2 clusters or as many clusters as points
+        (the silhouette is undefined there).
+    """
+    X = np.asarray(X, dtype=float)
+    labelings = np.asarray(labelings)
+    if X.ndim != 2 or labelings.ndim != 2 or labelings.shape[1] != X.shape[0]:
+        raise ValueError(f"labelings must have shape (c, {X.shape[0]}) for X of shape {X.shape}; got {labelings.shape}.")
+    n = X.shape[0]
+    distances = squareform(pdist(X)) if n > 1 else np.zeros((n, n))
+    rows = np.arange(n)
+    scores = np.full(labelings.shape[0], np.nan)
+    for index, labels in enumerate(labelings):
+        codes = np.unique(labels, return_inverse=True)[1].reshape(-1)
+        k = int(codes.max()) + 1 if n else 0
+        if not 2 <= k < n:
+            continue
+        members = np.zeros((n, k))
+        members[rows, codes] = 1.0
+        counts = members.sum(axis=0)
+        sums = distances @ members  # (n, k): summed distance of every point to every cluster
+        own_count = counts[codes]
+        within = sums[rows, codes] / np.maximum(own_count - 1, 1)
+        mean_to = sums / counts
+        mean_to[rows, codes] = np.inf
+        nearest_other = mean_to.min(axis=1)
+        spread = np.maximum(within, nearest_other)
+        silhouette = np.divide(nearest_other - within, spread, out=np.zeros(n), where=spread > 0)
+        silhouette[own_count == 1] = 0.0
+        scores[index] = silhouette.mean()
+    return scores

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.metrics import adjusted_rand_score
+from sklearn.metrics import adjusted_rand_score, silhouette_score
 
 from fedica.baselines import BaselineResult, central_gmm, dp_gmm, evaluate_clustering, fed_kmeans, k_fed
 from fedica.metrics import (
@@ -15,6 +15,7 @@ from fedica.metrics import (
     ari_from_contingency,
     contingency,
     k_hat_from_predictions,
+    mean_silhouettes,
     weighted_local_ari,
 )
 from fedica.scenarios import ClientData, blobs_client_data
@@ -41,6 +42,24 @@ def test_pooled_ari_from_client_triplets_equals_ari_of_pooled_labels(pairs, data
         adjusted_rand_score(labels_true, labels_pred), abs=1e-12)
     assert adjusted_rand(labels_true, labels_pred) == adjusted_rand_score(labels_true, labels_pred)
     assert k_hat_from_predictions(pred_values, counts) == np.unique(labels_pred).size
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 40), st.integers(1, 4), st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_mean_silhouettes_equal_scikit_learns(n, d, k, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    X[: n // 2] += 3.0
+    labelings = rng.integers(0, k, size=(3, n))
+    expected = [
+        silhouette_score(X, labels) if 2 <= np.unique(labels).size < n else np.nan for labels in labelings
+    ]
+    np.testing.assert_allclose(mean_silhouettes(X, labelings), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_mean_silhouettes_rejects_mismatched_labelings():
+    with pytest.raises(ValueError, match="labelings"):
+        mean_silhouettes(np.zeros((5, 2)), np.zeros((2, 4), dtype=int))
 
 
 def test_contingency_triplets():
