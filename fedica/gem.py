@@ -37,7 +37,9 @@ def _as_points(X, name="X"):
     X = np.asarray(X, dtype=float)
     if X.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array (n, d); got shape {X.shape}.")
-    if not np.all(np.isfinite(X)):
+    # A finite sum proves every value finite (inf and NaN propagate) at half the cost of
+    # isfinite(X).all(), which only runs when the sum overflows or is not finite.
+    if not (np.isfinite(X.sum()) or np.isfinite(X).all()):
         raise ValueError(f"{name} must contain only finite values.")
     return X
 
@@ -57,7 +59,9 @@ def _as_weights(weights, k, name="weights"):
     weights = np.asarray(weights, dtype=float)
     if weights.shape != (k,):
         raise ValueError(f"{name} must have shape ({k},); got {weights.shape}.")
-    if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
+    total = weights.sum()
+    # min() is NaN if any weight is, and NaN >= 0 is False.
+    if not (np.isfinite(total) and total > 0 and weights.min() >= 0):
         raise ValueError(f"{name} must be finite, non-negative and have a positive sum.")
     return weights
 
@@ -135,6 +139,8 @@ def _kmeanspp_seedings(X, k, n_init, rng):
 
 def _log_weights(weights):
     """log of validated weights (k,); -inf where a weight is 0."""
+    if weights.all():
+        return np.log(weights)
     return np.log(weights, out=np.full(weights.shape, -np.inf), where=weights > 0)
 
 
@@ -275,7 +281,8 @@ def local_round(X, centroids, weights, *, n_steps=1):
     for _ in range(n_steps):
         start = current
         current = _em_step(X, start, log_weights)
-    return current, np.sum((current - start) ** 2, axis=1)
+    step = current - start
+    return current, np.einsum("ij,ij->i", step, step)
 
 
 def min_centroid_distance(centroids):

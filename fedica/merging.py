@@ -160,22 +160,22 @@ def _pairs_by_kd_tree(centers, radii):
     return np.concatenate(found)
 
 
-def _pairs_by_brute_force(centers, radii):
-    """Pairs (p, 2) with i < j that may overlap, sorted and unique, from all pairwise
-    distances in row blocks."""
+def _overlaps_by_brute_force(centers, radii, owners):
+    """Overlapping pairs (p, 2) of different owners with i < j, sorted, and their distances
+    (p,), from all pairwise distances in row blocks."""
     m = centers.shape[0]
     block = max(1, _BRUTE_FORCE_BLOCK // m)
-    slack = _QUERY_SLACK * 2 * radii.max()
-    found = []
+    found, distances = [], []
     for start in range(0, m, block):
         stop = min(start + block, m)
-        gap = cdist(centers[start:stop], centers[start:])
-        gap -= radii[start:]
-        gap -= radii[start:stop, None]
-        i, j = np.nonzero(gap <= slack)
-        upper = i < j
-        found.append(np.column_stack([i[upper], j[upper]]) + start)
-    return np.concatenate(found)
+        distance = cdist(centers[start:stop], centers[start:])
+        reach = radii[start:stop, None] + radii[None, start:]
+        i, j = np.nonzero(distance <= reach)
+        keep = (i < j) & (owners[start + i] != owners[start + j])
+        i, j = i[keep], j[keep]
+        found.append(np.column_stack([i, j]) + start)
+        distances.append(distance[i, j])
+    return np.concatenate(found), np.concatenate(distances)
 
 
 def candidate_pairs(centers, radii, owners, *, algorithm="auto"):
@@ -199,9 +199,11 @@ def candidate_pairs(centers, radii, owners, *, algorithm="auto"):
     search with a large radius. ``query_ball_point`` is used rather than
     ``query_pairs`` because it takes a radius per point and measured several times
     faster (d = 10). ``"auto"`` takes ``"brute"`` up to 1,000 components (measured
-    crossover with d = 10) and ``"kd_tree"`` above. Both search slightly wider than
-    the rule and then filter every candidate with the same exact test, so they return
-    identical results.
+    crossover with d = 10) and ``"kd_tree"`` above. Both take the exact test on
+    distances computed from the coordinate differences (``cdist`` for brute force, the
+    norm of the difference for the tree's candidates, which the tree searches slightly
+    wider for), so they agree on every pair except one whose distance equals
+    ``r_i + r_j`` to the last bit, and on the ratios to rounding.
 
     Cost of the KD-tree search: the tree searches plus the number of candidates. The
     searches are fast when the radii are small next to the spacing of the centres; in
@@ -219,7 +221,7 @@ def candidate_pairs(centers, radii, owners, *, algorithm="auto"):
     owners : array-like of shape (m,), int
         Client id of every component.
     algorithm : {"auto", "brute", "kd_tree"}, default="auto"
-        Search strategy; the result does not depend on it.
+        Search strategy; the result does not depend on it (up to rounding).
 
     Returns
     -------
@@ -239,19 +241,19 @@ def candidate_pairs(centers, radii, owners, *, algorithm="auto"):
     if m < 2:
         return np.empty((0, 2), dtype=np.int64), np.empty(0)
 
-    brute = algorithm == "brute" or (algorithm == "auto" and m <= _BRUTE_FORCE_MAX)
-    pairs = _pairs_by_brute_force(centers, radii) if brute else np.sort(_pairs_by_kd_tree(centers, radii), axis=1)
-    pairs = pairs[owners[pairs[:, 0]] != owners[pairs[:, 1]]]
-
-    difference = centers[pairs[:, 0]] - centers[pairs[:, 1]]
-    distance = np.sqrt(np.einsum("ij,ij->i", difference, difference))
-    radius_sum = radii[pairs[:, 0]] + radii[pairs[:, 1]]
-    keep = distance <= radius_sum
-    pairs, distance, radius_sum = pairs[keep], distance[keep], radius_sum[keep]
-    if not brute:
+    if algorithm == "brute" or (algorithm == "auto" and m <= _BRUTE_FORCE_MAX):
+        pairs, distance = _overlaps_by_brute_force(centers, radii, owners)
+    else:
+        pairs = np.sort(_pairs_by_kd_tree(centers, radii), axis=1)
+        pairs = pairs[owners[pairs[:, 0]] != owners[pairs[:, 1]]]
+        difference = centers[pairs[:, 0]] - centers[pairs[:, 1]]
+        distance = np.sqrt(np.einsum("ij,ij->i", difference, difference))
+        keep = distance <= radii[pairs[:, 0]] + radii[pairs[:, 1]]
+        pairs, distance = pairs[keep], distance[keep]
         # A pair of equal-class members may be found from both ends: keep one (sorted by i, j).
         _, first = np.unique(pairs[:, 0] * m + pairs[:, 1], return_index=True)
-        pairs, distance, radius_sum = pairs[first], distance[first], radius_sum[first]
+        pairs, distance = pairs[first], distance[first]
+    radius_sum = radii[pairs[:, 0]] + radii[pairs[:, 1]]
     ratio = np.divide(
         distance, radius_sum, out=np.zeros_like(distance), where=radius_sum > 0
     )
@@ -327,6 +329,20 @@ def _drop_settled_edges(edges, roots, owner_sets, n_nodes):
     return edges[joinable[inverse.reshape(-1)]]
 
 
+def _order_by_ratio(ratio):
+    """Indices (p,) that sort ``ratio`` increasingly, ties in their original order.
+
+    The pairs come sorted by (i, j), so keeping ties in order breaks them by i, then j.
+    numpy's stable sort is about 5x slower than its default one on floats, and exact ties
+    are rare (zero radii, integer grids): the default sort is used when it has none.
+    """
+    order = np.argsort(ratio)
+    ordered = ratio[order]
+    if np.any(ordered[1:] == ordered[:-1]):
+        return np.argsort(ratio, kind="stable")
+    return order
+
+
 def super_clusters(centers, radii, owners):
     """Group components into super-clusters without ever joining two of one owner.
 
@@ -383,8 +399,7 @@ def super_clusters(centers, radii, owners):
         local[nodes] = np.arange(nodes.shape[0])
         edge_in_conflict = in_conflict[pairs[:, 0]]
         sub_pairs, sub_ratio = pairs[edge_in_conflict], ratio[edge_in_conflict]
-        # Pairs come sorted by (i, j), so a stable sort by ratio breaks ties by i, then j.
-        order = np.argsort(sub_ratio, kind="stable")
+        order = _order_by_ratio(sub_ratio)
         # This loop is inherently sequential (whether a union happens depends on every
         # earlier union); it only visits the edges of owner-conflicting components.
         roots = _constrained_union_find(
@@ -442,6 +457,10 @@ def _dykstra_intersection(
     # so the intersection is often that single point, which Dykstra approaches only
     # sublinearly: 300 sweeps bound the cost, and the late acceptance below keeps the result.
     max_iter=300,
+    # A group still converging linearly at max_iter (its violation shrinking by at least
+    # 5% per check, typical of a projection onto a corner of several balls) goes on.
+    extended_max_iter=3000,
+    linear_rate=0.95,
     check_every=10,
     move_tol=1e-12,
     feasibility_tol=1e-10,
@@ -470,8 +489,11 @@ def _dykstra_intersection(
       ``||increment_i|| / max(r_i, ||x_g - c_i||)`` (or to ``||increment_i||``) is tried.
       This detects chained overlaps within a few sweeps, where the iterates
       themselves settle only slowly; or
-    * ``max_iter`` is reached; the result then counts as feasible when it violates no
-      ball by more than ``late_feasibility_tol * scale``.
+    * ``max_iter`` is reached and the group is not converging linearly (its largest
+      violation above ``feasibility_tol * scale`` but at most ``late_feasibility_tol *
+      scale``, and at most ``linear_rate`` times the previous check's), or
+      ``extended_max_iter`` is reached; the result then counts as feasible when it
+      violates no ball by more than ``late_feasibility_tol * scale``.
 
     ``scale`` is the group's largest radius or largest centre-to-target distance.
 
@@ -512,13 +534,14 @@ def _dykstra_intersection(
     increment = np.zeros_like(centers)
     x = np.zeros_like(targets)
     x_at_check = x.copy()
-    for sweep in range(1, max_iter + 1):
+    previous_violation = np.full(n_groups, np.inf)
+    for sweep in range(1, extended_max_iter + 1):
         shifted = np.repeat(x, counts, axis=0)
         shifted += increment
         landed = _project_onto_balls(shifted, centers, radii)
         increment = shifted - landed
         x = np.add.reduceat(landed, starts, axis=0) / counts[:, None]
-        if sweep % check_every and sweep < max_iter:
+        if sweep % check_every and sweep != max_iter:
             continue
         group_scale = scale[active]
         moved = np.linalg.norm(x - x_at_check, axis=1)
@@ -537,7 +560,11 @@ def _dykstra_intersection(
                 emptiness_margin * group_scale**2
             )
 
-        last = sweep == max_iter
+        converging = (
+            (violation <= late_feasibility_tol * group_scale)
+            & (violation <= linear_rate * previous_violation)
+        )
+        last = (~converging | (sweep >= extended_max_iter)) & (sweep >= max_iter)
         settled = converged | empty | last
         accepted = converged | (
             last & ~empty & (violation <= late_feasibility_tol * group_scale)
@@ -550,6 +577,7 @@ def _dykstra_intersection(
         keep_rows = ~settled[row_group]
         renumber = np.cumsum(~settled) - 1
         active, x, counts = active[~settled], x[~settled], counts[~settled]
+        previous_violation = violation[~settled]
         starts = np.cumsum(counts) - counts
         row_group = renumber[row_group[keep_rows]]
         centers, radii, increment = centers[keep_rows], radii[keep_rows], increment[keep_rows]

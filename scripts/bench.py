@@ -139,8 +139,9 @@ def _components(
     """m components of m/10 clients with 10 components each, around ``n_true`` true centres.
 
     Each centre is the true centre plus N(0, 0.1^2) noise per coordinate; ball radii are
-    ``overlap`` x 0.1 x U(0.5, 1.5), so ``overlap`` sets how many balls meet (0.4: about 1%
-    of the components merge per round, as late in a run; 2: every pair within a cluster meets).
+    ``overlap`` x 0.1 x U(0.5, 1.5), so ``overlap`` sets how many balls meet (0.4: almost none
+    with 100 members per cluster, as late in a run; 1: about 0.45 m overlapping pairs, a third
+    of the components merge; 2: nearly every pair within a cluster meets).
     With ``n_true`` = 10 the components per true cluster grow with m (G grows, K fixed), and so
     do the overlapping pairs; with ``n_true`` = m / 100 every cluster keeps 100 members.
     """
@@ -170,9 +171,12 @@ def bench_server_step(repeats: int, sizes: Sequence[int] = (1_000, 10_000, 100_0
 
     rows = []
     for m, workload in [(m, w) for w in ("fixed_K", "fixed_density") for m in sizes]:
-        centers, eps, owners, weights = _components(m, 10, n_true=10 if workload == "fixed_K" else max(10, m // 100))
+        if workload == "fixed_K":
+            centers, eps, owners, weights = _components(m, 10, n_true=10)
+        else:
+            centers, eps, owners, weights = _components(m, 10, n_true=max(10, m // 100), overlap=1.0)
         radii = np.sqrt(eps)
-        kd, _ = timed(lambda: merging.candidate_pairs(centers, radii, owners), repeats)
+        kd, (pairs, _) = timed(lambda: merging.candidate_pairs(centers, radii, owners, algorithm="kd_tree"), repeats)
         step, result = timed(lambda: merging.server_step(centers, eps, owners, weights), repeats)
         tracemalloc.start()
         merging.server_step(centers, eps, owners, weights)
@@ -184,6 +188,7 @@ def bench_server_step(repeats: int, sizes: Sequence[int] = (1_000, 10_000, 100_0
             "kdtree_candidates": kd,
             "server_step": step,
             "server_step_peak_mib": peak / 2**20,
+            "overlapping_pairs": int(pairs.shape[0]),
             "super_clusters": result.n_super_clusters,
         }
         if m <= 20_000 and workload == "fixed_K":
@@ -193,8 +198,10 @@ def bench_server_step(repeats: int, sizes: Sequence[int] = (1_000, 10_000, 100_0
         rows.append(row)
         print(f"  server step, {workload}, {m} components: {step['median_s']:.3f} s, peak {peak / 2**20:.1f} MiB", flush=True)
     return {"d": 10, "workloads": {
-        "fixed_K": "10 true clusters: members per cluster and overlapping pairs grow with m (G grows, K fixed)",
-        "fixed_density": "m/100 true clusters of 100 members each: overlapping pairs grow linearly with m",
+        "fixed_K": "10 true clusters, radii 0.02-0.06 (overlap 0.4): members per cluster grow with m (G grows, K "
+        "fixed), and overlapping pairs grow quadratically (0, 10, 1333)",
+        "fixed_density": "m/100 true clusters of 100 members each, radii 0.05-0.15 (overlap 1.0): about 0.45 m "
+        "overlapping pairs, a third of the components merge",
     }, "rows": rows}
 
 

@@ -25,6 +25,8 @@ def test_server_step_benchmark_runs_at_small_scale():
     row = report["rows"][0]
     assert row["components"] == 1_000 and 10 <= row["super_clusters"] <= 1_000
     assert row["server_step_peak_mib"] > 0
+    centers, eps, owners, _ = bench._components(1_000, 10, n_true=10)
+    assert row["overlapping_pairs"] == bench._all_pairs_candidates(centers, np.sqrt(eps), owners)
 
 
 def test_scaling_figure_is_drawn(tmp_path):

@@ -1,5 +1,7 @@
 """Properties of the client-side FedGEM mathematics (fedica.gem)."""
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy.special import logsumexp
@@ -284,3 +286,13 @@ def test_shape_errors_name_the_argument():
         gem.responsibilities(X, np.zeros((2, 2)), np.ones(3))
     with pytest.raises(ValueError, match="maximisers"):
         gem.uncertainty_radius(np.zeros((2, 2)), np.zeros((3, 2)))
+
+
+def test_a_zero_weight_component_takes_no_responsibility():
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(30, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gamma = gem.responsibilities(X, np.array([[0.0, 0.0], [3.0, 0.0]]), np.array([0.0, 1.0]))
+    np.testing.assert_array_equal(gamma[:, 0], 0.0)
+    np.testing.assert_allclose(gamma[:, 1], 1.0)

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import nnls
 
@@ -146,7 +146,7 @@ def test_candidate_pairs_equal_brute_force_on_exact_ties(instance, algorithm):
 
 
 @pytest.mark.parametrize("overlap", [0.4, 2.0])
-def test_kd_tree_and_brute_force_agree_exactly_in_ten_dimensions(overlap):
+def test_kd_tree_and_brute_force_agree_in_ten_dimensions(overlap):
     rng = np.random.default_rng(3)
     truth = rng.normal(scale=10.0, size=(10, 10))
     owners = np.repeat(np.arange(150), 10)
@@ -155,7 +155,7 @@ def test_kd_tree_and_brute_force_agree_exactly_in_ten_dimensions(overlap):
     tree_pairs, tree_ratio = candidate_pairs(centers, radii, owners, algorithm="kd_tree")
     brute_pairs, brute_ratio = candidate_pairs(centers, radii, owners, algorithm="brute")
     np.testing.assert_array_equal(tree_pairs, brute_pairs)
-    np.testing.assert_array_equal(tree_ratio, brute_ratio)
+    np.testing.assert_allclose(tree_ratio, brute_ratio, rtol=1e-14)
     assert brute_pairs.shape[0] > (1000 if overlap > 1 else 0)
 
 
@@ -319,6 +319,9 @@ def test_two_member_formula_moves_towards_the_other_ball():
     st.integers(0, 2**32 - 1),
     st.sampled_from([0.0, -3e5, 1e6]),
 )
+# A projection onto a corner of several balls that Dykstra needs about 1,000 sweeps for
+# (linear convergence, so it goes on past max_iter).
+@example(6, 4, 1490, 0.0)
 def test_many_member_consensus_is_the_projection_onto_the_intersection(k, d, seed, offset):
     rng = np.random.default_rng(seed)
     anchor = offset + rng.normal(size=d)
