@@ -153,7 +153,7 @@ def _pairs_by_kd_tree(centers, radii):
         for a in range(b + 1):
             query_radius = radii[rows] + np.minimum(radii[rows], class_rmax[a])
             hits = trees[a].query_ball_point(
-                centers[rows], query_radius * (1 + _QUERY_SLACK), return_sorted=False
+                centers[rows], query_radius * (1 + _QUERY_SLACK), return_sorted=False, workers=-1
             )
             query_index, neighbour = _flatten_neighbours(hits)
             found.append(np.column_stack([rows[query_index], members[a][neighbour]]))
@@ -196,7 +196,8 @@ def candidate_pairs(centers, radii, owners, *, algorithm="auto"):
     of class ``b`` queries the tree of every class ``a <= b`` with
     ``query_ball_point`` and the per-point radius ``r_j + min(r_j, largest radius of
     class a)``. A large ball thus only costs its own queries, and small balls never
-    search with a large radius. ``query_ball_point`` is used rather than
+    search with a large radius. The queries run on all cores (``workers=-1``).
+    ``query_ball_point`` is used rather than
     ``query_pairs`` because it takes a radius per point and measured several times
     faster (d = 10). ``"auto"`` takes ``"brute"`` up to 1,000 components (measured
     crossover with d = 10) and ``"kd_tree"`` above. Both take the exact test on

@@ -166,7 +166,9 @@ def _all_pairs_candidates(centers: np.ndarray, radii: np.ndarray, owners: np.nda
     return count // 2
 
 
-def bench_server_step(repeats: int, sizes: Sequence[int] = (1_000, 10_000, 100_000)) -> dict[str, Any]:
+def bench_server_step(
+    repeats: int, sizes: Sequence[int] = (1_000, 3_000, 10_000, 30_000, 100_000)
+) -> dict[str, Any]:
     from fedica import merging
 
     rows = []
@@ -197,12 +199,31 @@ def bench_server_step(repeats: int, sizes: Sequence[int] = (1_000, 10_000, 100_0
             row["all_pairs_candidates"] = "not run (quadratic: about 5e9 distance evaluations at 100k)"
         rows.append(row)
         print(f"  server step, {workload}, {m} components: {step['median_s']:.3f} s, peak {peak / 2**20:.1f} MiB", flush=True)
-    return {"d": 10, "workloads": {
+    return {"d": 10, "growth": _growth(rows), "workloads": {
         "fixed_K": "10 true clusters, radii 0.02-0.06 (overlap 0.4): members per cluster grow with m (G grows, K "
         "fixed), and overlapping pairs grow quadratically (0, 10, 1333)",
         "fixed_density": "m/100 true clusters of 100 members each, radii 0.05-0.15 (overlap 1.0): about 0.45 m "
         "overlapping pairs, a third of the components merge",
     }, "rows": rows}
+
+
+def _growth(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per workload, the exponent ``a`` of a least-squares fit ``seconds ~ m^a`` of the server step,
+    next to the same fit of ``m log m`` over the same sizes (what "close to n log n" means here)."""
+    growth = {}
+    for workload in sorted({row["workload"] for row in rows}):
+        chosen = [row for row in rows if row["workload"] == workload]
+        if len(chosen) < 2:
+            continue
+        m = np.array([row["components"] for row in chosen], dtype=float)
+        seconds = np.array([row["server_step"]["median_s"] for row in chosen])
+        pairs = np.array([row["overlapping_pairs"] for row in chosen], dtype=float)
+        growth[workload] = {
+            "server_step_exponent": float(np.polyfit(np.log(m), np.log(seconds), 1)[0]),
+            "m_log_m_exponent": float(np.polyfit(np.log(m), np.log(m * np.log(m)), 1)[0]),
+            "overlapping_pairs": pairs.astype(int).tolist(),
+        }
+    return growth
 
 
 def bench_rfica(repeats: int) -> dict[str, Any]:

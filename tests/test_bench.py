@@ -33,3 +33,13 @@ def test_scaling_figure_is_drawn(tmp_path):
     report = {"server_step": bench.bench_server_step(1, sizes=(1_000, 2_000))}
     bench.plot_server_scaling(report, tmp_path / "scaling.png")
     assert (tmp_path / "scaling.png").stat().st_size > 1000
+
+
+def test_growth_exponent_of_a_power_law():
+    rows = [
+        {"workload": "w", "components": m, "server_step": {"median_s": 1e-6 * m**1.5}, "overlapping_pairs": m}
+        for m in (1_000, 10_000, 100_000)
+    ]
+    growth = bench._growth(rows)["w"]
+    assert abs(growth["server_step_exponent"] - 1.5) < 1e-9
+    assert 1.0 < growth["m_log_m_exponent"] < 1.15
