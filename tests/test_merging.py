@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from scipy.optimize import nnls
+from scipy.optimize import minimize, nnls
 
 from fedica import merging
 from fedica.merging import (
@@ -319,9 +319,10 @@ def test_two_member_formula_moves_towards_the_other_ball():
     st.integers(0, 2**32 - 1),
     st.sampled_from([0.0, -3e5, 1e6]),
 )
-# A projection onto a corner of several balls that Dykstra needs about 1,000 sweeps for
-# (linear convergence, so it goes on past max_iter).
+# Projections onto a corner of several balls that Dykstra needs about 1,000 sweeps for:
+# accepted after 300, within 2e-8 and 2e-4 of the scale.
 @example(6, 4, 1490, 0.0)
+@example(3, 1, 665, 0.0)
 # Dykstra stalls and falls back (see below).
 @example(5, 1, 3403775767, 1e6)
 @example(4, 1, 1286656, 0.0)
@@ -334,8 +335,19 @@ def test_many_member_consensus_is_the_projection_onto_the_intersection(k, d, see
     weights = rng.uniform(0.5, 3.0, size=k)
     new = consensus_centers(centers, radii, weights, np.zeros(k, dtype=int))
     target = weights @ centers / weights.sum()
-    if np.abs(new - new[0]).max() <= 1e-8:
+    scale = max(radii.max(), np.linalg.norm(centers - target, axis=1).max())
+    spread = np.abs(new - new[0]).max()
+    if spread <= 1e-7 * scale:
         assert_kkt_projection(new[0], target, centers, radii)
+    elif spread <= 2e-4 * scale:
+        # Accepted after max_iter sweeps within late_feasibility_tol (1e-4 of the scale):
+        # close to the projection computed independently.
+        reference = minimize(
+            lambda x: np.sum((x - target) ** 2), anchor, method="SLSQP",
+            constraints=[{"type": "ineq", "fun": lambda x: radii**2 - np.sum((x - centers) ** 2, axis=1)}],
+            options={"ftol": 1e-14},
+        ).x
+        np.testing.assert_allclose(new, np.tile(reference, (k, 1)), atol=1e-3 * scale)
     else:
         # About 1 instance in 3,000: Dykstra stalls (its increments build up for hundreds of
         # sweeps without the iterate moving) and gives up; the documented fallback applies.
