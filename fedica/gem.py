@@ -226,6 +226,11 @@ def em_step(X, centroids, weights):
     return _em_step(X, centroids, _log_weights(_as_weights(weights, centroids.shape[0])))
 
 
+def _squared_steps(maximisers, centroids):
+    """Row-wise ``||M_k - theta_k||^2`` (k,) of validated (k, d) arrays."""
+    return np.sum((maximisers - centroids) ** 2, axis=1)
+
+
 def uncertainty_radius(maximisers, centroids):
     """Exact squared radius of the GEM uncertainty ball (paper eq. 3).
 
@@ -249,7 +254,7 @@ def uncertainty_radius(maximisers, centroids):
             f"maximisers and centroids must have the same shape; got {maximisers.shape} "
             f"and {centroids.shape}."
         )
-    return np.sum((maximisers - centroids) ** 2, axis=1)
+    return _squared_steps(maximisers, centroids)
 
 
 def local_round(X, centroids, weights, *, n_steps=1):
@@ -281,8 +286,7 @@ def local_round(X, centroids, weights, *, n_steps=1):
     for _ in range(n_steps):
         start = current
         current = _em_step(X, start, log_weights)
-    step = current - start
-    return current, np.einsum("ij,ij->i", step, step)
+    return current, _squared_steps(current, start)
 
 
 def min_centroid_distance(centroids):

@@ -197,9 +197,8 @@ def candidate_pairs(centers, radii, owners, *, algorithm="auto"):
     ``query_ball_point`` and the per-point radius ``r_j + min(r_j, largest radius of
     class a)``. A large ball thus only costs its own queries, and small balls never
     search with a large radius. The queries run on all cores (``workers=-1``).
-    ``query_ball_point`` is used rather than
-    ``query_pairs`` because it takes a radius per point and measured several times
-    faster (d = 10). ``"auto"`` takes ``"brute"`` up to 1,000 components (measured
+    ``query_ball_point`` is used rather than ``query_pairs`` because it takes a radius
+    per point and measured several times faster (d = 10). ``"auto"`` takes ``"brute"`` up to 1,000 components (measured
     crossover with d = 10) and ``"kd_tree"`` above. Both take the exact test on
     distances computed from the coordinate differences (``cdist`` for brute force, the
     norm of the difference for the tree's candidates, which the tree searches slightly
