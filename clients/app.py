@@ -16,10 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Error, Message
-from flwr.clientapp import ClientApp
-
-from clients.protocol import (
+from fedica.server.records import (
     CLIENT_ERROR_CODE,
     ERROR_KEY,
     TASK_GEM_EVALUATE,
@@ -31,8 +28,24 @@ from clients.protocol import (
     pack,
     unpack,
 )
-from fedica import attacks, gem, ica, metrics, scenarios
+from flwr.app import Array, ArrayRecord, Context, Error, Message
+from flwr.clientapp import ClientApp
+
+from fedica import attacks
 from fedica.config import client_count
+from fedica.data.common import ClientData
+from fedica.data.ica_paper import ica_client_data, ica_true_mixing
+from fedica.data.scenarios import scenario_client_data
+from fedica.evaluation.metrics import adjusted_rand, contingency, mean_silhouettes
+from fedica.fedgem.local import (
+    assign_labels,
+    em_step,
+    final_radius,
+    kmeanspp_init,
+    local_round,
+)
+from fedica.rfica.local import local_fastica
+from fedica.seeding import generator
 
 log = logging.getLogger("fedica.client")
 
@@ -79,10 +92,6 @@ def _partition_id(context: Context) -> int:
     return int(node_config["partition-id"])
 
 
-def _seed_sequence(cfg: Mapping[str, Any], partition_id: int, stream: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([int(cfg["seed"]), partition_id, stream]))
-
-
 def _is_hostile(cfg: Mapping[str, Any], partition_id: int, n_clients: int) -> bool:
     attack = cfg["attack"]
     if attack["kind"] == "none" or attack["fraction"] == 0:
@@ -97,16 +106,16 @@ def _rfica_fit(arrays, values, cfg, partition_id, context):
     sc, alg = cfg["scenario"], cfg["algorithm"]
     data = _ica_data(partition_id, json.dumps(sc, sort_keys=True), cfg["seed"])
     start = time.perf_counter()
-    estimate = ica.local_fastica(
+    estimate = local_fastica(
         data,
         contrast=alg["contrast"],
         init=alg["init"],
-        random_state=_seed_sequence(cfg, partition_id, 1),
+        random_state=generator(cfg["seed"], "client.fastica", partition_id),
         shared_init_seed=cfg["seed"],
     )
     seconds = time.perf_counter() - start
     if _is_hostile(cfg, partition_id, sc["n_clients"]):
-        truth = ica.ica_true_mixing(r=sc["r"], orthogonal=sc["orthogonal"], seed=cfg["seed"])
+        truth = ica_true_mixing(r=sc["r"], orthogonal=sc["orthogonal"], seed=cfg["seed"])
         estimate = attacks.hostile_ica_estimate(cfg["attack"]["kind"], truth, attacks.attack_rng(cfg["seed"], partition_id))
     return {"mixing": estimate}, {"n-samples": data.shape[1], "fit-seconds": seconds}
 
@@ -114,7 +123,7 @@ def _rfica_fit(arrays, values, cfg, partition_id, context):
 @lru_cache(maxsize=4)
 def _ica_data(partition_id: int, scenario_json: str, seed: int) -> np.ndarray:
     sc = json.loads(scenario_json)
-    return ica.ica_client_data(
+    return ica_client_data(
         partition_id,
         n_clients=sc["n_clients"],
         r=sc["r"],
@@ -130,7 +139,7 @@ def _ica_data(partition_id: int, scenario_json: str, seed: int) -> np.ndarray:
 # ---------------------------------------------------------------- FedGEM
 
 
-def _gem_data(cfg: Mapping[str, Any], partition_id: int, context: Context) -> scenarios.ClientData:
+def _gem_data(cfg: Mapping[str, Any], partition_id: int, context: Context) -> ClientData:
     scenario = dict(cfg["scenario"])
     if scenario["name"] == "files" and "data-path" in context.node_config:
         # In a deployment each site names its own file in its node config.
@@ -138,10 +147,10 @@ def _gem_data(cfg: Mapping[str, Any], partition_id: int, context: Context) -> sc
         while len(scenario["paths"]) <= partition_id:
             scenario["paths"].append("")
         scenario["paths"][partition_id] = str(context.node_config["data-path"])
-    return scenarios.scenario_client_data(scenario, partition_id, int(cfg["seed"]))
+    return scenario_client_data(scenario, partition_id, int(cfg["seed"]))
 
 
-def _gem_weights(data: scenarios.ClientData) -> np.ndarray:
+def _gem_weights(data: ClientData) -> np.ndarray:
     return np.full(data.n_components, 1.0 / data.n_components)
 
 
@@ -152,8 +161,8 @@ def _store_centroids(context: Context, centroids: np.ndarray) -> None:
 def _gem_init(arrays, values, cfg, partition_id, context):
     data = _gem_data(cfg, partition_id, context)
     start = time.perf_counter()
-    centroids = gem.kmeanspp_init(
-        data.X_train, data.n_components, n_init=cfg["algorithm"]["n_init"], random_state=_seed_sequence(cfg, partition_id, 2)
+    centroids = kmeanspp_init(
+        data.X_train, data.n_components, n_init=cfg["algorithm"]["n_init"], random_state=generator(cfg["seed"], "client.kmeanspp", partition_id)
     )
     seconds = time.perf_counter() - start
     _store_centroids(context, centroids)
@@ -163,7 +172,7 @@ def _gem_init(arrays, values, cfg, partition_id, context):
     )
 
 
-def _received_centroids(arrays: Mapping[str, np.ndarray], data: scenarios.ClientData, context: Context) -> np.ndarray:
+def _received_centroids(arrays: Mapping[str, np.ndarray], data: ClientData, context: Context) -> np.ndarray:
     """The centroids the server sent, or the client's own if it sent none (a client that missed rounds)."""
     if "centroids" in arrays:
         centroids = np.asarray(arrays["centroids"], dtype=np.float64)
@@ -186,7 +195,7 @@ def _adopt_centroids(arrays, cfg, partition_id, context):
 def _gem_round(arrays, values, cfg, partition_id, context):
     data, centroids, weights = _adopt_centroids(arrays, cfg, partition_id, context)
     start = time.perf_counter()
-    maximisers, radii = gem.local_round(data.X_train, centroids, weights, n_steps=cfg["algorithm"]["local_steps"])
+    maximisers, radii = local_round(data.X_train, centroids, weights, n_steps=cfg["algorithm"]["local_steps"])
     seconds = time.perf_counter() - start
     maximisers, radii, n_points = _hostile_gem(cfg, partition_id, values, maximisers, radii, data.X_train.shape[0])
     return {"maximisers": maximisers, "radii": radii, "weights": weights}, {"n-points": n_points, "fit-seconds": seconds}
@@ -209,14 +218,14 @@ def _stage(values: Mapping[str, Any]) -> int:
 def _gem_final(arrays, values, cfg, partition_id, context):
     data, centroids, weights = _adopt_centroids(arrays, cfg, partition_id, context)
     start = time.perf_counter()
-    maximisers = gem.em_step(data.X_train, centroids, weights)
+    maximisers = em_step(data.X_train, centroids, weights)
     seconds = time.perf_counter() - start
     n_points = data.X_train.shape[0]
     reply_arrays = {"maximisers": maximisers, "weights": weights}
     upsilon = cfg["algorithm"]["upsilon"]
     if upsilon != "auto":
         # The client's own final radius, for the record; the server recomputes it from the same inputs.
-        reply_arrays["radii"] = gem.final_radius(maximisers, weights, n_points, float(upsilon))
+        reply_arrays["radii"] = final_radius(maximisers, weights, n_points, float(upsilon))
     maximisers, radii, n_points = _hostile_gem(
         cfg, partition_id, values, maximisers, reply_arrays.get("radii", np.zeros(data.n_components)), n_points
     )
@@ -232,10 +241,10 @@ def _gem_silhouette(arrays, values, cfg, partition_id, context):
     if candidates.ndim != 3 or candidates.shape[1:] != (data.n_components, data.X_train.shape[1]):
         raise ValueError(f"candidates of shape {candidates.shape} do not fit this client's {data.n_components} components")
     sample = min(cfg["algorithm"]["silhouette_sample"], data.X_train.shape[0])
-    rng = _seed_sequence(cfg, partition_id, 3)
+    rng = generator(cfg["seed"], "client.silhouette_sample", partition_id)
     points = data.X_train[rng.choice(data.X_train.shape[0], size=sample, replace=False)]
     start = time.perf_counter()
-    scores = metrics.mean_silhouettes(points, [gem.assign_labels(points, centroids) for centroids in candidates])
+    scores = mean_silhouettes(points, [assign_labels(points, centroids) for centroids in candidates])
     seconds = time.perf_counter() - start
     return {"silhouettes": scores}, {"n-points": data.X_train.shape[0], "fit-seconds": seconds}
 
@@ -247,14 +256,14 @@ def _gem_evaluate(arrays, values, cfg, partition_id, context):
     if global_ids.shape != (data.n_components,):
         raise ValueError(f"global-ids of shape {global_ids.shape}; this client has {data.n_components} components")
     _store_centroids(context, centroids)
-    predicted = global_ids[gem.assign_labels(data.X_test, centroids)]
+    predicted = global_ids[assign_labels(data.X_test, centroids)]
     reply_values: dict[str, Any] = {"n-points": data.X_train.shape[0], "has-labels": data.y_test is not None}
     if data.y_test is None:
-        true_values, pred_values, counts = metrics.contingency(np.zeros_like(predicted), predicted)
+        true_values, pred_values, counts = contingency(np.zeros_like(predicted), predicted)
         reply_values["local-ari"] = 0.0
     else:
-        true_values, pred_values, counts = metrics.contingency(data.y_test, predicted)
-        reply_values["local-ari"] = metrics.adjusted_rand(data.y_test, predicted)
+        true_values, pred_values, counts = contingency(data.y_test, predicted)
+        reply_values["local-ari"] = adjusted_rand(data.y_test, predicted)
     return {"true-values": true_values, "pred-values": pred_values, "counts": counts}, reply_values
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedica.seeding import generator
+
 ICA_ATTACKS = ("random_orthogonal", "scaled_junk", "permuted_truth")
 GEM_ATTACKS = ("inflated_radius", "inflated_count", "random_centroids")
 
@@ -32,7 +34,7 @@ def hostile_mask(n_clients: int, fraction: float, *, seed: int) -> np.ndarray:
     """
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"fraction={fraction} must be in [0, 1)")
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xA77AC]))
+    rng = generator(seed, "attack.hostile")
     mask = np.zeros(n_clients, dtype=bool)
     mask[rng.permutation(n_clients)[: int(round(fraction * n_clients))]] = True
     return mask
@@ -40,7 +42,7 @@ def hostile_mask(n_clients: int, fraction: float, *, seed: int) -> np.ndarray:
 
 def attack_rng(seed: int, partition_id: int, stage: int = 0) -> np.random.Generator:
     """The random stream of one hostile client at one stage (round) of the protocol, so that its junk is fresh every round."""
-    return np.random.default_rng(np.random.SeedSequence([seed, partition_id, stage, 0xA77AC]))
+    return generator(seed, "attack.reply", partition_id, stage)
 
 
 def hostile_ica_estimate(kind: str, true_mixing: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -76,19 +76,19 @@ def timed(function: Callable[[], Any], repeats: int) -> tuple[dict[str, float], 
 
 
 def bench_fedgem_inprocess(repeats: int) -> dict[str, Any]:
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.mixture import GaussianMixture
 
-    from fedica import scenarios
-    from server.app import compose_config
-    from server.engines import run_inprocess
+    from fedica.data.scenarios import scenario_client_data
 
     cfg = compose_config(MNIST_SIZED + ["engine=inprocess"])
     results = []
     wall, _ = timed(lambda: results.append(run_inprocess(cfg)), repeats)
     result = results[-1]
     fits = [r["timings"]["fedgem"] for r in results]
-    clients = [scenarios.scenario_client_data(cfg["scenario"], p, cfg["seed"]) for p in range(cfg["scenario"]["n_clients"])]
+    clients = [scenario_client_data(cfg["scenario"], p, cfg["seed"]) for p in range(cfg["scenario"]["n_clients"])]
     pooled = np.vstack([c.X_train for c in clients])
     iterations = cfg["algorithm"]["rounds"] + 1
     gmm = GaussianMixture(10, covariance_type="spherical", max_iter=iterations, tol=0.0, n_init=1, random_state=0)
@@ -121,8 +121,8 @@ def bench_fedgem_inprocess(repeats: int) -> dict[str, Any]:
 
 
 def bench_fedgem_simulation(repeats: int, inprocess_wall: float | None) -> dict[str, Any]:
-    from server.app import compose_config
-    from server.engines import run_engine
+    from fedica.scripts.engines import run_engine
+    from fedica.server.app import compose_config
 
     cfg = compose_config(MNIST_SIZED + ["engine=simulation"])
     wall, result = timed(lambda: run_engine(cfg), repeats)
@@ -169,7 +169,8 @@ def _all_pairs_candidates(centers: np.ndarray, radii: np.ndarray, owners: np.nda
 def bench_server_step(
     repeats: int, sizes: Sequence[int] = (1_000, 3_000, 10_000, 30_000, 100_000)
 ) -> dict[str, Any]:
-    from fedica import merging
+    from fedica.fedgem.merging import server_step
+    from fedica.fedgem.overlaps import candidate_pairs
 
     rows = []
     for m, workload in [(m, w) for w in ("fixed_K", "fixed_density") for m in sizes]:
@@ -178,10 +179,10 @@ def bench_server_step(
         else:
             centers, eps, owners, weights = _components(m, 10, n_true=max(10, m // 100), overlap=1.0)
         radii = np.sqrt(eps)
-        kd, (pairs, _) = timed(lambda: merging.candidate_pairs(centers, radii, owners, algorithm="kd_tree"), repeats)
-        step, result = timed(lambda: merging.server_step(centers, eps, owners, weights), repeats)
+        kd, (pairs, _) = timed(lambda: candidate_pairs(centers, radii, owners, algorithm="kd_tree"), repeats)
+        step, result = timed(lambda: server_step(centers, eps, owners, weights), repeats)
         tracemalloc.start()
-        merging.server_step(centers, eps, owners, weights)
+        server_step(centers, eps, owners, weights)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         row = {
@@ -226,20 +227,23 @@ def _growth(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def bench_rfica(repeats: int) -> dict[str, Any]:
-    from fedica import ica
-    from server.app import compose_config
-    from server.engines import run_engine
+    from fedica.scripts.engines import run_engine
+    from fedica.server.app import compose_config
 
-    data = ica.ica_client_data(0, n_clients=1, r=10, corrupt_ratio=0.0, n_normal=5000, n_corrupt=5000,
+    from fedica.data.ica_paper import ica_client_data, ica_true_mixing
+    from fedica.rfica.aggregation import rf_ica_aggregate
+    from fedica.rfica.local import local_fastica
+
+    data = ica_client_data(0, n_clients=1, r=10, corrupt_ratio=0.0, n_normal=5000, n_corrupt=5000,
                                sparsity=0.1, orthogonal=True, seed=0)
-    local, _ = timed(lambda: ica.local_fastica(data, random_state=0), repeats)
-    truth = ica.ica_true_mixing(r=10, orthogonal=True, seed=0)
+    local, _ = timed(lambda: local_fastica(data, random_state=0), repeats)
+    truth = ica_true_mixing(r=10, orthogonal=True, seed=0)
     rng = np.random.default_rng(1)
     out = {"local_fastica_n5000_r10": local}
     for k in (100, 1000):
         estimates = np.stack([truth[:, rng.permutation(10)] * rng.choice([-1, 1], 10) + rng.normal(scale=0.02, size=(10, 10))
                               for _ in range(k)])
-        agg, _ = timed(lambda: ica.rf_ica_aggregate(estimates, np.full(k, 5000), random_state=0), repeats)
+        agg, _ = timed(lambda: rf_ica_aggregate(estimates, np.full(k, 5000), random_state=0), repeats)
         out[f"server_aggregation_K{k}_r10"] = agg
     cfg = compose_config(["scenario.n_clients=100", "scenario.r=10", "engine=simulation", "log_level=WARNING"])
     out["simulation_K100_r10"], result = timed(lambda: run_engine(cfg), 1)

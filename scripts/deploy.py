@@ -49,9 +49,10 @@ log = logging.getLogger("fedica.deploy")
 # Name of the SuperLink connection in the launcher's FLWR_HOME.
 CONNECTION = "fedica"
 # The packages that make up the Flower App; they are copied from where Python imports them.
-APP_PACKAGES = ("fedica", "clients", "server", "scripts", "conf")
+# fedica's Flower side: subpackages of the installed fedica, top-level folders in a source checkout.
+APP_SUBPACKAGES = ("server", "clients", "scripts", "conf")
 APP_PUBLISHER = "fedica"
-APP_COMPONENTS = {"serverapp": "server.app:app", "clientapp": "clients.app:app"}
+APP_COMPONENTS = {"serverapp": "fedica.server.app:app", "clientapp": "fedica.clients.app:app"}
 APP_CONFIG = {"overrides": "", "out-dir": ""}
 APP_DIR_NAME = "fedica-app"  # `flwr build` wants [A-Za-z][A-Za-z0-9-]*
 # Environment of every Flower process: no telemetry, no update check, no per-run `uv sync`.
@@ -274,10 +275,9 @@ _COMPOSE_LOCK = threading.Lock()
 
 
 def compose(overrides: Sequence[str]) -> dict[str, Any]:
-    """:func:`server.app.compose_config`, usable inside a running ``@hydra.main`` (fedica-run) and from several threads."""
+    """:func:`fedica.server.app.compose_config`, usable inside a running ``@hydra.main`` (fedica-run) and from several threads."""
+    from fedica.server.app import compose_config
     from hydra.core.global_hydra import GlobalHydra
-
-    from server.app import compose_config
 
     with _COMPOSE_LOCK:
         global_hydra = GlobalHydra.instance()
@@ -291,7 +291,7 @@ def compose(overrides: Sequence[str]) -> dict[str, Any]:
 
 def deployment_node_configs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Each SuperNode's node config: partition id and count, and for ``scenario=files`` its own data file."""
-    from server.engines import node_configs
+    from fedica.scripts.engines import node_configs
 
     configs = node_configs(cfg)
     if cfg["scenario"]["name"] == "files":
@@ -381,14 +381,21 @@ def build_app(parent: Path) -> Path:
     """
     app_dir = Path(parent) / APP_DIR_NAME
     app_dir.mkdir(parents=True)
-    for package in APP_PACKAGES:
-        spec = util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise DeploymentError(f"package {package!r} is not importable; is fedica installed in this Python ({sys.executable})?")
-        source = Path(next(iter(spec.submodule_search_locations)))
-        shutil.copytree(source, app_dir / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "test_*.py", "*_test.py"))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "test_*.py", "*_test.py")
+    shutil.copytree(_package_folder("fedica"), app_dir / "fedica", ignore=ignore)
+    for name in APP_SUBPACKAGES:
+        # The bundle always has the installed layout (fedica/server, ...), whichever layout fedica runs from.
+        if not (app_dir / "fedica" / name).is_dir():
+            shutil.copytree(_package_folder(f"fedica.{name}"), app_dir / "fedica" / name, ignore=ignore)
     (app_dir / "pyproject.toml").write_text(app_pyproject())
     return app_dir
+
+
+def _package_folder(package: str) -> Path:
+    spec = util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DeploymentError(f"package {package!r} is not importable; is fedica installed in this Python ({sys.executable})?")
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 # ---------------------------------------------------------------- certificates and keys
@@ -1210,9 +1217,10 @@ def launcher_overrides(args: argparse.Namespace) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``fedica-deploy [overrides ...] [options]``; returns the exit code (0 done, 1 run failed, 2 bad config)."""
+    from fedica.server.app import configure_logging
+
     from fedica.config import ConfigError, validate_config
     from fedica.results import RESULT_FILE, format_summary
-    from server.app import configure_logging
 
     args = build_parser().parse_args(argv)
     try:

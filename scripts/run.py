@@ -15,13 +15,18 @@ import sys
 from pathlib import Path
 
 import hydra
+from fedica.server.federation import NotEnoughClients
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from fedica.config import ConfigError, validate_config
-from fedica.results import PARTIAL_RESULT_FILE, RESULT_FILE, format_summary, is_complete_result
-from server.federation import NotEnoughClients
+from fedica.results import (
+    PARTIAL_RESULT_FILE,
+    RESULT_FILE,
+    format_summary,
+    is_complete_result,
+)
 
 log = logging.getLogger("fedica")
 
@@ -29,8 +34,8 @@ log = logging.getLogger("fedica")
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
     """Validate the config, run it, write ``result.json`` and ``summary.txt`` in the Hydra output folder."""
-    from server.app import write_result
-    from server.engines import run_engine
+    from fedica.scripts.engines import run_engine
+    from fedica.server.app import write_result
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     if is_complete_result(out_dir / RESULT_FILE):

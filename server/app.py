@@ -19,14 +19,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from fedica.server.federation import Federation, NotEnoughClients
+from fedica.server.fedgem import run_fedgem
+from fedica.server.rfica import run_rfica
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedica.config import validate_config
-from fedica.results import PARTIAL_RESULT_FILE, RESULT_FILE, SUMMARY_FILE, format_summary, versions, write_json_atomic
-from server.federation import Federation, NotEnoughClients
-from server.fedgem import run_fedgem
-from server.rfica import run_rfica
+from fedica.results import (
+    PARTIAL_RESULT_FILE,
+    RESULT_FILE,
+    SUMMARY_FILE,
+    format_summary,
+    versions,
+    write_json_atomic,
+)
 
 log = logging.getLogger("fedica.server")
 

@@ -14,13 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from fedica.server.records import (
+    ERROR_KEY,
+    MalformedMessage,
+    config_to_json,
+    pack,
+    unpack,
+)
 from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
 
-from clients.protocol import ERROR_KEY, MalformedMessage, config_to_json, pack, unpack
 from fedica import attacks
 from fedica.config import client_count
-from fedica.replies import InvalidReply, require_int
+from fedica.protocol import InvalidReply, require_int
 
 log = logging.getLogger("fedica.server")
 
@@ -102,7 +108,7 @@ class Federation:
         Parameters
         ----------
         task : str
-            The client task (``clients.protocol.TASK_*``).
+            The client task (``fedica.server.records.TASK_*``).
         round_label : int or str
             The round, for the books (an int for collaborative rounds, a stage name otherwise).
         payloads : mapping of node id to mapping of str to ndarray

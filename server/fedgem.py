@@ -11,19 +11,41 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import MessageType
-
-from clients.protocol import (
+from fedica.server.federation import Federation, Reply
+from fedica.server.records import (
     TASK_GEM_EVALUATE,
     TASK_GEM_FINAL,
     TASK_GEM_INIT,
     TASK_GEM_ROUND,
     TASK_GEM_SILHOUETTE,
 )
-from fedica import baselines, gem, merging, metrics, scenarios
+from flwr.app import MessageType
+
 from fedica.config import client_count
-from fedica.replies import InvalidReply, require_array, require_int, validate_gem_components, validate_weights
-from server.federation import Federation, Reply
+from fedica.data.scenarios import scenario_client_data, true_n_clusters
+from fedica.evaluation.baselines import (
+    central_gmm,
+    dp_gmm,
+    evaluate_clustering,
+    fed_kmeans,
+    k_fed,
+)
+from fedica.evaluation.metrics import (
+    ari_from_contingency,
+    k_hat_from_predictions,
+    weighted_local_ari,
+)
+from fedica.fedgem.local import final_radius, min_centroid_distance, uncertainty_radius
+from fedica.fedgem.merging import FinalAggregation, final_aggregation, server_step
+from fedica.fedgem.tuning import select_upsilon
+from fedica.protocol import (
+    InvalidReply,
+    require_array,
+    require_int,
+    validate_gem_components,
+    validate_weights,
+)
+from fedica.seeding import generator
 
 log = logging.getLogger("fedica.server")
 
@@ -137,7 +159,7 @@ def run_fedgem(federation: Federation) -> dict[str, Any]:
     _log_excluded(final, excluded, "final")
 
     evaluation, client_aris = _evaluate(federation, models, final, aggregation)
-    true_k = scenarios.true_n_clusters(cfg["scenario"])
+    true_k = true_n_clusters(cfg["scenario"])
     fedgem_metrics = {
         **evaluation,
         "super_clusters": aggregation.k_hat,
@@ -189,7 +211,7 @@ def _participants(models: Mapping[int, ClientModel], participation: float, cfg: 
     if participation >= 1.0:
         return partitions
     count = min(len(partitions), max(int(cfg["min_clients"]), math.ceil(participation * len(partitions))))
-    rng = np.random.default_rng(np.random.SeedSequence([int(cfg["seed"]), round_number, 0x9A27]))
+    rng = generator(int(cfg["seed"]), "server.participation", round_number)
     return sorted(rng.choice(partitions, size=count, replace=False).tolist())
 
 
@@ -227,7 +249,7 @@ def _outlying_radii(eps: np.ndarray, factor: float | None, scale: Callable[[], f
 
 def _separation_scale(components: Components) -> float:
     """The median over clients of the smallest distance between a client's own components."""
-    return float(np.median([gem.min_centroid_distance(components.centers[part]) for part in components.slices().values()]))
+    return float(np.median([min_centroid_distance(components.centers[part]) for part in components.slices().values()]))
 
 
 def _trusted_server_step(components: Components, factor: float | None) -> tuple[np.ndarray, int, np.ndarray]:
@@ -243,14 +265,14 @@ def _trusted_server_step(components: Components, factor: float | None) -> tuple[
     excluded = _outlying_radii(components.eps, factor, lambda: _separation_scale(components))
     keep = ~excluded
     new_centers = components.centers.copy()
-    step = merging.server_step(components.centers[keep], components.eps[keep], components.owners[keep], components.weights[keep])
+    step = server_step(components.centers[keep], components.eps[keep], components.owners[keep], components.weights[keep])
     new_centers[keep] = step.new_centers
     return new_centers, step.n_super_clusters + int(excluded.sum()), excluded
 
 
 def _trusted_final_aggregation(
     final: Components, radii: np.ndarray, factor: float | None
-) -> tuple[merging.FinalAggregation, np.ndarray]:
+) -> tuple[FinalAggregation, np.ndarray]:
     """The final aggregation over the trusted components.
 
     ``final.eps`` holds each component's drift ``||M_k - theta_k||^2`` from the centroids the
@@ -264,13 +286,13 @@ def _trusted_final_aggregation(
     scale = functools.cache(lambda: _separation_scale(final))
     excluded = _outlying_radii(radii, factor, scale) | (_outlying_radii(final.eps, factor, scale) & (final.eps > radii))
     keep = ~excluded
-    trusted = merging.final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep])
+    trusted = final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep])
     labels = np.empty(final.centers.shape[0], dtype=np.int64)
     labels[keep] = trusted.labels
     if excluded.any():
         distances = np.linalg.norm(final.centers[excluded, None, :] - trusted.global_centroids[None, :, :], axis=2)
         labels[excluded] = np.argmin(distances, axis=1)
-    return merging.FinalAggregation(labels, trusted.global_centroids, trusted.k_hat), excluded
+    return FinalAggregation(labels, trusted.global_centroids, trusted.k_hat), excluded
 
 
 def _log_excluded(components: Components, excluded: np.ndarray, round_label: int | str) -> None:
@@ -333,7 +355,7 @@ def _collect_round(
             return radii
         # The server never trusts a reported radius: with one EM step the exact radius is
         # ||M_k - theta_k||^2 for the centroids theta it sent this client itself.
-        recomputed = gem.uncertainty_radius(maximisers, model.centroids)
+        recomputed = uncertainty_radius(maximisers, model.centroids)
         if not np.allclose(radii, recomputed, rtol=1e-6, atol=1e-9):
             log.warning("client %d, round %d: reported radii %s differ from the recomputed %s; the recomputed are used",
                         reply.partition_id, round_number, np.round(radii, 6).tolist(), np.round(recomputed, 6).tolist())
@@ -347,7 +369,7 @@ def _collect_final(
 ) -> tuple[Components, float]:
     """The final stage's replies; ``eps`` of the result holds each component's drift from the centroids sent."""
     return _collect(federation, models, replies, "final", dim,
-                    lambda reply, model, maximisers: gem.uncertainty_radius(maximisers, model.centroids))
+                    lambda reply, model, maximisers: uncertainty_radius(maximisers, model.centroids))
 
 
 def _final_radii(models: Mapping[int, ClientModel], final: Components, upsilon: float) -> np.ndarray:
@@ -355,7 +377,7 @@ def _final_radii(models: Mapping[int, ClientModel], final: Components, upsilon: 
     radii = np.empty(final.centers.shape[0])
     for partition, part in final.slices().items():
         model = models[partition]
-        radii[part] = gem.final_radius(final.centers[part], model.weights, model.n_points, upsilon)
+        radii[part] = final_radius(final.centers[part], model.weights, model.n_points, upsilon)
     return radii
 
 
@@ -406,7 +428,7 @@ def _choose_upsilon(
         log.warning("no client could score a silhouette; upsilon falls back to the grid's median value")
         chosen = len(grid) // 2
     else:
-        chosen = merging.select_upsilon(silhouettes, k_hats, guard)
+        chosen = select_upsilon(silhouettes, k_hats, guard)
     log.info("upsilon tuning: grid %s, silhouettes %s, K_hat %s -> upsilon %g",
              grid, np.round(silhouettes, 4).tolist(), k_hats.tolist(), grid[chosen])
     tuning = {"grid": grid, "silhouettes": silhouettes, "k_hats": k_hats, "guard": guard}
@@ -414,7 +436,7 @@ def _choose_upsilon(
 
 
 def _evaluate(
-    federation: Federation, models: Mapping[int, ClientModel], final: Components, aggregation: merging.FinalAggregation
+    federation: Federation, models: Mapping[int, ClientModel], final: Components, aggregation: FinalAggregation
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Clients label their test points with the consensus model.
 
@@ -453,10 +475,10 @@ def _evaluate(
     if not triplets:
         return {"local_ari": float("nan"), "global_ari": float("nan"), "k_hat": 0}, client_aris
     true_all, pred_all, count_all = (np.concatenate(parts) for parts in zip(*triplets))
-    evaluation = {"k_hat": metrics.k_hat_from_predictions(pred_all, count_all)}
+    evaluation = {"k_hat": k_hat_from_predictions(pred_all, count_all)}
     if has_labels:
-        evaluation["local_ari"] = metrics.weighted_local_ari(np.asarray(aris), np.asarray(weights))
-        evaluation["global_ari"] = metrics.ari_from_contingency(true_all, pred_all, count_all)
+        evaluation["local_ari"] = weighted_local_ari(np.asarray(aris), np.asarray(weights))
+        evaluation["global_ari"] = ari_from_contingency(true_all, pred_all, count_all)
     return evaluation, client_aris
 
 
@@ -466,19 +488,19 @@ def run_baselines(cfg: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]], 
     The server regenerates the scenario's data for this (a simulation), never from the clients.
     """
     scenario = cfg["scenario"]
-    clients = [scenarios.scenario_client_data(scenario, p, int(cfg["seed"])) for p in range(client_count(scenario))]
-    true_k = scenarios.true_n_clusters(scenario)
+    clients = [scenario_client_data(scenario, p, int(cfg["seed"])) for p in range(client_count(scenario))]
+    true_k = true_n_clusters(scenario)
     seed = int(cfg["seed"])
     runs = {
-        "central-gmm": lambda: baselines.central_gmm(clients, true_k, n_init=cfg["algorithm"]["n_init"], random_state=seed),
-        "dp-gmm": lambda: baselines.dp_gmm(clients, random_state=seed),
-        "k-fed": lambda: baselines.k_fed(clients, true_k, random_state=seed),
-        "fed-kmeans": lambda: baselines.fed_kmeans(clients, true_k, random_state=seed),
+        "central-gmm": lambda: central_gmm(clients, true_k, n_init=cfg["algorithm"]["n_init"], random_state=seed),
+        "dp-gmm": lambda: dp_gmm(clients, random_state=seed),
+        "k-fed": lambda: k_fed(clients, true_k, random_state=seed),
+        "fed-kmeans": lambda: fed_kmeans(clients, true_k, random_state=seed),
     }
     result_metrics, timings = {}, {}
     for name in cfg["baseline_methods"]:
         outcome = runs[name]()
-        scores = baselines.evaluate_clustering(clients, outcome.test_labels)
+        scores = evaluate_clustering(clients, outcome.test_labels)
         scores["k_true"] = true_k
         result_metrics[name] = scores
         timings[name] = outcome.fit_seconds

@@ -7,11 +7,13 @@ import time
 from typing import Any
 
 import numpy as np
+from fedica.server.federation import Federation
+from fedica.server.records import TASK_RFICA_FIT
 
-from clients.protocol import TASK_RFICA_FIT
-from fedica import ica
-from fedica.replies import InvalidReply, validate_ica_reply
-from server.federation import Federation
+from fedica.data.ica_paper import ica_corrupted_clients, ica_true_mixing
+from fedica.evaluation.ica import ica_error
+from fedica.protocol import InvalidReply, validate_ica_reply
+from fedica.rfica.aggregation import rf_ica_aggregate
 
 log = logging.getLogger("fedica.server")
 
@@ -45,7 +47,7 @@ def run_rfica(federation: Federation) -> dict[str, Any]:
     federation.require(estimates, "RF-ICA round 1")
 
     start = time.perf_counter()
-    aggregate = ica.rf_ica_aggregate(
+    aggregate = rf_ica_aggregate(
         np.stack(estimates),
         np.asarray(n_samples),
         benchmark=alg["benchmark"],
@@ -55,14 +57,14 @@ def run_rfica(federation: Federation) -> dict[str, Any]:
     )
     server_seconds = time.perf_counter() - start
 
-    truth = ica.ica_true_mixing(r=sc["r"], orthogonal=sc["orthogonal"], seed=cfg["seed"])
+    truth = ica_true_mixing(r=sc["r"], orthogonal=sc["orthogonal"], seed=cfg["seed"])
     estimates_by_method = {
         "rf-ica": aggregate.rf_ica,
         "f-ica": aggregate.f_ica,
         "simple-mean": aggregate.simple_mean,
         "simple-median": aggregate.simple_median,
     }
-    metrics = {name: {"error": ica.ica_error(estimate, truth)} for name, estimate in estimates_by_method.items()}
+    metrics = {name: {"error": ica_error(estimate, truth)} for name, estimate in estimates_by_method.items()}
     fit_seconds = float(np.sum(client_seconds)) + server_seconds
     return {
         "metrics": metrics,
@@ -76,7 +78,7 @@ def run_rfica(federation: Federation) -> dict[str, Any]:
             "client_partitions": partitions,
             "n_samples": n_samples,
             "corrupted_clients": np.flatnonzero(
-                ica.ica_corrupted_clients(n_clients=sc["n_clients"], corrupt_ratio=sc["corrupt_ratio"], seed=cfg["seed"])
+                ica_corrupted_clients(n_clients=sc["n_clients"], corrupt_ratio=sc["corrupt_ratio"], seed=cfg["seed"])
             ).tolist(),
             "hostile_clients": federation.hostile_partitions(),
         },

@@ -9,8 +9,17 @@ from hypothesis import strategies as st
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score, silhouette_score
 
-from fedica.baselines import BaselineResult, central_gmm, dp_gmm, evaluate_clustering, fed_kmeans, k_fed
-from fedica.metrics import (
+from fedica.data.blobs import blobs_client_data
+from fedica.data.common import ClientData
+from fedica.evaluation.baselines import (
+    BaselineResult,
+    central_gmm,
+    dp_gmm,
+    evaluate_clustering,
+    fed_kmeans,
+    k_fed,
+)
+from fedica.evaluation.metrics import (
     adjusted_rand,
     ari_from_contingency,
     contingency,
@@ -18,7 +27,6 @@ from fedica.metrics import (
     mean_silhouettes,
     weighted_local_ari,
 )
-from fedica.scenarios import ClientData, blobs_client_data
 
 SEPARATED = dict(n_clients=5, n_clusters=6, dim=2, r_min=8.0, n_train=2500, n_test=5000)
 

@@ -1,15 +1,15 @@
 """The benchmark helpers compute what they claim (no timing is asserted: benchmarks never gate CI)."""
 
 import numpy as np
+from fedica.scripts import bench
 
-from fedica import merging
-from scripts import bench
+from fedica.fedgem.overlaps import candidate_pairs
 
 
 def test_all_pairs_reference_agrees_with_the_kdtree_search():
     centers, eps, owners, _ = bench._components(2_000, 10, seed=3, overlap=2.0)
     radii = np.sqrt(eps)
-    pairs, _ = merging.candidate_pairs(centers, radii, owners)
+    pairs, _ = candidate_pairs(centers, radii, owners)
     assert bench._all_pairs_candidates(centers, radii, owners) == len(pairs) > 1000
 
 

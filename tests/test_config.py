@@ -1,9 +1,9 @@
 """Config validation: every user mistake is one ConfigError naming the key and the rule."""
 
 import pytest
+from fedica.server.app import compose_config
 
 from fedica.config import ConfigError, validate_config
-from server.app import compose_config
 
 
 @pytest.fixture(scope="module")

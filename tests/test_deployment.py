@@ -25,15 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from flwr.app import Context, Message
-from flwr.clientapp import ClientApp
-from flwr.common.config import parse_config_args
-
-from clients.app import app as client_app
-from clients.protocol import unpack
-from fedica.results import to_jsonable
-from scripts import deploy
-from scripts.deploy import (
+from fedica.clients.app import app as client_app
+from fedica.scripts import deploy
+from fedica.scripts.deploy import (
     DeploymentOptions,
     LocalDeployment,
     PortInUse,
@@ -44,7 +38,13 @@ from scripts.deploy import (
     make_node_key,
     run_deployment,
 )
-from server.engines import run_inprocess
+from fedica.scripts.engines import run_inprocess
+from fedica.server.records import unpack
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.common.config import parse_config_args
+
+from fedica.results import to_jsonable
 
 REPO = Path(__file__).resolve().parent.parent
 RFICA = ["scenario.n_clients=3", "scenario.n_normal=2000", "scenario.n_corrupt=200", "scenario.r=3"]

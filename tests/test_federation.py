@@ -4,14 +4,13 @@ import json
 
 import numpy as np
 import pytest
+from fedica.clients.app import app as client_app
+from fedica.scripts.engines import run_engine, run_inprocess
+from fedica.server.app import compose_config, write_result
+from fedica.server.federation import NotEnoughClients
+from fedica.server.records import ARRAYS, VALUES
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
-
-from clients.app import app as client_app
-from clients.protocol import ARRAYS, VALUES
-from server.app import compose_config, write_result
-from server.engines import run_engine, run_inprocess
-from server.federation import NotEnoughClients
 
 SMALL_ICA = [
     "scenario.n_clients=10",
@@ -203,7 +202,7 @@ def test_fedgem_survives_a_client_with_broken_replies(gem_inprocess):
 
 def test_fedgem_on_users_files_goes_on_without_unusable_ones(tmp_path):
     """The files scenario: each client reads its own CSV; a broken or mismatched file is one client's error, not the run's."""
-    from fedica.scenarios import blobs_client_data
+    from fedica.data.blobs import blobs_client_data
 
     paths = []
     for partition in range(4):

@@ -7,7 +7,18 @@ import pytest
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
-from fedica import gem
+from fedica.fedgem.local import (
+    _kmeanspp_seedings,
+    assign_labels,
+    em_step,
+    final_radius,
+    kmeanspp_init,
+    local_objective,
+    local_round,
+    min_centroid_distance,
+    responsibilities,
+    uncertainty_radius,
+)
 
 
 def _mixture(rng, n=120, d=3, k=3, spread=4.0):
@@ -67,9 +78,9 @@ def test_radius_equals_independent_numerical_solution_of_eq3(seed):
     weights = rng.dirichlet(np.ones(k))
 
     gamma = _independent_responsibilities(X, theta, weights)
-    np.testing.assert_allclose(gem.responsibilities(X, theta, weights), gamma, atol=1e-12)
-    maximisers = gem.em_step(X, theta, weights)
-    eps = gem.uncertainty_radius(maximisers, theta)
+    np.testing.assert_allclose(responsibilities(X, theta, weights), gamma, atol=1e-12)
+    maximisers = em_step(X, theta, weights)
+    eps = uncertainty_radius(maximisers, theta)
 
     directions = _unit_directions(rng, 400, d)
     # Bracket generously: far beyond any distance in the data.
@@ -102,7 +113,7 @@ def test_points_inside_the_ball_are_gem_steps_and_just_outside_are_not(seed):
     X = _mixture(rng, n=150, d=d, k=k)
     theta = X[rng.choice(X.shape[0], size=k, replace=False)] + rng.normal(size=(k, d))
     weights = np.full(k, 1.0 / k)
-    maximisers, eps = gem.local_round(X, theta, weights)
+    maximisers, eps = local_round(X, theta, weights)
     radius = np.sqrt(eps)
     gamma = _independent_responsibilities(X, theta, weights)
 
@@ -134,14 +145,14 @@ def test_local_round_radius_is_relative_to_the_last_step():
     X = _mixture(rng, d=2, k=3)
     theta = X[:3].copy()
     weights = np.array([0.2, 0.3, 0.5])
-    step1 = gem.em_step(X, theta, weights)
-    step2 = gem.em_step(X, step1, weights)
-    step3 = gem.em_step(X, step2, weights)
-    maximisers, eps = gem.local_round(X, theta, weights, n_steps=3)
+    step1 = em_step(X, theta, weights)
+    step2 = em_step(X, step1, weights)
+    step3 = em_step(X, step2, weights)
+    maximisers, eps = local_round(X, theta, weights, n_steps=3)
     np.testing.assert_allclose(maximisers, step3)
     np.testing.assert_allclose(eps, np.sum((step3 - step2) ** 2, axis=1))
     with pytest.raises(ValueError, match="n_steps"):
-        gem.local_round(X, theta, weights, n_steps=0)
+        local_round(X, theta, weights, n_steps=0)
 
 
 # ------------------------------------------------------------------ EM
@@ -157,7 +168,7 @@ def test_em_step_never_decreases_the_log_likelihood(seed):
     centroids = rng.normal(scale=3.0, size=(k, d))
     previous = _log_likelihood(X, centroids, weights)
     for _ in range(15):
-        centroids = gem.em_step(X, centroids, weights)
+        centroids = em_step(X, centroids, weights)
         current = _log_likelihood(X, centroids, weights)
         assert current >= previous - 1e-9 * abs(previous)
         previous = current
@@ -170,14 +181,14 @@ def test_em_step_is_the_responsibility_weighted_mean():
     weights = np.array([0.4, 0.6])
     gamma = _independent_responsibilities(X, theta, weights)
     expected = np.array([np.average(X, axis=0, weights=gamma[:, j]) for j in range(2)])
-    np.testing.assert_allclose(gem.em_step(X, theta, weights), expected, rtol=1e-10)
+    np.testing.assert_allclose(em_step(X, theta, weights), expected, rtol=1e-10)
 
 
 def test_responsibilities_are_stable_for_far_points():
     centroids = np.array([[0.0, 0.0], [1.0, 0.0]])
     weights = np.array([0.5, 0.5])
     X = np.array([[1e3, 0.0], [-1e3, 0.0], [0.5, 1e3], [1e4, 1e4]])
-    gamma = gem.responsibilities(X, centroids, weights)
+    gamma = responsibilities(X, centroids, weights)
     assert np.all(np.isfinite(gamma))
     np.testing.assert_allclose(gamma.sum(axis=1), 1.0)
     np.testing.assert_allclose(gamma[0], [0.0, 1.0])
@@ -189,7 +200,7 @@ def test_component_without_responsibility_keeps_its_centroid():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(50, 2))
     centroids = np.array([[0.0, 0.0], [1e4, 1e4]])
-    maximisers, eps = gem.local_round(X, centroids, np.array([0.5, 0.5]))
+    maximisers, eps = local_round(X, centroids, np.array([0.5, 0.5]))
     np.testing.assert_array_equal(maximisers[1], centroids[1])
     assert eps[1] == 0.0
     np.testing.assert_allclose(maximisers[0], X.mean(axis=0))
@@ -201,17 +212,17 @@ def test_component_without_responsibility_keeps_its_centroid():
 def test_kmeanspp_init_returns_the_best_of_its_seedings():
     rng = np.random.default_rng(11)
     X = _mixture(rng, n=300, d=2, k=4, spread=2.0)
-    seedings, objectives = gem._kmeanspp_seedings(X, 4, 6, np.random.default_rng(5))
+    seedings, objectives = _kmeanspp_seedings(X, 4, 6, np.random.default_rng(5))
     assert seedings.shape == (6, 4, 2)
-    np.testing.assert_allclose(objectives, [gem.local_objective(X, s) for s in seedings])
+    np.testing.assert_allclose(objectives, [local_objective(X, s) for s in seedings])
     assert len({tuple(s.ravel()) for s in seedings}) > 1  # the seedings differ
-    seeds = gem.kmeanspp_init(X, 4, n_init=6, random_state=np.random.default_rng(5))
+    seeds = kmeanspp_init(X, 4, n_init=6, random_state=np.random.default_rng(5))
     np.testing.assert_array_equal(seeds, seedings[np.argmin(objectives)])
     # Seeds are distinct data points.
     assert all(np.any(np.all(X == row, axis=1)) for row in seeds)
     assert len({tuple(row) for row in seeds}) == 4
     np.testing.assert_array_equal(
-        gem.kmeanspp_init(X, 4, random_state=9), gem.kmeanspp_init(X, 4, random_state=9)
+        kmeanspp_init(X, 4, random_state=9), kmeanspp_init(X, 4, random_state=9)
     )
 
 
@@ -225,14 +236,14 @@ def test_kmeanspp_seeding_matches_scikit_learns_in_distribution():
     truth = rng.normal(scale=6.0, size=(k, d))
     labels = np.repeat(np.arange(k), 60)
     X = truth[labels] + rng.normal(size=(labels.size, d))
-    ours = [gem.kmeanspp_init(X, k, n_init=1, random_state=s) for s in range(200)]
+    ours = [kmeanspp_init(X, k, n_init=1, random_state=s) for s in range(200)]
     theirs = [kmeans_plusplus(X, k, random_state=s)[0] for s in range(200)]
-    mean_ours = np.mean([gem.local_objective(X, s) for s in ours])
-    mean_theirs = np.mean([gem.local_objective(X, s) for s in theirs])
+    mean_ours = np.mean([local_objective(X, s) for s in ours])
+    mean_theirs = np.mean([local_objective(X, s) for s in theirs])
     assert abs(mean_ours - mean_theirs) < 0.05 * mean_theirs
 
     def clusters_hit(seeds):
-        return len(set(gem.assign_labels(seeds, truth).tolist()))
+        return len(set(assign_labels(seeds, truth).tolist()))
 
     assert np.mean([clusters_hit(s) == k for s in ours]) >= np.mean([clusters_hit(s) == k for s in theirs]) - 0.05
 
@@ -240,9 +251,9 @@ def test_kmeanspp_seeding_matches_scikit_learns_in_distribution():
 def test_kmeanspp_init_rejects_bad_sizes():
     X = np.zeros((3, 2))
     with pytest.raises(ValueError, match="n_components"):
-        gem.kmeanspp_init(X, 4)
+        kmeanspp_init(X, 4)
     with pytest.raises(ValueError, match="n_components"):
-        gem.kmeanspp_init(X, 0)
+        kmeanspp_init(X, 0)
 
 
 def test_assign_labels_and_local_objective_match_brute_force():
@@ -250,8 +261,8 @@ def test_assign_labels_and_local_objective_match_brute_force():
     X = rng.normal(size=(40, 3))
     centroids = rng.normal(size=(5, 3))
     squared = ((X[:, None, :] - centroids[None]) ** 2).sum(axis=2)
-    np.testing.assert_array_equal(gem.assign_labels(X, centroids), squared.argmin(axis=1))
-    np.testing.assert_allclose(gem.local_objective(X, centroids), squared.min(axis=1).sum())
+    np.testing.assert_array_equal(assign_labels(X, centroids), squared.argmin(axis=1))
+    np.testing.assert_allclose(local_objective(X, centroids), squared.min(axis=1).sum())
 
 
 # ------------------------------------------------------------------ final radius
@@ -260,32 +271,32 @@ def test_assign_labels_and_local_objective_match_brute_force():
 def test_final_radius_formula():
     maximisers = np.array([[0.0, 0.0], [3.0, 4.0], [10.0, 0.0]])  # Rmin = 5
     weights = np.array([0.5, 0.25, 0.25])
-    assert gem.min_centroid_distance(maximisers) == 5.0
-    eps_final = gem.final_radius(maximisers, weights, n_points=400, upsilon=2.0)
+    assert min_centroid_distance(maximisers) == 5.0
+    eps_final = final_radius(maximisers, weights, n_points=400, upsilon=2.0)
     np.testing.assert_allclose(eps_final, 2.0 * 5.0 / (weights * 20.0))
-    np.testing.assert_array_equal(gem.final_radius(maximisers, weights, 400, 0.0), 0.0)
+    np.testing.assert_array_equal(final_radius(maximisers, weights, 400, 0.0), 0.0)
 
 
 def test_final_radius_and_min_distance_reject_bad_input():
     maximisers = np.array([[0.0, 0.0], [1.0, 0.0]])
     with pytest.raises(ValueError, match="at least 2"):
-        gem.min_centroid_distance(maximisers[:1])
+        min_centroid_distance(maximisers[:1])
     with pytest.raises(ValueError, match="weights"):
-        gem.final_radius(maximisers, np.array([0.5, 0.0]), 10, 1.0)
+        final_radius(maximisers, np.array([0.5, 0.0]), 10, 1.0)
     with pytest.raises(ValueError, match="upsilon"):
-        gem.final_radius(maximisers, np.array([0.5, 0.5]), 10, -1.0)
+        final_radius(maximisers, np.array([0.5, 0.5]), 10, -1.0)
     with pytest.raises(ValueError, match="n_points"):
-        gem.final_radius(maximisers, np.array([0.5, 0.5]), 0, 1.0)
+        final_radius(maximisers, np.array([0.5, 0.5]), 0, 1.0)
 
 
 def test_shape_errors_name_the_argument():
     X = np.zeros((5, 2))
     with pytest.raises(ValueError, match="centroids"):
-        gem.responsibilities(X, np.zeros((2, 3)), np.ones(2))
+        responsibilities(X, np.zeros((2, 3)), np.ones(2))
     with pytest.raises(ValueError, match="weights"):
-        gem.responsibilities(X, np.zeros((2, 2)), np.ones(3))
+        responsibilities(X, np.zeros((2, 2)), np.ones(3))
     with pytest.raises(ValueError, match="maximisers"):
-        gem.uncertainty_radius(np.zeros((2, 2)), np.zeros((3, 2)))
+        uncertainty_radius(np.zeros((2, 2)), np.zeros((3, 2)))
 
 
 def test_a_zero_weight_component_takes_no_responsibility():
@@ -293,6 +304,6 @@ def test_a_zero_weight_component_takes_no_responsibility():
     X = rng.normal(size=(30, 2))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        gamma = gem.responsibilities(X, np.array([[0.0, 0.0], [3.0, 0.0]]), np.array([0.0, 1.0]))
+        gamma = responsibilities(X, np.array([[0.0, 0.0], [3.0, 0.0]]), np.array([0.0, 1.0]))
     np.testing.assert_array_equal(gamma[:, 0], 0.0)
     np.testing.assert_allclose(gamma[:, 1], 1.0)

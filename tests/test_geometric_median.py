@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedica.geometric_median import geometric_median
+from fedica.rfica.geometric_median import geometric_median
 
 FAST = settings(max_examples=60, deadline=None)
 

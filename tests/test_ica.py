@@ -8,20 +8,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedica.ica import (
-    RfIcaAggregate,
-    align_signs,
-    choose_benchmark,
+from fedica.data.ica_paper import (
     client_sample_size,
     corrupted_mask,
     ica_client_data,
-    ica_error,
     ica_true_mixing,
-    local_fastica,
     make_mixing_matrix,
-    normalize_columns,
+)
+from fedica.evaluation.ica import ica_error
+from fedica.rfica.aggregation import (
+    RfIcaAggregate,
+    align_signs,
+    choose_benchmark,
     rf_ica_aggregate,
 )
+from fedica.rfica.local import local_fastica, normalize_columns
 
 FAST = settings(max_examples=40, deadline=None)
 

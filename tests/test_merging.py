@@ -6,15 +6,19 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize, nnls
 
-from fedica import merging
-from fedica.merging import (
-    candidate_pairs,
+from fedica.fedgem.consensus import (
+    _dykstra_intersection,
+    _project_onto_balls,
     consensus_centers,
-    final_aggregation,
-    select_upsilon,
-    server_step,
+)
+from fedica.fedgem.merging import final_aggregation, server_step
+from fedica.fedgem.overlaps import candidate_pairs
+from fedica.fedgem.superclusters import (
+    _constrained_union_find,
+    _first_appearance_labels,
     super_clusters,
 )
+from fedica.fedgem.tuning import select_upsilon
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -260,10 +264,10 @@ def test_constrained_union_find_does_not_depend_on_the_chunk_size(chunk_size):
     node_owner = rng.integers(0, 25, size=n_nodes)
     edges = rng.integers(0, n_nodes, size=(6_000, 2))
     edges = edges[edges[:, 0] != edges[:, 1]]
-    expected = merging._constrained_union_find(n_nodes, edges, node_owner, chunk_size=10**9)
-    roots = merging._constrained_union_find(n_nodes, edges, node_owner, chunk_size=chunk_size)
+    expected = _constrained_union_find(n_nodes, edges, node_owner, chunk_size=10**9)
+    roots = _constrained_union_find(n_nodes, edges, node_owner, chunk_size=chunk_size)
     np.testing.assert_array_equal(
-        merging._first_appearance_labels(roots), merging._first_appearance_labels(expected)
+        _first_appearance_labels(roots), _first_appearance_labels(expected)
     )
     for root in np.unique(roots):
         members = node_owner[roots == root]
@@ -293,7 +297,7 @@ def test_two_member_consensus_is_the_corrected_formula_and_the_dykstra_point(wei
     np.testing.assert_allclose(new, np.vstack([expected, expected]), atol=1e-12)
 
     target = weights @ centers / weights.sum()
-    projection, feasible = merging._dykstra_intersection(
+    projection, feasible = _dykstra_intersection(
         centers, radii, np.zeros(2, dtype=int), target[None]
     )
     assert feasible[0]
@@ -351,7 +355,7 @@ def test_many_member_consensus_is_the_projection_onto_the_intersection(k, d, see
     else:
         # About 1 instance in 3,000: Dykstra stalls (its increments build up for hundreds of
         # sweeps without the iterate moving) and gives up; the documented fallback applies.
-        np.testing.assert_allclose(new, merging._project_onto_balls(np.tile(target, (k, 1)), centers, radii))
+        np.testing.assert_allclose(new, _project_onto_balls(np.tile(target, (k, 1)), centers, radii))
 
 
 def test_dykstra_resolves_a_random_batch_of_non_empty_intersections():
@@ -386,7 +390,7 @@ def test_chained_overlaps_project_the_weighted_mean_onto_each_own_ball():
 def test_dykstra_certifies_an_empty_intersection_quickly():
     centers = np.array([[0.0, 0.0], [1.8, 0.0], [3.6, 0.0], [1.8, 0.5]])
     radii = np.ones(4)
-    _, feasible = merging._dykstra_intersection(
+    _, feasible = _dykstra_intersection(
         centers, radii, np.zeros(4, dtype=int), centers.mean(axis=0)[None],
         max_iter=50, late_feasibility_tol=np.inf,
     )

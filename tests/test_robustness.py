@@ -2,13 +2,18 @@
 
 import numpy as np
 import pytest
+from fedica.scripts.engines import run_inprocess
+from fedica.server.app import compose_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fedica.replies import InvalidReply, validate_gem_components, validate_ica_reply, validate_weights
-from server.app import compose_config
-from server.engines import run_inprocess
+from fedica.protocol import (
+    InvalidReply,
+    validate_gem_components,
+    validate_ica_reply,
+    validate_weights,
+)
 
 HOSTILE_ICA = [
     "engine=inprocess",

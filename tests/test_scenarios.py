@@ -9,28 +9,36 @@ from hypothesis import strategies as st
 from scipy.spatial.distance import pdist
 from sklearn.datasets import load_digits
 
-from fedica import scenarios
-from fedica.scenarios import (
-    ClientData,
-    DataFileError,
+from fedica.data.blobs import (
+    _blobs_structure,
     blobs_centers,
     blobs_client_data,
     client_cluster_sets,
     client_shares,
+)
+from fedica.data.classes import (
+    _class_partition,
+    _digits_dataset,
+    _waveform_dataset,
     digits_client_data,
-    load_client_file,
-    scenario_client_data,
-    true_n_clusters,
     waveform,
     waveform_client_data,
 )
+from fedica.data.common import ClientData
+from fedica.data.files import DataFileError, load_client_file
+from fedica.data.scenarios import (
+    _cached_client_data,
+    scenario_client_data,
+    true_n_clusters,
+)
+from fedica.seeding import generator
 
 BLOBS = dict(n_clients=5, n_clusters=6, dim=3, r_min=4.0, n_train=2500, n_test=5000)
 
 
 def clear_caches():
-    for cached in (scenarios._blobs_structure, scenarios._waveform_dataset, scenarios._digits_dataset,
-                   scenarios._class_partition, scenarios._cached_client_data):
+    for cached in (_blobs_structure, _waveform_dataset, _digits_dataset,
+                   _class_partition, _cached_client_data):
         cached.cache_clear()
 
 
@@ -51,7 +59,7 @@ def test_blobs_deterministic_and_partitions_differ(setting):
     clear_caches()
     assert_same(a, blobs_client_data(1, setting=setting, seed=3, **BLOBS))
     other = blobs_client_data(2, setting=setting, seed=3, **BLOBS)
-    centers = blobs_centers(6, 3, 4.0, random_state=scenarios._stream(3, scenarios._STREAM_CENTERS))
+    centers = blobs_centers(6, 3, 4.0, random_state=generator(3, "blobs.centers"))
     noise, other_noise = a.X_train - centers[a.y_train], other.X_train - centers[other.y_train]
     assert not np.allclose(noise[:10], other_noise[:10])  # clients draw independent noise
     reseeded = blobs_client_data(1, setting=setting, seed=4, **BLOBS)
@@ -170,7 +178,7 @@ def test_client_imbalance_counts_add_up(n_train, n_test):
 
 def test_blobs_points_are_unit_gaussians_around_the_centres_of_own_clusters():
     params = {**BLOBS, "n_train": 25000, "n_test": 5000}
-    centers = blobs_centers(6, 3, 4.0, random_state=scenarios._stream(0, scenarios._STREAM_CENTERS))
+    centers = blobs_centers(6, 3, 4.0, random_state=generator(0, "blobs.centers"))
     for g in range(5):
         c = blobs_client_data(g, **params)
         held = np.unique(c.y_train)

@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from fedica.scripts import plot
+from fedica.scripts.progress import sweep_size
+from fedica.server.app import CONF_DIR
 from hydra import compose, initialize_config_dir
 
 from fedica.results import is_complete_result, write_json_atomic
-from scripts import plot
-from scripts.progress import sweep_size
-from server.app import CONF_DIR
 
 
 def test_atomic_write_leaves_nothing_half_written(tmp_path):

@@ -1,4 +1,4 @@
-"""Engines: the ways one configured run is driven. Each calls :func:`server.app.run_federation`.
+"""Engines: the ways one configured run is driven. Each calls :func:`fedica.server.app.run_federation`.
 
 - ``simulation``: Flower's simulation runtime (Ray), one ClientApp per simulated SuperNode.
 - ``inprocess``: the same ServerApp logic and the same ClientApp, with messages handed
@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from uuid import uuid4
 
+from fedica.server.app import configure_logging, run_federation
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
@@ -23,7 +24,6 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedica.config import client_count, validate_config
-from server.app import configure_logging, run_federation
 
 log = logging.getLogger("fedica.server")
 
@@ -37,7 +37,7 @@ def run_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:
         return run_simulation_engine(cfg)
     if engine == "inprocess":
         return run_inprocess(cfg)
-    from scripts.deploy import run_deployment
+    from fedica.scripts.deploy import run_deployment
 
     return run_deployment(cfg)
 
@@ -50,7 +50,7 @@ def node_configs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def run_inprocess(cfg: Mapping[str, Any], client_app: ClientApp | None = None) -> dict[str, Any]:
     """Drive the federation with :class:`InProcessGrid`: same code, no transport."""
-    from clients.app import app as default_client_app
+    from fedica.clients.app import app as default_client_app
 
     grid = InProcessGrid(client_app or default_client_app, node_configs(cfg), seed=int(cfg["seed"]))
     return run_federation(grid, cfg)
@@ -63,9 +63,8 @@ def run_simulation_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     import warnings
 
+    from fedica.clients.app import app as client_app
     from flwr.simulation import run_simulation
-
-    from clients.app import app as client_app
 
     outcome: dict[str, Any] = {}
     server_app = ServerApp()

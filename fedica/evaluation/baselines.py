@@ -18,9 +18,14 @@ from sklearn.cluster import KMeans
 from sklearn.mixture import BayesianGaussianMixture, GaussianMixture
 from threadpoolctl import threadpool_limits
 
-from fedica.metrics import adjusted_rand, ari_from_contingency, contingency, k_hat_from_predictions, \
-    weighted_local_ari
-from fedica.scenarios import ClientData
+from fedica.data.common import ClientData
+from fedica.evaluation.metrics import (
+    adjusted_rand,
+    ari_from_contingency,
+    contingency,
+    k_hat_from_predictions,
+    weighted_local_ari,
+)
 
 __all__ = ["BaselineResult", "central_gmm", "dp_gmm", "evaluate_clustering", "fed_kmeans", "k_fed"]
 

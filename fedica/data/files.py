@@ -1,0 +1,227 @@
+"""The user's own data: one CSV, NPY or NPZ file per client, checked with one clear line per problem.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+from sklearn.model_selection import train_test_split
+
+from fedica.data.common import ClientData
+from fedica.seeding import generator, sklearn_seed
+from fedica.validation import check_test_fraction
+
+
+class DataFileError(ValueError):
+    """A client's data file is missing or malformed; the message names the file, the place and the rule."""
+
+
+def load_client_file(path, *, label_column: int | str | None = None, n_components: int | None = None,
+                     test_fraction: float = 0.3, seed: int = 0, delimiter: str = ",") -> ClientData:
+    """Load one client's data from a CSV, ``.npy`` or ``.npz`` file and split it train/test.
+
+    Formats (chosen by suffix; anything other than ``.npy``/``.npz`` is read as CSV):
+
+    - CSV: numbers separated by ``delimiter``; blank lines are skipped. The first non-blank line is a header
+      exactly when at least one of its cells is not a number (Python ``float`` syntax, so ``nan``/``inf`` count
+      as numbers and are then rejected as non-finite).
+    - ``.npy``: one 2-D numeric array.
+    - ``.npz``: a 2-D array ``X`` and optionally a 1-D array ``y`` of labels.
+
+    ``label_column`` (an int index, negative allowed, or a header name) takes that column out of the features as
+    labels; with ``.npz`` it indexes ``X`` and must not be combined with a ``y`` array. Labels must be integers
+    (written as such or as integral floats); they are global class ids shared by all clients.
+
+    The split is seeded by ``seed``; it is stratified by label when labels exist and every label has at least
+    two points (and both parts can hold every label), otherwise a plain random split.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    label_column : int, str or None
+    n_components : int or None
+        K_g; None means the number of distinct labels (an error without labels).
+    test_fraction : float
+        In (0, 1).
+    seed : int
+    delimiter : str
+        CSV field separator.
+
+    Returns
+    -------
+    ClientData
+
+    Raises
+    ------
+    DataFileError
+        For a missing or empty file, a non-numeric cell (line and column named), a NaN or infinite value (row or
+        line, and column), a non-integer label, a wrong number of dimensions, a ragged CSV, fewer than 2
+        components, or fewer points than components. The message starts with the file's path.
+    """
+    path = Path(path)
+    test_fraction = check_test_fraction(test_fraction)
+    if not path.is_file():
+        raise DataFileError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise DataFileError(f"{path}: file is empty")
+    suffix = path.suffix.lower()
+    if suffix in (".npy", ".npz"):
+        X, y = _read_numpy_file(path, suffix, label_column)
+    else:
+        X, y = _read_csv_file(path, label_column, delimiter)
+
+    if n_components is None:
+        if y is None:
+            raise DataFileError(f"{path}: n_components is not given and the file has no labels to count it from")
+        n_components = int(np.unique(y).size)
+    if n_components < 2:
+        raise DataFileError(f"{path}: needs at least 2 components (clusters), got n_components={n_components}")
+    if X.shape[0] < n_components:
+        raise DataFileError(f"{path}: has {X.shape[0]} points, fewer than n_components={n_components}")
+
+    indices = np.arange(X.shape[0])
+    stratify = None
+    if y is not None:
+        _, label_counts = np.unique(y, return_counts=True)
+        n_test = math.ceil(test_fraction * X.shape[0])
+        if label_counts.min() >= 2 and min(n_test, X.shape[0] - n_test) >= label_counts.size:
+            stratify = y
+    train, test = train_test_split(indices, test_size=test_fraction, stratify=stratify,
+                                   random_state=sklearn_seed(generator(seed, "files.split")))
+    if train.size < n_components:
+        raise DataFileError(
+            f"{path}: after the test_fraction={test_fraction} split only {train.size} training points remain, "
+            f"fewer than n_components={n_components}")
+    y_train = None if y is None else y[train]
+    y_test = None if y is None else y[test]
+    return ClientData(X[train], y_train, X[test], y_test, int(n_components))
+
+
+def _cell_name(column: int, header: list[str] | None) -> str:
+    return f"column {column}" + (f" ({header[column]!r})" if header is not None else "")
+
+
+def _read_csv_file(path: Path, label_column, delimiter: str):
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        reader = csv.reader(handle, delimiter=delimiter)
+        rows, lines = [], []
+        for row in reader:
+            if all(not cell.strip() for cell in row):
+                continue
+            rows.append([cell.strip() for cell in row])
+            lines.append(reader.line_num)
+    if not rows:
+        raise DataFileError(f"{path}: file has no data (only blank lines)")
+
+    header = None
+    if any(not _is_number(cell) for cell in rows[0]):
+        header, rows, lines = rows[0], rows[1:], lines[1:]
+        if not rows:
+            raise DataFileError(f"{path}: file has a header but no data rows")
+    width = len(header) if header is not None else len(rows[0])
+    for row, line in zip(rows, lines):
+        if len(row) != width:
+            raise DataFileError(f"{path}: line {line} has {len(row)} cells, expected {width} (every row must "
+                                "have as many cells as the first)")
+    try:
+        table = np.array(rows, dtype=np.float64)
+    except ValueError:
+        # Only on this error path: find the first offending cell to name it.
+        for row, line in zip(rows, lines):
+            for column, cell in enumerate(row):
+                if not _is_number(cell):
+                    raise DataFileError(f"{path}: line {line}, {_cell_name(column, header)}: {cell!r} is not a "
+                                        "number (every cell must be numeric)") from None
+        raise
+    _check_finite(path, table, lambda row: f"line {lines[row]}", header)
+
+    label_index = _resolve_label_column(path, label_column, width, header)
+    return _split_label_column(path, table, label_index, lambda row: f"line {lines[row]}", header)
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_numpy_file(path: Path, suffix: str, label_column):
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise DataFileError(f"{path}: cannot be read as {suffix} ({error})") from None
+    y = None
+    if suffix == ".npz":
+        with loaded:
+            if "X" not in loaded.files:
+                raise DataFileError(f"{path}: .npz file has no array 'X' (arrays found: {loaded.files})")
+            X = loaded["X"]
+            y = loaded["y"] if "y" in loaded.files else None
+        if y is not None and label_column is not None:
+            raise DataFileError(f"{path}: has a 'y' array and label_column={label_column!r} was given; "
+                                "use one source of labels")
+    else:
+        X = loaded
+    if X.ndim != 2:
+        raise DataFileError(f"{path}: the data array must be 2-D (points x features), got {X.ndim}-D "
+                            f"shape {X.shape}")
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise DataFileError(f"{path}: the data array is empty (shape {X.shape})")
+    if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
+        raise DataFileError(f"{path}: the data array must be numeric, got dtype {X.dtype}")
+    X = X.astype(np.float64)
+    _check_finite(path, X, lambda row: f"row {row}", None)
+    where = lambda row: f"row {row}"  # noqa: E731
+    if y is not None:
+        if y.ndim != 1 or y.shape[0] != X.shape[0]:
+            raise DataFileError(f"{path}: 'y' must be 1-D with one label per row of 'X' ({X.shape[0]}), got "
+                                f"shape {y.shape}")
+        if not np.issubdtype(y.dtype, np.number):
+            raise DataFileError(f"{path}: 'y' must be numeric, got dtype {y.dtype}")
+        return X, _integer_labels(path, y.astype(np.float64), where, "array 'y'")
+    label_index = _resolve_label_column(path, label_column, X.shape[1], None)
+    return _split_label_column(path, X, label_index, where, None)
+
+
+def _check_finite(path: Path, table: np.ndarray, where, header) -> None:
+    bad = np.argwhere(~np.isfinite(table))
+    if bad.size:
+        row, column = bad[0]
+        raise DataFileError(f"{path}: {where(row)}, {_cell_name(column, header)}: value {table[row, column]} is "
+                            "not finite (NaN and infinity are not allowed)")
+
+
+def _resolve_label_column(path: Path, label_column, width: int, header) -> int | None:
+    if label_column is None:
+        return None
+    if isinstance(label_column, str):
+        if header is None:
+            raise DataFileError(f"{path}: label_column={label_column!r} is a name but the file has no header")
+        if label_column not in header:
+            raise DataFileError(f"{path}: label_column={label_column!r} is not in the header {header}")
+        return header.index(label_column)
+    if not -width <= int(label_column) < width:
+        raise DataFileError(f"{path}: label_column={label_column} is out of range for {width} columns")
+    return int(label_column) % width
+
+
+def _split_label_column(path: Path, table: np.ndarray, label_index: int | None, where, header):
+    if label_index is None:
+        return table, None
+    if table.shape[1] < 2:
+        raise DataFileError(f"{path}: only the label column, no feature columns")
+    labels = _integer_labels(path, table[:, label_index], where, _cell_name(label_index, header))
+    return np.delete(table, label_index, axis=1), labels
+
+
+def _integer_labels(path: Path, values: np.ndarray, where, column_name: str) -> np.ndarray:
+    bad = np.flatnonzero(~np.isfinite(values) | (values != np.round(values)))
+    if bad.size:
+        raise DataFileError(f"{path}: {where(bad[0])}, {column_name}: label {values[bad[0]]} is not an integer "
+                            "(labels must be integer class ids)")
+    return values.astype(np.int64)

@@ -1,0 +1,118 @@
+"""FedGEM's server step of a collaborative round and its final aggregation (docs/ALGORITHMS.md section 2).
+
+Every client component is a ball: centre ``M`` (the client's M-step maximiser) and radius
+``sqrt(eps)``. Components of different clients overlap when their balls meet; super-clusters
+are built by a union-find that never puts two components of one client together
+(:mod:`fedica.fedgem.superclusters`). In a collaborative round every member of a super-cluster
+moves to one consensus point inside all member balls (:mod:`fedica.fedgem.consensus`); in the
+final aggregation the members are averaged.
+
+Conventions shared by the server-side modules: ``centers`` is ``(m, d)``, ``radii`` are ball
+radii (not squared), ``owners`` are integer client ids and ``weights`` are the components'
+positive weights ``N_g * pi_k``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedica.fedgem.consensus import _segment_sum, consensus_centers
+from fedica.fedgem.superclusters import super_clusters
+from fedica.validation import as_centers, as_vector
+
+
+@dataclass(frozen=True)
+class ServerStep:
+    """Result of one collaborative server step.
+
+    Attributes
+    ----------
+    new_centers : ndarray of shape (m, d)
+        Centroid each component's client adopts.
+    labels : ndarray of shape (m,)
+        Super-cluster of every component.
+    n_super_clusters : int
+    """
+
+    new_centers: np.ndarray
+    labels: np.ndarray
+    n_super_clusters: int
+
+
+def server_step(centers, eps, owners, weights):
+    """One collaborative server step: super-clusters, then consensus.
+
+    Parameters
+    ----------
+    centers : array-like of shape (m, d)
+        Maximisers ``M`` sent by the clients.
+    eps : array-like of shape (m,)
+        Squared radii; the balls have radius ``sqrt(eps)``.
+    owners : array-like of shape (m,), int
+        Client id of every component.
+    weights : array-like of shape (m,)
+        Positive weights ``N_g * pi_k``.
+
+    Returns
+    -------
+    ServerStep
+    """
+    centers = as_centers(centers)
+    radii = np.sqrt(as_vector(eps, centers.shape[0], "eps"))
+    labels = super_clusters(centers, radii, owners)
+    new_centers = consensus_centers(centers, radii, weights, labels)
+    n_super = int(labels.max()) + 1 if labels.size else 0
+    return ServerStep(new_centers=new_centers, labels=labels, n_super_clusters=n_super)
+
+
+@dataclass(frozen=True)
+class FinalAggregation:
+    """Result of the final aggregation.
+
+    Attributes
+    ----------
+    labels : ndarray of shape (m,)
+        Global cluster id of every component.
+    global_centroids : ndarray of shape (k_hat, d)
+        Weighted mean of the members of each global cluster; row ``l`` is cluster ``l``.
+    k_hat : int
+        Number of global clusters.
+    """
+
+    labels: np.ndarray
+    global_centroids: np.ndarray
+    k_hat: int
+
+
+def final_aggregation(centers, eps_final, owners, weights):
+    """Final merge: super-clusters on the final radii, then weighted means.
+
+    Parameters
+    ----------
+    centers : array-like of shape (m, d)
+        Final maximisers ``M``.
+    eps_final : array-like of shape (m,)
+        Squared final radii (see :func:`fedica.gem.final_radius`); balls have radius
+        ``sqrt(eps_final)``.
+    owners : array-like of shape (m,), int
+        Client id of every component.
+    weights : array-like of shape (m,)
+        Positive weights ``N_g * pi_k``.
+
+    Returns
+    -------
+    FinalAggregation
+    """
+    centers = as_centers(centers)
+    m = centers.shape[0]
+    radii = np.sqrt(as_vector(eps_final, m, "eps_final"))
+    weights = as_vector(weights, m, "weights", positive=True)
+    labels = super_clusters(centers, radii, owners)
+    k_hat = int(labels.max()) + 1 if m else 0
+    global_centroids = (
+        _segment_sum(centers, labels, k_hat, weights)
+        / np.bincount(labels, weights=weights, minlength=k_hat)[:, None]
+    )
+    return FinalAggregation(labels=labels, global_centroids=global_centroids, k_hat=k_hat)

@@ -1,0 +1,88 @@
+"""Input checks shared by the library: one place for the rules and the messages that name them.
+
+Each check returns the value in its canonical type, or raises ``ValueError`` naming the argument
+and the rule it broke.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+
+def as_float_array(value, name):
+    try:
+        return np.asarray(value, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a numeric array: {exc}") from exc
+
+
+def check_int(value, name, *, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_index(value, name, size):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < size:
+        raise ValueError(f"{name} must be an integer in [0, {size}), got {value!r}")
+    return int(value)
+
+
+def check_ratio(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def as_centers(centers):
+    centers = np.asarray(centers, dtype=float)
+    if centers.ndim != 2:
+        raise ValueError(f"centers must be a 2-D array (m, d); got shape {centers.shape}.")
+    if not np.all(np.isfinite(centers)):
+        raise ValueError("centers must contain only finite values.")
+    return centers
+
+
+def as_vector(values, m, name, *, positive=False):
+    values = np.asarray(values, dtype=float)
+    if values.shape != (m,):
+        raise ValueError(f"{name} must have shape ({m},); got {values.shape}.")
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"{name} must contain only finite values.")
+    if positive and np.any(values <= 0):
+        raise ValueError(f"{name} must be positive.")
+    if not positive and np.any(values < 0):
+        raise ValueError(f"{name} must be non-negative.")
+    return values
+
+
+def as_int_vector(values, m, name):
+    values = np.asarray(values)
+    if values.shape != (m,):
+        raise ValueError(f"{name} must have shape ({m},); got {values.shape}.")
+    if m and not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(f"{name} must hold integers; got dtype {values.dtype}.")
+    return values.astype(np.int64, copy=False)
+
+
+def check_partition(partition_id, n_clients: int) -> int:
+    if isinstance(partition_id, bool) or not isinstance(partition_id, (int, np.integer)):
+        raise ValueError(f"partition_id must be an int, got {partition_id!r}")
+    if not 0 <= partition_id < n_clients:
+        raise ValueError(f"partition_id must be in [0, n_clients={n_clients}), got {partition_id}")
+    return int(partition_id)
+
+
+def check_test_fraction(test_fraction) -> float:
+    if not 0.0 < float(test_fraction) < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    return float(test_fraction)
+
+
+def check_seed(seed) -> int:
+    """A run seed: a non-negative integer (numpy's SeedSequence takes no negative entropy)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    return int(seed)
