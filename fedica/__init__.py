@@ -8,6 +8,7 @@ The Flower side ships with it as :mod:`fedica.server` (ServerApp, strategies), :
 from pathlib import Path as _Path
 
 __version__ = "0.1.0"
+__all__ = ["FedGEM", "RFICA", "__version__"]
 
 # In a source checkout (and in the Flower App bundle built from it) the Flower side lives in the
 # repository's top-level folders server/, clients/, scripts/ and conf/; an installed fedica has them
@@ -17,3 +18,6 @@ __version__ = "0.1.0"
 _checkout = _Path(__file__).resolve().parent.parent
 if not (_Path(__file__).parent / "server").is_dir() and (_checkout / "server" / "app.py").is_file():
     __path__.append(str(_checkout))
+
+from fedica.fedgem.estimator import FedGEM  # noqa: E402
+from fedica.rfica.estimator import RFICA  # noqa: E402

@@ -40,6 +40,13 @@ def hostile_mask(n_clients: int, fraction: float, *, seed: int) -> np.ndarray:
     return mask
 
 
+def hostile_clients(n_clients: int, attack: dict, *, seed: int) -> list[int]:
+    """The partition ids an ``attack`` config (``kind``, ``fraction``) makes hostile; none for kind ``none``."""
+    if attack["kind"] == "none":
+        return []
+    return np.flatnonzero(hostile_mask(n_clients, attack["fraction"], seed=seed)).tolist()
+
+
 def attack_rng(seed: int, partition_id: int, stage: int = 0) -> np.random.Generator:
     """The random stream of one hostile client at one stage (round) of the protocol, so that its junk is fresh every round."""
     return generator(seed, "attack.reply", partition_id, stage)

@@ -1,33 +1,109 @@
-"""Validation of a resolved run configuration.
+"""The schema of a run configuration and its one validator.
 
 The configuration is a plain nested mapping (Hydra's resolved config turned into
 dicts and lists), so this module stays free of Hydra and Flower. Every rule names
 the key it checks, so that a user's mistake is reported as one clear line before
-anything starts, never as a traceback from deep inside numpy.
+anything starts, never as a traceback from deep inside numpy or Flower. A key the
+schema does not know (a typo, or one added with Hydra's ``+`` prefix) is refused
+in every section, with the section's known keys.
+
+The schema: the top-level keys of ``conf/config.yaml`` (:data:`TOP_LEVEL_KEYS`,
+plus the ``plot`` section that ``conf/experiment/*.yaml`` set for ``fedica-plot``),
+and for each section (``algorithm``, ``scenario``, ``engine``, ``attack``) exactly
+the keys its ``conf/<group>/<name>.yaml`` declares (:data:`SECTION_KEYS`;
+``tests/test_config.py`` checks that the two agree). Hydra puts nothing else in
+the task's config: it removes its own ``hydra`` node, and ``+experiment=...``
+files are ``@package _global_``, so no ``experiment`` key appears.
+
+The configuration is validated once, at the entry points: ``fedica-run``
+(``scripts/run.py``), ``fedica-deploy`` (``scripts/deploy``) and the ServerApp's
+``main`` under ``flwr run`` (``server/app.py``, a process of its own that composes
+the config anew). Everything below them (``run_engine``, the engines,
+``run_federation``) takes the dict :func:`validate_config` returned as given: no
+library user is documented to call ``run_engine``; one who does passes
+``run_engine(validate_config(cfg))``. Calling :func:`validate_config` again on its
+own result is harmless: it is idempotent and takes well under a millisecond.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
+import os
 from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
 from typing import Any
 
+from fedica.attacks import GEM_ATTACKS, ICA_ATTACKS
+from fedica.data.blobs import SETTINGS
+from fedica.data.scenarios import ICA_SCENARIO, SCENARIO_NAMES
+from fedica.evaluation.baselines import BASELINE_METHODS
+from fedica.fedgem.server import UPSILON_CRITERIA
+from fedica.rfica.aggregation import BENCHMARK_RULES
+from fedica.rfica.local import CONTRASTS, INITS
+
+__all__ = ["ConfigError", "validate_config", "client_count", "TOP_LEVEL_KEYS", "SECTION_KEYS"]
+
+# The algorithms' ServerApp runners live in fedica.server (the Flower side), which fedica may not import.
 ALGORITHMS = ("rfica", "fedgem")
-SCENARIOS_BY_ALGORITHM = {
-    "rfica": ("ica_paper",),
-    "fedgem": ("blobs", "waveform", "digits", "files"),
-}
+SCENARIOS_BY_ALGORITHM = {"rfica": (ICA_SCENARIO,), "fedgem": SCENARIO_NAMES}
+# The engines are implemented in scripts/ (engines.py, deploy), the Flower side, which fedica may not import.
 ENGINES = ("simulation", "inprocess", "deployment")
-BASELINE_METHODS = ("central-gmm", "dp-gmm", "k-fed", "fed-kmeans")
-ATTACKS_BY_ALGORITHM = {
-    "rfica": ("none", "random_orthogonal", "scaled_junk", "permuted_truth"),
-    "fedgem": ("none", "inflated_radius", "inflated_count", "random_centroids"),
+ATTACKS_BY_ALGORITHM = {"rfica": ("none", *ICA_ATTACKS), "fedgem": ("none", *GEM_ATTACKS)}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+SECTIONS = ("algorithm", "scenario", "engine", "attack")
+# conf/config.yaml's keys, in its order.
+TOP_LEVEL_KEYS = (
+    "seed", "min_clients", "round_timeout", "node_wait_timeout", "baselines", "baseline_methods", "log_level",
+    *SECTIONS,
+)
+# Optional top-level sections that conf/experiment/*.yaml add; scripts/plot.py reads ``plot``.
+OPTIONAL_TOP_LEVEL_KEYS = ("plot",)
+PLOT_KEYS = ("x", "xlabel", "metrics", "metric", "panels", "series", "methods", "logy", "logx", "table_only", "title")
+
+# The keys of conf/<group>/<name>.yaml besides ``name`` (``attack`` has one schema for all its files, no name).
+SECTION_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
+    "algorithm": {
+        "rfica": ("contrast", "init", "benchmark", "kmeans_restarts", "gm_tol"),
+        "fedgem": (
+            "rounds", "local_steps", "upsilon", "upsilon_grid", "upsilon_criterion", "guard_factor", "n_init", "silhouette_sample",
+            "radius_outlier_factor", "count_cap_factor", "participation",
+        ),
+    },
+    "scenario": {
+        "ica_paper": ("n_clients", "r", "corrupt_ratio", "n_normal", "n_corrupt", "sparsity", "orthogonal"),
+        "blobs": ("n_clients", "n_clusters", "dim", "r_min", "n_train", "n_test", "setting", "k_min", "k_max"),
+        "digits": ("n_clients", "test_fraction", "k_min", "k_max"),
+        "files": ("paths", "label_column", "n_components", "test_fraction"),
+        "waveform": ("n_clients", "n_samples", "test_fraction", "k_min", "k_max"),
+    },
+    "engine": {
+        "deployment": (
+            "host", "superlink_port", "supernode_port", "tls", "node_auth", "startup_timeout", "run_timeout",
+            "shutdown_grace", "out_dir",
+        ),
+        "inprocess": (),
+        "simulation": ("client_num_cpus",),
+    },
 }
+ATTACK_KEYS = ("kind", "fraction")
 
 
 class ConfigError(ValueError):
     """A configuration value breaks a rule; the message names the key and the rule."""
+
+
+def _unknown_keys(section: Mapping[str, Any], prefix: str, known: Sequence[str], owner: str) -> None:
+    """Raise ConfigError naming the first key of ``section`` not in ``known`` (``name`` is not listed)."""
+    for key in section:
+        if key in known:
+            continue
+        listed = [k for k in known if k != "name"]
+        keys = f"has keys {', '.join(listed)}" if listed else "has no keys besides name"
+        close = difflib.get_close_matches(str(key), listed, n=1)
+        hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+        raise ConfigError(f"{prefix}{key}: unknown key; {owner} {keys}{hint}")
 
 
 class _Checker:
@@ -68,15 +144,34 @@ class _Checker:
         value = self.get(key)
         if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
             self.fail(key, "must be a finite number")
-        if low is not None and (value < low or (low_open and value == low)):
+        too_low = low is not None and (value < low or (low_open and value == low))
+        too_high = high is not None and (value > high or (high_open and value == high))
+        if (too_low or too_high) and low is not None and high is not None:
+            self.fail(key, f"must be in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}")
+        if too_low:
             self.fail(key, f"must be {'>' if low_open else '>='} {low}")
-        if high is not None and (value > high or (high_open and value == high)):
+        if too_high:
             self.fail(key, f"must be {'<' if high_open else '<='} {high}")
+        return float(value)
+
+    def port(self, key: str) -> int:
+        value = self.get(key)
+        if isinstance(value, bool) or not isinstance(value, Integral) or not 1 <= value <= 65535:
+            self.fail(key, "must be a port number in 1..65535")
+        return int(value)
+
+    def seconds(self, key: str, *, optional: bool = False) -> float | None:
+        """A positive, finite number of seconds (or null when ``optional``)."""
+        if optional and self.get(key) is None:
+            return None
+        value = self.get(key)
+        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
+            self.fail(key, "must be a positive number of seconds" + (" or null" if optional else ""))
         return float(value)
 
     def choice(self, key: str, options: Sequence[str]) -> str:
         value = self.get(key)
-        if value not in options:
+        if not isinstance(value, str) or value not in options:
             self.fail(key, f"must be one of {', '.join(options)}")
         return str(value)
 
@@ -86,9 +181,41 @@ class _Checker:
             self.fail(key, "must be true or false")
         return value
 
+    def text(self, key: str, *, optional: bool = False) -> str | None:
+        value = self.get(key)
+        if optional and value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            self.fail(key, "must be a non-empty string" + (" or null" if optional else ""))
+        return value
 
-def validate_config(cfg: Mapping[str, Any]) -> None:
-    """Check a resolved run configuration before anything starts.
+    def names(self, key: str, options: Sequence[str] | None = None) -> list[str]:
+        """A list of strings (each one of ``options`` when given)."""
+        value = self.get(key)
+        if (
+            not _is_list(value)
+            or not all(isinstance(v, str) for v in value)
+            or (options is not None and not set(value) <= set(options))
+        ):
+            self.fail(key, f"must be a list of: {', '.join(options)}" if options else "must be a list of names")
+        return list(value)
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _plain(value: Any) -> Any:
+    """A deep copy made of dicts, lists and scalars (OmegaConf containers and tuples included)."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if _is_list(value):
+        return [_plain(item) for item in value]
+    return value
+
+
+def validate_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a resolved run configuration before anything starts; return it as a plain dict.
 
     Parameters
     ----------
@@ -96,29 +223,54 @@ def validate_config(cfg: Mapping[str, Any]) -> None:
         The resolved configuration with the sections ``algorithm``, ``scenario``,
         ``engine`` and ``attack`` and the top-level keys of ``conf/config.yaml``.
 
+    Returns
+    -------
+    cfg : dict
+        A deep copy of ``cfg`` made of plain dicts, lists and scalars, with the same
+        keys and values (nothing is filled in or converted). Validating it again
+        gives an equal dict.
+
     Raises
     ------
     ConfigError
-        On the first broken rule, naming the key, its value and the rule.
+        On the first broken rule, naming the key (and its value and the rule, or for
+        an unknown key the keys its section has).
     """
-    top = _Checker(cfg, "")
-    top.integer("seed", minimum=0)
-    top.integer("min_clients", minimum=1)
-    top.number("round_timeout", low=0, low_open=True)
-    top.number("node_wait_timeout", low=0, low_open=True)
-    top.boolean("baselines")
-    methods = top.get("baseline_methods")
-    if not isinstance(methods, Sequence) or isinstance(methods, str) or not set(methods) <= set(BASELINE_METHODS):
-        top.fail("baseline_methods", f"must be a list of: {', '.join(BASELINE_METHODS)}")
-    for section in ("algorithm", "scenario", "engine", "attack"):
-        if not isinstance(cfg.get(section), Mapping):
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(f"the configuration must be a mapping, got {type(cfg).__name__}")
+    cfg = _plain(cfg)
+    _unknown_keys(cfg, "", TOP_LEVEL_KEYS + OPTIONAL_TOP_LEVEL_KEYS, "the top level")
+    for section in SECTIONS:
+        if not isinstance(cfg.get(section), dict):
             raise ConfigError(f"{section} is missing: choose one with {section}=<name>")
 
     algorithm = _Checker(cfg["algorithm"], "algorithm.").choice("name", ALGORITHMS)
-    _Checker(cfg["engine"], "engine.").choice("name", ENGINES)
-    scenario = _Checker(cfg["scenario"], "scenario.").choice(
-        "name", sum(SCENARIOS_BY_ALGORITHM.values(), ())
-    )
+    scenario = _Checker(cfg["scenario"], "scenario.").choice("name", sum(SCENARIOS_BY_ALGORITHM.values(), ()))
+    engine = _Checker(cfg["engine"], "engine.").choice("name", ENGINES)
+    # Every unknown key is reported before any value: a misspelt key explains a "missing" one.
+    for section, name in (("algorithm", algorithm), ("scenario", scenario), ("engine", engine)):
+        _unknown_keys(cfg[section], f"{section}.", ("name", *SECTION_KEYS[section][name]), f"{section} {name!r}")
+    _unknown_keys(cfg["attack"], "attack.", ATTACK_KEYS, "attack")
+    if isinstance(cfg.get("plot"), dict):
+        _unknown_keys(cfg["plot"], "plot.", PLOT_KEYS, "plot")
+    # Every key of the schema is required (a composed config always has them all).
+    for key in TOP_LEVEL_KEYS:
+        _Checker(cfg, "").get(key)
+    for section, name in (("algorithm", algorithm), ("scenario", scenario), ("engine", engine)):
+        for key in SECTION_KEYS[section][name]:
+            _Checker(cfg[section], f"{section}.").get(key)
+    for key in ATTACK_KEYS:
+        _Checker(cfg["attack"], "attack.").get(key)
+
+    top = _Checker(cfg, "")
+    top.integer("seed", minimum=0)
+    top.integer("min_clients", minimum=1)
+    top.seconds("round_timeout")
+    top.seconds("node_wait_timeout")
+    top.boolean("baselines")
+    top.names("baseline_methods", BASELINE_METHODS)
+    top.choice("log_level", LOG_LEVELS)
+
     if scenario not in SCENARIOS_BY_ALGORITHM[algorithm]:
         raise ConfigError(
             f"scenario={scenario} does not fit algorithm={algorithm}: choose one of "
@@ -126,14 +278,18 @@ def validate_config(cfg: Mapping[str, Any]) -> None:
         )
     _SCENARIO_CHECKS[scenario](_Checker(cfg["scenario"], "scenario."))
     _ALGORITHM_CHECKS[algorithm](_Checker(cfg["algorithm"], "algorithm."))
+    n_clients = client_count(cfg["scenario"])
+    _ENGINE_CHECKS[engine](_Checker(cfg["engine"], "engine."), n_clients)
 
     attack = _Checker(cfg["attack"], "attack.")
     attack.choice("kind", ATTACKS_BY_ALGORITHM[algorithm])
-    attack.number("fraction", low=0.0, high=1.0, high_open=True)
+    attack.number("fraction", low=0, high=1, high_open=True)
 
-    n_clients = client_count(cfg["scenario"])
     if top.integer("min_clients") > n_clients:
         top.fail("min_clients", f"must be <= the number of clients ({n_clients})")
+    if "plot" in cfg:
+        _check_plot(cfg)
+    return cfg
 
 
 def client_count(scenario: Mapping[str, Any]) -> int:
@@ -154,9 +310,9 @@ def client_count(scenario: Mapping[str, Any]) -> int:
 
 
 def _check_rfica(alg: _Checker) -> None:
-    alg.choice("contrast", ("cube", "logcosh"))
-    alg.choice("init", ("random", "shared"))
-    alg.choice("benchmark", ("largest", "best_objective"))
+    alg.choice("contrast", CONTRASTS)
+    alg.choice("init", INITS)
+    alg.choice("benchmark", BENCHMARK_RULES)
     alg.integer("kmeans_restarts", minimum=1)
     alg.number("gm_tol", low=0, low_open=True)
 
@@ -167,31 +323,31 @@ def _check_fedgem(alg: _Checker) -> None:
     alg.integer("n_init", minimum=1)
     alg.integer("silhouette_sample", minimum=10)
     grid = alg.get("upsilon_grid")
-    if (
-        not isinstance(grid, Sequence)
-        or isinstance(grid, str)
-        or len(grid) == 0
-        or not all(isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in grid)
-    ):
+    if not _is_list(grid) or len(grid) == 0 or not all(_positive(v) for v in grid):
         alg.fail("upsilon_grid", "must be a non-empty list of positive numbers")
-    if alg.get("upsilon") != "auto":
-        alg.number("upsilon", low=0, low_open=True)
+    if alg.get("upsilon") != "auto" and not _positive(alg.get("upsilon")):
+        alg.fail("upsilon", "must be a positive number or auto")
+    alg.choice("upsilon_criterion", UPSILON_CRITERIA)
     if alg.get("radius_outlier_factor") is not None:
-        alg.number("radius_outlier_factor", low=1.0, low_open=True)
+        alg.number("radius_outlier_factor", low=1, low_open=True)
     if alg.get("count_cap_factor") is not None:
-        alg.number("count_cap_factor", low=1.0)
-    alg.number("participation", low=0.0, high=1.0, low_open=True)
-    alg.number("guard_factor", low=0.0, low_open=True)
+        alg.number("count_cap_factor", low=1)
+    alg.number("participation", low=0, high=1, low_open=True)
+    alg.number("guard_factor", low=0, low_open=True)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _check_ica_paper(sc: _Checker) -> None:
     n_clients = sc.integer("n_clients", minimum=1)
     r = sc.integer("r", minimum=2)
-    ratio = sc.number("corrupt_ratio", low=0.0, high=1.0, high_open=True)
+    ratio = sc.number("corrupt_ratio", low=0, high=1, high_open=True)
     sc.integer("n_normal", minimum=r + 1)
     if round(ratio * n_clients) > 0:
         sc.integer("n_corrupt", minimum=r + 1)
-    sc.number("sparsity", low=0.0, high=1.0, low_open=True)
+    sc.number("sparsity", low=0, high=1, low_open=True)
     sc.boolean("orthogonal")
 
 
@@ -211,7 +367,7 @@ def _check_blobs(sc: _Checker) -> None:
     n_clusters = sc.integer("n_clusters", minimum=3)
     sc.integer("dim", minimum=1)
     sc.number("r_min", low=0, low_open=True)
-    sc.choice("setting", ("nominal", "client_imbalance", "cluster_imbalance"))
+    sc.choice("setting", SETTINGS)
     k_min, k_max = _check_k_range(sc, n_clusters)
     # Every client holds at least k_min clusters with at least one point each,
     # and the smallest client share can be a few percent of the total.
@@ -226,9 +382,9 @@ def _check_blobs(sc: _Checker) -> None:
 def _check_real(n_classes: int):
     def check(sc: _Checker) -> None:
         sc.integer("n_clients", minimum=1)
-        sc.number("test_fraction", low=0.0, high=1.0, low_open=True, high_open=True)
+        sc.number("test_fraction", low=0, high=1, low_open=True, high_open=True)
         _check_k_range(sc, n_classes)
-        if "n_samples" in sc.section:
+        if "n_samples" in sc.section:  # waveform's (the missing-key check made sure it is there)
             sc.integer("n_samples", minimum=100)
 
     return check
@@ -236,24 +392,77 @@ def _check_real(n_classes: int):
 
 def _check_files(sc: _Checker) -> None:
     paths = sc.get("paths")
-    if not isinstance(paths, Sequence) or isinstance(paths, str) or len(paths) == 0:
+    if not _is_list(paths) or len(paths) == 0:
         sc.fail("paths", "must be a non-empty list of data files, one per client (scenario.paths=[a.csv,b.csv])")
     if not all(isinstance(p, str) and p for p in paths):
         sc.fail("paths", "every entry must be a file path")
-    sc.number("test_fraction", low=0.0, high=1.0, high_open=True)
+    sc.number("test_fraction", low=0, high=1, low_open=True, high_open=True)
     label = sc.get("label_column")
-    if label is not None and not isinstance(label, (str, Integral)):
+    if label is not None and (isinstance(label, bool) or not isinstance(label, (str, Integral))):
         sc.fail("label_column", "must be a column index, a header name or null")
     n_components = sc.get("n_components")
     if n_components is None:
         if label is None:
             sc.fail("n_components", "must be given when there is no label_column")
         return
-    values = n_components if isinstance(n_components, Sequence) and not isinstance(n_components, str) else [n_components]
-    if isinstance(n_components, Sequence) and len(values) != len(paths):
+    values = n_components if _is_list(n_components) else [n_components]
+    if _is_list(n_components) and len(values) != len(paths):
         sc.fail("n_components", f"must have one entry per path ({len(paths)})")
     if not all(isinstance(v, Integral) and not isinstance(v, bool) and v >= 2 for v in values):
         sc.fail("n_components", "every K_g must be an integer >= 2")
+
+
+def _check_simulation(eng: _Checker, n_clients: int) -> None:
+    cpus = eng.number("client_num_cpus", low=0, low_open=True)
+    # Ray places no client actor at all when one needs more CPUs than the machine has (Flower then hangs).
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cpus > available:
+        eng.fail("client_num_cpus", f"must be <= the {available} CPUs of this machine (CPUs per simulated client)")
+
+
+def _check_inprocess(eng: _Checker, n_clients: int) -> None:
+    pass
+
+
+def _check_deployment(eng: _Checker, n_clients: int) -> None:
+    eng.text("host")
+    superlink = eng.port("superlink_port")
+    first = eng.port("supernode_port")
+    last = first + n_clients - 1
+    if last > 65535:
+        eng.fail("supernode_port", f"the {n_clients} SuperNodes need ports {first}..{last}, beyond 65535")
+    if first <= superlink <= last:
+        eng.fail("superlink_port", f"falls in the SuperNodes' ports {first}..{last} (engine.supernode_port + client)")
+    tls = eng.boolean("tls")
+    if eng.boolean("node_auth") and not tls:
+        eng.fail("node_auth", "needs engine.tls=true (Flower authenticates SuperNodes only over TLS)")
+    eng.seconds("startup_timeout")
+    eng.seconds("run_timeout", optional=True)
+    eng.seconds("shutdown_grace")
+    eng.text("out_dir", optional=True)
+
+
+def _check_plot(cfg: dict[str, Any]) -> None:
+    plot = _Checker(cfg["plot"], "plot.") if isinstance(cfg["plot"], dict) else None
+    if plot is None:
+        raise ConfigError(f"plot={cfg['plot']!r}: must be a section (the experiment's plot settings)")
+    for key in ("x", "panels", "series"):
+        if key in plot.section:
+            dotted = plot.text(key)
+            value: Any = cfg
+            for part in dotted.split("."):
+                if not isinstance(value, dict) or part not in value:
+                    plot.fail(key, "must name a key of the configuration (section.key)")
+                value = value[part]
+    for key in ("xlabel", "title", "metric"):
+        if key in plot.section:
+            plot.text(key)
+    for key in ("metrics", "methods"):
+        if key in plot.section:
+            plot.names(key)
+    for key in ("logy", "logx", "table_only"):
+        if key in plot.section:
+            plot.boolean(key)
 
 
 _SCENARIO_CHECKS = {
@@ -264,3 +473,4 @@ _SCENARIO_CHECKS = {
     "files": _check_files,
 }
 _ALGORITHM_CHECKS = {"rfica": _check_rfica, "fedgem": _check_fedgem}
+_ENGINE_CHECKS = {"simulation": _check_simulation, "inprocess": _check_inprocess, "deployment": _check_deployment}

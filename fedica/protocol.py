@@ -1,18 +1,94 @@
-"""Validation of what a client sends back, before it touches an aggregate.
+"""fedica's message protocol, shared by both sides: the tasks, what a reply is, and its validation.
 
-A reply is a mapping of numpy arrays and a mapping of scalar values (the decoded
-message). Every check raises :class:`InvalidReply` with a reason that names the
-field and the rule; the server excludes such a reply, records the reason and goes
-on with the other clients.
+A task is a Flower message type ``<category>.<action>`` (the ClientApp routes it with Flower's
+own decorators, ``@app.train("fedgem_round")``). A message's content is a mapping of numpy
+arrays and a mapping of scalar values; so is a reply. Every check here raises
+:class:`InvalidReply` with a reason that names the field and the rule; the server excludes such
+a reply, records the reason and goes on with the other clients.
+
+This module is plain numpy: the library's estimators speak the same protocol in memory, and the
+Flower side (``fedica.server.records``) only converts it to and from Flower's records.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from numbers import Integral, Real
+from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any
 
 import numpy as np
+
+TRAIN, EVALUATE = "train", "evaluate"
+
+# action names: the message type is f"{category}.{action}".
+RFICA_FIT = "rfica_fit"
+GEM_INIT = "fedgem_init"
+GEM_ROUND = "fedgem_round"
+GEM_FINAL = "fedgem_final"
+GEM_SILHOUETTE = "fedgem_silhouette"
+GEM_LIKELIHOOD = "fedgem_likelihood"
+GEM_EVALUATE = "fedgem_evaluate"
+
+CATEGORY = {
+    RFICA_FIT: TRAIN,
+    GEM_INIT: TRAIN,
+    GEM_ROUND: TRAIN,
+    GEM_FINAL: TRAIN,
+    GEM_SILHOUETTE: EVALUATE,
+    GEM_LIKELIHOOD: EVALUATE,
+    GEM_EVALUATE: EVALUATE,
+}
+
+# Value of a reply whose client failed with a reason it could name (bad data, bad config).
+ERROR_KEY = "error"
+
+
+def message_type(task: str) -> str:
+    """The Flower message type of a task, e.g. ``"train.fedgem_round"``."""
+    return f"{CATEGORY[task]}.{task}"
+
+
+@dataclass
+class Reply:
+    """A decoded reply of one client: who sent it, its arrays and its scalar values."""
+
+    partition_id: int
+    arrays: dict[str, np.ndarray]
+    values: dict[str, Any]
+    node_id: int | None = None
+
+
+@dataclass
+class Request:
+    """What the server asks in one exchange.
+
+    ``payloads`` maps a partition id to the arrays it receives; ``None`` (the initial exchange)
+    asks every connected client the same, with no arrays.
+    """
+
+    task: str
+    round_label: int | str
+    payloads: dict[int, dict[str, np.ndarray]] | None
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+class NotEnoughClients(RuntimeError):
+    """Fewer valid replies than ``min_clients``: the run cannot go on.
+
+    ``partial`` holds what the run had computed when it stopped (set by the caller that has it).
+    """
+
+    partial: dict[str, Any] | None = None
+
+
+def require_replies(count: int, min_clients: int, what: str, rejected: list[dict[str, Any]]) -> None:
+    """Raise :class:`NotEnoughClients` when fewer than ``min_clients`` replies are valid, naming the last rejections."""
+    if count < min_clients:
+        raise NotEnoughClients(
+            f"{what}: only {count} valid replies, min_clients={min_clients} "
+            f"(rejected: {'; '.join(str(r['client']) + ': ' + r['reason'] for r in rejected[-5:])})"
+        )
 
 
 class InvalidReply(ValueError):
@@ -72,14 +148,6 @@ def require_int(values: Mapping[str, Any], key: str, *, minimum: int, maximum: i
         bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
         raise InvalidReply(f"{key!r}={value} must be {bound}")
     return int(value)
-
-
-def require_float(values: Mapping[str, Any], key: str) -> float:
-    """Fetch a finite real value from a reply."""
-    value = values.get(key)
-    if isinstance(value, bool) or not isinstance(value, Real) or not np.isfinite(value):
-        raise InvalidReply(f"{key!r}={value!r} is not a finite number")
-    return float(value)
 
 
 def validate_ica_reply(arrays: Mapping[str, Any], values: Mapping[str, Any], *, r: int) -> tuple[np.ndarray, int]:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from uuid import uuid4
 
+from fedica.scripts.nodes import node_configs
 from fedica.server.app import configure_logging, run_federation
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -23,14 +24,13 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedica.config import client_count, validate_config
+from fedica.config import client_count
 
 log = logging.getLogger("fedica.server")
 
 
 def run_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Run ``cfg`` on the engine it names (``cfg["engine"]["name"]``) and return the result."""
-    validate_config(cfg)
     configure_logging(cfg.get("log_level", "INFO"))
     engine = cfg["engine"]["name"]
     if engine == "simulation":
@@ -40,12 +40,6 @@ def run_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:
     from fedica.scripts.deploy import run_deployment
 
     return run_deployment(cfg)
-
-
-def node_configs(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The node config of each SuperNode: its partition id and the number of partitions."""
-    n_clients = client_count(cfg["scenario"])
-    return [{"partition-id": i, "num-partitions": n_clients} for i in range(n_clients)]
 
 
 def run_inprocess(cfg: Mapping[str, Any], client_app: ClientApp | None = None) -> dict[str, Any]:

@@ -15,12 +15,13 @@ import sys
 from pathlib import Path
 
 import hydra
-from fedica.server.federation import NotEnoughClients
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from fedica.config import ConfigError, validate_config
+from fedica.protocol import NotEnoughClients
 from fedica.results import (
     PARTIAL_RESULT_FILE,
     RESULT_FILE,
@@ -33,7 +34,18 @@ log = logging.getLogger("fedica")
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
-    """Validate the config, run it, write ``result.json`` and ``summary.txt`` in the Hydra output folder."""
+    """Validate the config, run it, write ``result.json`` and ``summary.txt`` in the Hydra output folder.
+
+    The configuration is validated here, once, before anything starts (the engines take the
+    validated dict as given); a mistake is one line on stderr and exit status 2.
+    """
+    try:
+        cfg_dict = validate_config(OmegaConf.to_container(cfg, resolve=True))
+    except (ConfigError, OmegaConfBaseException) as err:
+        # OmegaConf's message (an interpolation that does not resolve) goes on with full_key etc.: its first line says it.
+        first_line = (str(err).splitlines() or [repr(err)])[0]
+        print(f"fedica-run: configuration error: {first_line}", file=sys.stderr)
+        sys.exit(2)
     from fedica.scripts.engines import run_engine
     from fedica.server.app import write_result
 
@@ -41,12 +53,6 @@ def main(cfg: DictConfig) -> None:
     if is_complete_result(out_dir / RESULT_FILE):
         log.info("%s is complete; skipping this run", out_dir / RESULT_FILE)
         return
-    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
-    try:
-        validate_config(cfg_dict)
-    except ConfigError as err:
-        print(f"fedica-run: configuration error: {err}", file=sys.stderr)
-        sys.exit(2)
     try:
         result = run_engine(cfg_dict)
     except NotEnoughClients as err:

@@ -19,13 +19,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fedica.server.federation import Federation, NotEnoughClients
+from fedica.server.federation import Federation
 from fedica.server.fedgem import run_fedgem
+from fedica.server.records import config_to_json
 from fedica.server.rfica import run_rfica
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedica.config import validate_config
+from fedica.attacks import hostile_clients
+from fedica.config import client_count, validate_config
+from fedica.protocol import NotEnoughClients
 from fedica.results import (
     PARTIAL_RESULT_FILE,
     RESULT_FILE,
@@ -43,22 +46,25 @@ _RUNNERS = {"rfica": run_rfica, "fedgem": run_fedgem}
 
 
 def run_federation(grid: Grid, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Run the configured algorithm over ``grid`` and assemble the result (INTERFACE.md).
+    """Run the configured algorithm over ``grid`` and assemble the result (docs/INTERFACE.md section 3).
 
     Parameters
     ----------
     grid : flwr.serverapp.Grid
         Any Grid: Flower's simulation or deployment runtime, or the in-process one.
     cfg : mapping
-        The resolved run configuration; it is validated here.
+        The validated run configuration (what :func:`fedica.config.validate_config` returned).
 
     Returns
     -------
     result : dict
     """
-    validate_config(cfg)
     start = time.perf_counter()
-    federation = Federation(grid, cfg)
+    expected = client_count(cfg["scenario"])
+    federation = Federation(
+        grid, expected=expected, min_clients=int(cfg["min_clients"]), round_timeout=float(cfg["round_timeout"]),
+        node_wait_timeout=float(cfg["node_wait_timeout"]), common_values={"cfg": config_to_json(cfg)},
+        hostile_partitions=hostile_clients(expected, cfg["attack"], seed=int(cfg["seed"])))
     header = {
         "algorithm": cfg["algorithm"]["name"],
         "scenario": dict(cfg["scenario"]),
@@ -69,7 +75,7 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any]) -> dict[str, Any]:
         "history": federation.history,
     }
     try:
-        partial = _RUNNERS[cfg["algorithm"]["name"]](federation)
+        partial = _RUNNERS[cfg["algorithm"]["name"]](federation, cfg)
     except NotEnoughClients as err:
         # Nothing already computed is lost: the caller writes this as partial_result.json.
         err.partial = {
@@ -112,7 +118,7 @@ def main(grid: Grid, context: Context) -> None:
     """Entry point under ``flwr run``: compose the config from the run config, run, write the result."""
     configure_logging()
     overrides = shlex.split(str(context.run_config.get("overrides", "")))
-    cfg = compose_config(overrides)
+    cfg = validate_config(compose_config(overrides))
     out_dir = str(context.run_config.get("out-dir", "")) or os.environ.get("FEDICA_OUT") or str(
         Path("outputs") / "flwr" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     )

@@ -1,10 +1,10 @@
-"""The wire format shared by fedica's ClientApp and ServerApp.
+"""fedica's protocol (:mod:`fedica.protocol`) in Flower's records; imported by the strategies and the ClientApp.
 
-Every message carries two records: ``"arrays"`` (an ArrayRecord of numpy arrays)
-and ``"values"`` (a ConfigRecord of scalars and strings). The task a message asks
-for is ``values["task"]``; the run's configuration travels as JSON in
-``values["cfg"]``, so that every engine (simulation, in-process, deployment) runs
-the clients from the server's one resolved config.
+Every message carries two records: ``"arrays"`` (an ArrayRecord of numpy arrays) and
+``"values"`` (a ConfigRecord of scalars and strings). The task is the message type. For
+fedica's own ClientApp, which makes or reads its data from the run's scenario, the scenario
+travels as JSON in ``values["cfg"]`` (:func:`config_to_json`), so that every engine
+(simulation, in-process, deployment) runs the clients from the server's one resolved config.
 """
 
 from __future__ import annotations
@@ -21,15 +21,6 @@ VALUES = "values"
 
 # Error code of a reply whose client failed before it knew its partition id.
 CLIENT_ERROR_CODE = 900
-# Value of a reply whose client failed with a reason it could name (bad data, bad config).
-ERROR_KEY = "error"
-
-TASK_RFICA_FIT = "rfica.fit"
-TASK_GEM_INIT = "fedgem.init"
-TASK_GEM_ROUND = "fedgem.round"
-TASK_GEM_FINAL = "fedgem.final"
-TASK_GEM_SILHOUETTE = "fedgem.silhouette"
-TASK_GEM_EVALUATE = "fedgem.evaluate"
 
 
 class MalformedMessage(ValueError):

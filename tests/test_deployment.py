@@ -1,4 +1,4 @@
-"""Real deployments (issue 5): flower-superlink and flower-supernode processes on loopback, driven by scripts/deploy.py.
+"""Real deployments (issue 5): flower-superlink and flower-supernode processes on loopback, driven by scripts/deploy/.
 
 A deployment round takes ~10 s (Flower's hard-coded 3 s polls and one new process per
 message), so the four deployments below start together in background threads when the first
@@ -44,6 +44,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.common.config import parse_config_args
 
+from fedica.protocol import CATEGORY, TRAIN
 from fedica.results import to_jsonable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,8 +100,8 @@ def _inprocess(overrides, lost=None):
         return client_app(msg, context)
 
     failing = ClientApp()
-    failing.train()(handler)
-    failing.evaluate()(handler)
+    for task, category in CATEGORY.items():
+        (failing.train if category == TRAIN else failing.evaluate)(task)(handler)
     return _as_json(run_inprocess(cfg, client_app=failing))
 
 
@@ -323,7 +324,7 @@ def _killed_job(root):
         def kill_in_round_two(d):
             node = d.supernodes[KILLED]
             # Messages: init, round 1, round 2 (all "train").
-            _wait_for(lambda: node.log_text().count("Receiving: train message") >= 3, 600, "round 2 never reached the node")
+            _wait_for(lambda: node.log_text().count("Receiving: train.") >= 3, 600, "round 2 never reached the node")
             d.stop_supernode(KILLED, signal.SIGKILL)
             out["killed"] = True
 
@@ -375,7 +376,7 @@ def _interrupt_job(root):
     """fedica-deploy as a command, interrupted (SIGINT, as Ctrl-C) while its run is going."""
     options = _options(n_nodes=2)
     out_dir = root / "interrupt"
-    command = [sys.executable, "-m", "scripts.deploy", "scenario.n_clients=2", "scenario.n_normal=2000", "scenario.r=3",
+    command = [sys.executable, "-m", "fedica.scripts.deploy", "scenario.n_clients=2", "scenario.n_normal=2000", "scenario.r=3",
                "--superlink-port", str(options.superlink_port), "--supernode-port", str(options.supernode_port),
                "--out-dir", str(out_dir)]
 

@@ -7,10 +7,11 @@ import pytest
 from fedica.clients.app import app as client_app
 from fedica.scripts.engines import run_engine, run_inprocess
 from fedica.server.app import compose_config, write_result
-from fedica.server.federation import NotEnoughClients
 from fedica.server.records import ARRAYS, VALUES
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+
+from fedica.protocol import CATEGORY, TRAIN, NotEnoughClients
 
 SMALL_ICA = [
     "scenario.n_clients=10",
@@ -118,8 +119,8 @@ def _corrupting_app(corrupt):
                 return Message(tampered, reply_to=msg)
         return reply
 
-    app.train()(handler)
-    app.evaluate()(handler)
+    for task, category in CATEGORY.items():
+        (app.train if category == TRAIN else app.evaluate)(task)(handler)
     return app
 
 

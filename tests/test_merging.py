@@ -63,7 +63,7 @@ def reference_super_clusters(centers, radii, owners):
 
 
 def closed_form_two(c1, c2, r1, r2, w1, w2):
-    """ALGORITHMS.md section 2, step 3 (weighted version), written out independently."""
+    """docs/ALGORITHMS.md section 2.3, step 3 (weighted version), written out independently."""
     gap = np.linalg.norm(c2 - c1)
     if gap == 0:
         return c1.copy()

@@ -20,6 +20,7 @@ from fedica.data.files import load_client_file
 from fedica.validation import check_partition, check_seed
 
 SCENARIO_NAMES = ("blobs", "waveform", "digits", "files")
+ICA_SCENARIO = "ica_paper"  # RF-ICA's scenario (fedica.data.ica_paper); the names above are FedGEM's
 
 
 _SCENARIO_KEYS = {
@@ -61,7 +62,7 @@ def _file_stamp(path) -> tuple | None:
 
 
 def scenario_client_data(scenario: Mapping, partition_id: int, seed: int) -> ClientData:
-    """One client's data for a scenario config (INTERFACE.md, ``scenario=...``).
+    """One client's data for a scenario config (docs/INTERFACE.md section 2, ``scenario=...``).
 
     Parameters
     ----------

@@ -10,8 +10,9 @@ id of every client's test points, the number of clusters receiving test points, 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from sklearn.cluster import KMeans
@@ -19,6 +20,7 @@ from sklearn.mixture import BayesianGaussianMixture, GaussianMixture
 from threadpoolctl import threadpool_limits
 
 from fedica.data.common import ClientData
+from fedica.data.scenarios import scenario_client_data, true_n_clusters
 from fedica.evaluation.metrics import (
     adjusted_rand,
     ari_from_contingency,
@@ -29,6 +31,7 @@ from fedica.evaluation.metrics import (
 
 __all__ = ["BaselineResult", "central_gmm", "dp_gmm", "evaluate_clustering", "fed_kmeans", "k_fed"]
 
+BASELINE_METHODS = ("central-gmm", "dp-gmm", "k-fed", "fed-kmeans")  # the names baseline_methods selects
 _SKLEARN_SEED_MAX = np.iinfo(np.int32).max
 
 
@@ -253,3 +256,33 @@ def evaluate_clustering(clients: Sequence[ClientData], test_labels: Sequence[np.
         "global_ari": ari_from_contingency(true_values, pred_values, counts),
         "k_hat": k_hat,
     }
+
+
+def run_baselines(scenario: Mapping[str, Any], methods: Sequence[str], *, seed: int,
+                  n_init: int = 3) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """The comparators on a simulated scenario's clients, scored like FedGEM.
+
+    The data are regenerated from the scenario and the seed (a simulation), never taken from
+    the clients.
+
+    Returns
+    -------
+    metrics : dict of method name to its scores
+    fit_seconds : dict of method name to its own fitting time
+    """
+    clients = [scenario_client_data(scenario, p, seed) for p in range(int(scenario["n_clients"]))]
+    true_k = true_n_clusters(scenario)
+    runs = {
+        "central-gmm": lambda: central_gmm(clients, true_k, n_init=n_init, random_state=seed),
+        "dp-gmm": lambda: dp_gmm(clients, random_state=seed),
+        "k-fed": lambda: k_fed(clients, true_k, random_state=seed),
+        "fed-kmeans": lambda: fed_kmeans(clients, true_k, random_state=seed),
+    }
+    result_metrics, timings = {}, {}
+    for name in methods:
+        outcome = runs[name]()
+        scores = evaluate_clustering(clients, outcome.test_labels)
+        scores["k_true"] = true_k
+        result_metrics[name] = scores
+        timings[name] = outcome.fit_seconds
+    return result_metrics, timings

@@ -35,7 +35,7 @@ def _closed_form_pairs(first, second, radii_first, radii_second, weights_first, 
     All arguments are batched over ``q`` pairs: centres (q, d), radii and weights (q,).
     The point lies on the segment between the centres:
     ``nu = c_1 + clip(w_2 / (w_1 + w_2), 1 - r_2/w, r_1/w) (c_2 - c_1)``, ``w = ||c_2 - c_1||``
-    (``ALGORITHMS.md``: the paper prints the wrong sign). Returns ``(nu, nonempty)``.
+    (docs/ALGORITHMS.md section 2.3, step 3: the paper prints the wrong sign). Returns ``(nu, nonempty)``.
     """
     direction = second - first
     gap = np.linalg.norm(direction, axis=1)
@@ -198,7 +198,7 @@ def consensus_centers(centers, radii, weights, labels):
     For a super-cluster with two or more members, ``nu`` is the point of the
     intersection of the member balls closest to the weighted mean of their centres,
     and every member gets ``nu``. Two-member clusters use the closed form of
-    ``ALGORITHMS.md`` (batched); larger clusters use Dykstra's alternating projections
+    docs/ALGORITHMS.md section 2.3, step 3 (batched); larger clusters use Dykstra's alternating projections
     batched over all of them (see ``_dykstra_intersection``: converged to 1e-10 of the
     cluster's scale, or, after 300 sweeps, accepted if within 1e-4 of it). Where the
     intersection is empty (overlaps that chain), or Dykstra finds no point of it, every

@@ -1,6 +1,6 @@
 """Client-side mathematics of FedGEM for an isotropic Gaussian mixture.
 
-The model (section 2 of the design note ``ALGORITHMS.md``) is a mixture of ``k`` Gaussians
+The model (docs/ALGORITHMS.md sections 2.1-2.2) is a mixture of ``k`` Gaussians
 with identity covariance and *fixed* weights ``pi``; only the means ``theta`` are
 estimated. A client runs EM steps on its own data and reports, per component, the
 M-step maximiser ``M_k`` and the squared radius ``eps_k`` of the largest ball around
@@ -17,8 +17,12 @@ so the exact solution is ``eps_k = ||M_k - theta_k||^2``. The paper's reformulat
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from scipy.spatial.distance import cdist, pdist
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.mixture import GaussianMixture
 
 __all__ = [
     "kmeanspp_init",
@@ -30,6 +34,7 @@ __all__ = [
     "final_radius",
     "assign_labels",
     "local_objective",
+    "estimate_n_components",
 ]
 
 
@@ -377,3 +382,28 @@ def local_objective(X, centroids):
     X = _as_points(X)
     centroids = _as_centroids(centroids, X.shape[1])
     return float(cdist(X, centroids, "sqeuclidean").min(axis=1).sum())
+
+
+def estimate_n_components(X, max_components, *, random_state=None):
+    """A site's own choice of K_g, when nobody tells it: the BIC-best isotropic Gaussian mixture.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+    max_components : int
+        Largest K_g tried; the range is 2 to ``min(max_components, n // 2)``.
+    random_state : int or None
+
+    Returns
+    -------
+    n_components : int
+    """
+    X = _as_points(X)
+    upper = max(2, min(int(max_components), X.shape[0] // 2))
+    scores = []
+    for k in range(2, upper + 1):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model = GaussianMixture(k, covariance_type="spherical", n_init=1, random_state=random_state).fit(X)
+        scores.append(model.bic(X))
+    return 2 + int(np.argmin(scores))

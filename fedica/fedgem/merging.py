@@ -94,7 +94,7 @@ def final_aggregation(centers, eps_final, owners, weights):
     centers : array-like of shape (m, d)
         Final maximisers ``M``.
     eps_final : array-like of shape (m,)
-        Squared final radii (see :func:`fedica.gem.final_radius`); balls have radius
+        Squared final radii (see :func:`fedica.fedgem.local.final_radius`); balls have radius
         ``sqrt(eps_final)``.
     owners : array-like of shape (m,), int
         Client id of every component.

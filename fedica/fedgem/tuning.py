@@ -9,7 +9,7 @@ import numpy as np
 def select_upsilon(silhouettes, k_hats, guard):
     """Index of the winning upsilon in a tuning grid.
 
-    Rule (``ALGORITHMS.md`` section 2): candidates with a NaN silhouette are never
+    Rule (docs/ALGORITHMS.md section 2.6): candidates with a NaN silhouette are never
     chosen. If some candidate has ``k_hat <= guard``, only those compete. Among the
     competitors the highest silhouette wins; silhouettes within 1e-12 of the best
     tie, and ties go to the smaller ``k_hat``, then to the smaller index.

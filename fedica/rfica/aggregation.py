@@ -149,7 +149,7 @@ def rf_ica_aggregate(
     kmeans_restarts : int, default=10
         k-means restarts (``n_init``).
     gm_tol : float, default=1e-10
-        ``tol`` of :func:`fedica.geometric_median.geometric_median`.
+        ``tol`` of :func:`fedica.rfica.geometric_median.geometric_median`.
     random_state : int, numpy.random.Generator or None, default=None
         Seed source of k-means.
 

@@ -1,7 +1,7 @@
 """Geometric median (spatial median, Fermat-Weber point) of weighted points.
 
 RF-ICA aggregates every k-means cluster of client columns by its geometric
-median (eq. 7 of the RF-ICA paper; ALGORITHMS.md section 1, server step 4).
+median (eq. 7 of the RF-ICA paper; docs/ALGORITHMS.md section 1.4, step 4).
 """
 
 from __future__ import annotations

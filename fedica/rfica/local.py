@@ -77,7 +77,7 @@ def local_fastica(
     init : {"random", "shared"}, default="random"
         ``"random"``: scikit-learn's own PCA whitening and a random start drawn
         from ``random_state``. ``"shared"`` (paper appendix D, as fixed in
-        ALGORITHMS.md): centre ``Y``, divide it by one scalar
+        docs/ALGORITHMS.md section 1.3): centre ``Y``, divide it by one scalar
         ``sqrt(mean variance)``, and run FastICA with ``whiten=False`` from the
         orthogonal rotation ``make_mixing_matrix(r, random_state=shared_init_seed)``,
         the same for every client. The scalar whitening is exact only when the

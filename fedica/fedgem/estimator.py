@@ -1,0 +1,243 @@
+"""``fedica.FedGEM``: federated generalized EM on the user's own arrays, one array per site."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator
+
+from fedica.fedgem import client
+from fedica.fedgem.local import assign_labels, estimate_n_components
+from fedica.fedgem.server import FedGEMServer, FedGEMSettings
+from fedica.protocol import (
+    GEM_FINAL,
+    GEM_INIT,
+    GEM_LIKELIHOOD,
+    GEM_ROUND,
+    GEM_SILHOUETTE,
+    Reply,
+    Request,
+)
+from fedica.seeding import generator, sklearn_seed
+from fedica.validation import check_seed
+
+
+class FedGEM(BaseEstimator):
+    """Federated generalized EM for isotropic Gaussian mixtures when the global K is unknown.
+
+    Each site runs EM steps on its own points and shares, per component, its M-step maximiser
+    and the radius of its uncertainty ball; the server merges overlapping balls of different
+    sites into super-clusters for ``rounds`` rounds, then a final aggregation with radii scaled
+    by ``upsilon`` estimates the number of global clusters. This runs, in memory, exactly the
+    protocol that fedica's Flower strategy runs over a network (docs/ALGORITHMS.md section 2).
+
+    Parameters
+    ----------
+    rounds : int, default=10
+        T, the number of collaborative rounds.
+    local_steps : int, default=1
+        S, EM steps per site per round.
+    upsilon : float or "auto", default="auto"
+        The final-radius hyperparameter; "auto" chooses the final partition (and so K_hat) by
+        ``upsilon_criterion``.
+    upsilon_grid : sequence of float, default=(0.1, 0.5, 1.0, 5.0, 10.0, 50.0)
+    upsilon_criterion : {"likelihood", "silhouette"}, default="likelihood"
+        "likelihood": the federated BIC over the grid's partitions and the merge path from the
+        finest (docs/ALGORITHMS.md section 2.6); "silhouette": the paper's tuning by the sites'
+        local silhouettes (appendix D.3).
+    guard_factor : float, default=1.5
+        The tuning prefers upsilon values whose K_hat is at most ``guard_factor * sqrt(sum K_g)``.
+    n_init : int, default=3
+        k-means++ seedings per site; the best by local objective starts the site.
+    silhouette_sample : int, default=1000
+        Points per site scored by the tuning's silhouette.
+    radius_outlier_factor : float or None, default=10.0
+        A component whose ball is this many times the median radius (and wider than half the
+        typical separation) takes part in no merge; None: off.
+    count_cap_factor : float or None, default=10.0
+        The server counts at most this multiple of the median site size for one site.
+    participation : float, default=1.0
+        Share of the sites asked in each round.
+    min_clients : int, default=2
+        Fewest valid sites a round needs.
+    max_local_clusters : int, default=10
+        Largest K_g tried when a site's number of clusters is estimated (``n_local_clusters=None``).
+    random_state : int, default=0
+        Seeds every random stream (docs/ALGORITHMS.md, random streams); the same seed and data
+        give the same result as ``fedica-run engine=inprocess``.
+
+    Attributes
+    ----------
+    n_clusters_ : int
+        K_hat, the number of global clusters (super-clusters of the final aggregation).
+    means_ : ndarray of shape (n_clusters_, n_features)
+        The global centres.
+    labels_ : list of ndarray of shape (n_samples_g,)
+        Each site's points labelled with global cluster ids, by the site's consensus model.
+    site_mapping_ : list of ndarray of shape (K_g,)
+        The global id of each of a site's local components.
+    site_means_ : list of ndarray of shape (K_g, n_features)
+        Each site's consensus model: the global centre of each of its components.
+    n_local_clusters_ : ndarray of shape (n_sites,)
+        K_g of each site (given, or estimated).
+    upsilon_ : float
+        The upsilon used (given, or tuned).
+    tuning_ : dict or None
+        The tuning's grid, silhouettes and K_hat per candidate.
+    history_ : list of dict
+        Per round: ``super_clusters``, ``mean_radius``, ``centroid_shift``, ...
+    rejected_ : list of dict
+        Sites left out of a round, with the reason.
+    """
+
+    def __init__(self, rounds=10, local_steps=1, upsilon="auto", upsilon_grid=(0.1, 0.5, 1.0, 5.0, 10.0, 50.0),
+                 upsilon_criterion="likelihood", guard_factor=1.5, n_init=3, silhouette_sample=1000, radius_outlier_factor=10.0,
+                 count_cap_factor=10.0, participation=1.0, min_clients=2, max_local_clusters=10, random_state=0):
+        self.rounds = rounds
+        self.local_steps = local_steps
+        self.upsilon = upsilon
+        self.upsilon_grid = upsilon_grid
+        self.upsilon_criterion = upsilon_criterion
+        self.guard_factor = guard_factor
+        self.n_init = n_init
+        self.silhouette_sample = silhouette_sample
+        self.radius_outlier_factor = radius_outlier_factor
+        self.count_cap_factor = count_cap_factor
+        self.participation = participation
+        self.min_clients = min_clients
+        self.max_local_clusters = max_local_clusters
+        self.random_state = random_state
+
+    def fit(self, sites: Sequence[Any], n_local_clusters: int | Sequence[int] | None = None) -> FedGEM:
+        """Run FedGEM over the sites.
+
+        Parameters
+        ----------
+        sites : sequence of array-like of shape (n_samples_g, n_features)
+            One array per site, all with the same number of features.
+        n_local_clusters : int, sequence of int or None, default=None
+            K_g of every site (one int), of each site (a sequence), or None: each site chooses
+            its own by BIC over isotropic mixtures of 2 to ``max_local_clusters`` components.
+
+        Returns
+        -------
+        self : FedGEM
+        """
+        seed = check_seed(self.random_state)
+        data = _check_sites(sites)
+        self.n_local_clusters_ = self._local_cluster_counts(data, n_local_clusters, seed)
+        settings = FedGEMSettings(
+            rounds=self.rounds, local_steps=self.local_steps, upsilon=self.upsilon, upsilon_grid=tuple(self.upsilon_grid),
+            upsilon_criterion=self.upsilon_criterion,
+            guard_factor=self.guard_factor, n_init=self.n_init, silhouette_sample=self.silhouette_sample,
+            radius_outlier_factor=self.radius_outlier_factor, count_cap_factor=self.count_cap_factor,
+            participation=self.participation, min_clients=self.min_clients, seed=seed)
+        server = FedGEMServer(settings, evaluate=False)
+        sites_state = [_Site(X, int(k)) for X, k in zip(data, self.n_local_clusters_)]
+        protocol = server.run()
+        request = next(protocol)
+        try:
+            while True:
+                request = protocol.send(_answer(request, sites_state))
+        except StopIteration:
+            pass
+        self._store(server, data)
+        return self
+
+    def predict(self, X, site: int | None = None) -> np.ndarray:
+        """Global cluster ids of new points.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        site : int or None, default=None
+            Label with this site's consensus model (as the site itself would); None: the
+            nearest global centre.
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,)
+        """
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.means_.shape[1]:
+            raise ValueError(f"X must have shape (n_samples, {self.means_.shape[1]}), got {X.shape}")
+        if site is None:
+            return assign_labels(X, self.means_)
+        return self.site_mapping_[site][assign_labels(X, self.site_means_[site])]
+
+    def _local_cluster_counts(self, data, n_local_clusters, seed) -> np.ndarray:
+        if n_local_clusters is None:
+            return np.array([
+                estimate_n_components(X, self.max_local_clusters, random_state=sklearn_seed(generator(seed, "client.kmeanspp", g)))
+                for g, X in enumerate(data)])
+        counts = np.broadcast_to(np.asarray(n_local_clusters), (len(data),)).copy()
+        if counts.dtype.kind not in "iu" or np.any(counts < 2):
+            raise ValueError(f"n_local_clusters must be integers >= 2 (one, or one per site); got {n_local_clusters!r}")
+        for g, (X, k) in enumerate(zip(data, counts)):
+            if X.shape[0] < k:
+                raise ValueError(f"site {g} has {X.shape[0]} points, fewer than its {k} local clusters")
+        return counts.astype(np.int64)
+
+    def _store(self, server: FedGEMServer, data: list[np.ndarray]) -> None:
+        agg = server.aggregation
+        slices = server.final.slices()
+        self.n_clusters_ = int(agg.k_hat)
+        self.means_ = agg.global_centroids
+        self.site_mapping_ = [agg.labels[slices[g]] if g in slices else None for g in range(len(data))]
+        self.site_means_ = [None if m is None else self.means_[m] for m in self.site_mapping_]
+        self.labels_ = [None if m is None else m[assign_labels(X, c)]
+                        for X, m, c in zip(data, self.site_mapping_, self.site_means_)]
+        self.upsilon_ = server.upsilon
+        self.tuning_ = server.tuning
+        self.history_ = server.history
+        self.rejected_ = server.rejected
+
+
+class _Site:
+    """One site's state between requests: its points and the centroids the server sent last."""
+
+    def __init__(self, X: np.ndarray, n_components: int):
+        self.X = X
+        self.n_components = n_components
+        self.centroids: np.ndarray | None = None
+
+    def adopt(self, arrays) -> np.ndarray:
+        self.centroids = client.checked_centroids(arrays["centroids"], self.n_components, self.X.shape[1])
+        return self.centroids
+
+
+def _answer(request: Request, sites: list[_Site]) -> list[Reply]:
+    targets = range(len(sites)) if request.payloads is None else sorted(request.payloads)
+    replies = []
+    for g in targets:
+        site, arrays = sites[g], ({} if request.payloads is None else request.payloads[g])
+        if request.task == GEM_INIT:
+            answer = client.initialise(site.X, site.n_components, request.values, g)
+        elif request.task == GEM_ROUND:
+            answer = client.collaborative_round(site.X, site.adopt(arrays), request.values)
+        elif request.task == GEM_FINAL:
+            answer = client.final_step(site.X, site.adopt(arrays))
+        elif request.task == GEM_LIKELIHOOD:
+            answer = client.likelihoods(site.X, arrays["centres"], arrays["sizes"])
+        elif request.task == GEM_SILHOUETTE:
+            answer = client.silhouettes(site.X, arrays["candidates"], site.n_components, request.values, g)
+        else:
+            raise ValueError(f"the in-memory federation does not answer task {request.task!r}")
+        replies.append(Reply(g, *answer))
+    return replies
+
+
+def _check_sites(sites) -> list[np.ndarray]:
+    if isinstance(sites, np.ndarray) or len(sites) < 2:
+        raise ValueError("sites must be a sequence of at least 2 arrays (one per site), each (n_samples, n_features)")
+    data = [np.asarray(X, dtype=np.float64) for X in sites]
+    for g, X in enumerate(data):
+        if X.ndim != 2 or X.shape[0] < 2:
+            raise ValueError(f"site {g} must be a 2-D array (n_samples, n_features) with at least 2 rows, got shape {X.shape}")
+        if X.shape[1] != data[0].shape[1]:
+            raise ValueError(f"site {g} has {X.shape[1]} features, site 0 has {data[0].shape[1]}")
+        if not np.all(np.isfinite(X)):
+            raise ValueError(f"site {g} holds NaN or infinite values")
+    return data

@@ -1,0 +1,135 @@
+"""Choosing K_hat by the federated penalised likelihood (docs/ALGORITHMS.md section 2.6).
+
+The candidates are partitions of all clients' final components into global clusters: the final
+aggregation at each upsilon of the grid, and the path of merges that starts from the finest of them
+and joins, one pair at a time, the two global clusters whose merge costs the least within-cluster
+spread (Ward's cost), never two that share a client. Each client scores every candidate by the log-
+likelihood of its own points under the candidate's global model, with its own weights and variance
+(:func:`log_likelihoods`); the server adds them up and picks the candidate with the smallest BIC,
+``-2 sum_g LL_g + K_hat d log N`` (the local parameters are the same in every candidate). A merge of
+two separated clusters replaces both centres by the merged one, which lowers the likelihood of every
+client holding either; a merge of two halves of one cluster costs almost nothing and saves d
+parameters. The global model, rather than each client's consensus model (its own components' global
+centres), is scored because a client whose local fit went wrong (two components in one true cluster)
+cannot place its points in its consensus model under any candidate, which kept such clients' stray
+components as clusters of their own (measured on the MNIST-sized workload: K_hat 15.3 against 11.6
+with the global model). The silhouette of the clients' local labels sees neither.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import logsumexp
+
+from fedica.fedgem.merging import FinalAggregation
+
+__all__ = ["Candidate", "merge_path", "log_likelihoods", "bic", "relabel"]
+
+# Smallest variance a client's consensus model may have (relative to its data's spread), so
+# that a degenerate candidate cannot claim an infinite likelihood.
+_VARIANCE_FLOOR = 1e-6
+
+
+@dataclass
+class Candidate:
+    """One candidate partition: the aggregation it gives and where it came from."""
+
+    aggregation: FinalAggregation
+    upsilon: float
+    merges: int = 0
+
+
+def relabel(labels: np.ndarray, centers: np.ndarray, weights: np.ndarray) -> FinalAggregation:
+    """The aggregation of a labelling: labels renumbered 0..k-1 by first appearance, weighted-mean centroids."""
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    order = np.argsort(np.argsort(first))
+    dense = order[inverse]
+    k_hat = int(dense.max()) + 1 if dense.size else 0
+    mass = np.bincount(dense, weights=weights, minlength=k_hat)
+    sums = np.zeros((k_hat, centers.shape[1]))
+    np.add.at(sums, dense, centers * weights[:, None])
+    return FinalAggregation(dense, sums / mass[:, None], k_hat)
+
+
+def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray, weights: np.ndarray,
+               *, min_clusters: int) -> list[FinalAggregation]:
+    """Greedy merges from ``start`` down to ``min_clusters`` global clusters (or until no pair may merge).
+
+    Each step joins the two clusters with the smallest Ward cost
+    ``w_a w_b / (w_a + w_b) ||c_a - c_b||^2`` among the pairs that share no client (a client's
+    components are distinct clusters by the model).
+
+    Parameters
+    ----------
+    start : FinalAggregation
+    centers : ndarray of shape (m, d)
+    owners : ndarray of shape (m,)
+    weights : ndarray of shape (m,)
+    min_clusters : int
+
+    Returns
+    -------
+    path : list of FinalAggregation
+        The aggregation after each merge (``start`` itself not included).
+    """
+    labels = start.labels.copy()
+    clients = np.unique(owners)
+    path = []
+    while True:
+        ids = np.unique(labels)
+        if ids.size <= min_clusters:
+            return path
+        # membership[a, g]: cluster a holds a component of client g.
+        membership = np.zeros((ids.size, clients.size), dtype=bool)
+        membership[np.searchsorted(ids, labels), np.searchsorted(clients, owners)] = True
+        mass = np.bincount(np.searchsorted(ids, labels), weights=weights, minlength=ids.size)
+        sums = np.zeros((ids.size, centers.shape[1]))
+        np.add.at(sums, np.searchsorted(ids, labels), centers * weights[:, None])
+        centroids = sums / mass[:, None]
+        gaps = ((centroids[:, None, :] - centroids[None, :, :]) ** 2).sum(axis=2)
+        cost = mass[:, None] * mass[None, :] / (mass[:, None] + mass[None, :]) * gaps
+        shared = (membership.astype(np.int64) @ membership.T.astype(np.int64)) > 0
+        cost[shared] = np.inf
+        a, b = np.unravel_index(np.argmin(cost), cost.shape)
+        if not np.isfinite(cost[a, b]):
+            return path
+        labels[labels == ids[b]] = ids[a]
+        path.append(relabel(labels, centers, weights))
+
+
+def log_likelihoods(X: np.ndarray, candidates) -> np.ndarray:
+    """A client's log-likelihood of its points under each candidate global model.
+
+    Each model is an isotropic Gaussian mixture with the candidate's global centres, the
+    client's own weights (the shares of its points nearest each centre, at least one point
+    each) and its own variance (the maximum likelihood value given those assignments).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+    candidates : sequence of ndarray of shape (K_hat_l, d)
+
+    Returns
+    -------
+    log_likelihoods : ndarray of shape (L,)
+    """
+    n, d = X.shape
+    floor = _VARIANCE_FLOOR * max(float(X.var(axis=0).mean()), np.finfo(float).tiny)
+    squared_norms = np.einsum("nd,nd->n", X, X)
+    scores = np.empty(len(candidates))
+    for index, centres in enumerate(candidates):
+        distances = np.maximum(squared_norms[:, None] - 2 * X @ centres.T + np.einsum("kd,kd->k", centres, centres), 0.0)
+        nearest = distances.argmin(axis=1)
+        variance = max(float(distances[np.arange(n), nearest].mean()) / d, floor)
+        shares = np.maximum(np.bincount(nearest, minlength=centres.shape[0]), 1) / n
+        log_weights = np.log(shares / shares.sum())
+        scores[index] = float(logsumexp(log_weights - distances / (2 * variance), axis=1).sum()
+                              - 0.5 * n * d * np.log(2 * np.pi * variance))
+    return scores
+
+
+def bic(total_log_likelihood: np.ndarray, k_hats: np.ndarray, dim: int, n_points: int) -> np.ndarray:
+    """BIC of each candidate from the clients' summed log-likelihoods (smaller is better)."""
+    return -2.0 * np.asarray(total_log_likelihood) + np.asarray(k_hats) * dim * np.log(n_points)

@@ -1,0 +1,419 @@
+"""FedGEM's server, as a protocol any transport can drive (docs/ALGORITHMS.md section 2).
+
+:meth:`FedGEMServer.run` is a generator: it yields a :class:`~fedica.protocol.Request` (what to
+ask which clients), and is sent back the valid-looking :class:`~fedica.protocol.Reply` list.
+The estimator :class:`fedica.FedGEM` answers the requests in memory; Flower's
+``FedGEMStrategy`` answers them over a Grid. Both run this one numerical path: the
+initialisation exchange, T collaborative rounds, the final stage, the upsilon tuning and the
+final aggregation, with the server's trust rules (:mod:`fedica.fedgem.trust`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedica.evaluation.metrics import (
+    ari_from_contingency,
+    k_hat_from_predictions,
+    weighted_local_ari,
+)
+from fedica.fedgem.local import uncertainty_radius
+from fedica.fedgem.merging import FinalAggregation
+from fedica.fedgem.selection import Candidate, bic, merge_path
+from fedica.fedgem.trust import (
+    ClientModel,
+    Components,
+    cap_counts,
+    final_radii,
+    log_excluded,
+    trusted_final_aggregation,
+    trusted_server_step,
+)
+from fedica.fedgem.tuning import select_upsilon
+from fedica.protocol import (
+    GEM_EVALUATE,
+    GEM_FINAL,
+    GEM_INIT,
+    GEM_LIKELIHOOD,
+    GEM_ROUND,
+    GEM_SILHOUETTE,
+    InvalidReply,
+    Reply,
+    Request,
+    require_array,
+    require_int,
+    require_replies,
+    validate_gem_components,
+    validate_weights,
+)
+from fedica.seeding import generator
+
+log = logging.getLogger("fedica.server")
+
+Protocol = Generator[Request, list[Reply], None]
+
+# How ``upsilon: auto`` chooses the final partition: the federated BIC (default) or the paper's silhouette tuning.
+UPSILON_CRITERIA = ("likelihood", "silhouette")
+
+
+@dataclass
+class FedGEMSettings:
+    """FedGEM's server-side parameters (the ``algorithm=fedgem`` config keys)."""
+
+    rounds: int = 10
+    local_steps: int = 1
+    upsilon: float | str = "auto"
+    upsilon_grid: Sequence[float] = (0.1, 0.5, 1.0, 5.0, 10.0, 50.0)
+    upsilon_criterion: str = "likelihood"
+    guard_factor: float = 1.5
+    n_init: int = 3
+    silhouette_sample: int = 1000
+    radius_outlier_factor: float | None = 10.0
+    count_cap_factor: float | None = 10.0
+    participation: float = 1.0
+    min_clients: int = 2
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, algorithm: dict[str, Any], *, min_clients: int, seed: int) -> FedGEMSettings:
+        keys = {f for f in cls.__dataclass_fields__} - {"min_clients", "seed"}
+        return cls(**{k: algorithm[k] for k in keys if k in algorithm}, min_clients=min_clients, seed=seed)
+
+
+@dataclass
+class FedGEMServer:
+    """The server's state during one FedGEM run.
+
+    Parameters
+    ----------
+    settings : FedGEMSettings
+    evaluate : bool, default=True
+        Ask the clients, at the end, to label their test points with the consensus model and
+        return contingency counts (a run on data with held-out labels).
+    rejected : list, optional
+        Where a reply that was left out is recorded as ``{client, round, reason}`` (pass the
+        transport's list to keep one book).
+
+    Attributes
+    ----------
+    models : dict of int to ClientModel
+        Each initialised client's declared sizes and current centroids.
+    history : list of dict
+        One entry per collaborative round (``super_clusters``, ``mean_radius``, ``centroid_shift``, ...).
+    aggregation : FinalAggregation
+        The final super-clusters, once :meth:`run` has finished.
+    """
+
+    settings: FedGEMSettings
+    evaluate: bool = True
+    models: dict[int, ClientModel] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    client_seconds: float = 0.0
+    server_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.dim: int | None = None
+        self.final: Components | None = None
+        self.aggregation: FinalAggregation | None = None
+        self.upsilon: float | None = None
+        self.merges = 0
+        self.tuning: dict[str, Any] | None = None
+        self.evaluation: dict[str, float] = {}
+        self.client_aris: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ the protocol
+
+    def run(self) -> Protocol:
+        """The whole protocol; see the module docstring for how to drive it."""
+        s = self.settings
+        self._initialise((yield Request(GEM_INIT, "init", None, {"n-init": s.n_init, "seed": s.seed})))
+        for round_number in range(1, s.rounds + 1):
+            payloads = {p: {"centroids": self.models[p].centroids} for p in self._participants(round_number)}
+            replies = yield Request(GEM_ROUND, round_number, payloads, {"local-steps": s.local_steps})
+            self._collaborative_round(round_number, replies)
+        payloads = {p: {"centroids": m.centroids} for p, m in self.models.items()}
+        self._final_stage((yield Request(GEM_FINAL, "final", payloads)))
+        if s.upsilon != "auto":
+            self.upsilon = float(s.upsilon)
+            self._aggregate()
+        elif s.upsilon_criterion == "silhouette":
+            candidates, aggregations = self._tuning_candidates()
+            replies = yield Request(GEM_SILHOUETTE, "silhouette", candidates, {"sample": s.silhouette_sample, "seed": s.seed})
+            self._choose_upsilon(aggregations, replies)
+            self._aggregate()
+        else:
+            candidates = self._likelihood_candidates()
+            replies = yield Request(GEM_LIKELIHOOD, "likelihood", self._candidate_payloads(candidates))
+            self._choose_by_likelihood(candidates, replies)
+        if self.evaluate:
+            self._evaluate((yield Request(GEM_EVALUATE, "evaluate", self.consensus_payloads())))
+
+    def consensus_payloads(self) -> dict[int, dict[str, np.ndarray]]:
+        """Each client's consensus model: the global centroid and global id of each of its components."""
+        agg = self.aggregation
+        return {p: {"centroids": agg.global_centroids[agg.labels[part]], "global-ids": agg.labels[part]}
+                for p, part in self.final.slices().items()}
+
+    def reject(self, client: int, round_label: int | str, reason: str) -> None:
+        """Record (and log) a reply that was left out."""
+        log.warning("client %s, round %s: reply rejected: %s", client, round_label, reason)
+        self.rejected.append({"client": client, "round": round_label, "reason": reason})
+
+    def require(self, count: int, what: str) -> None:
+        """Raise :class:`NotEnoughClients` when fewer than ``min_clients`` replies are valid."""
+        require_replies(count, self.settings.min_clients, what, self.rejected)
+
+    # ------------------------------------------------------------------ stages
+
+    def _initialise(self, replies: list[Reply]) -> None:
+        self.dim = _majority_dimension(replies)
+        for reply in replies:
+            try:
+                centroids = validate_gem_components(reply.arrays, "centroids", dim=self.dim, n_components=None)
+                weights = validate_weights(reply.arrays, "weights", centroids.shape[0])
+                n_points = require_int(reply.values, "n-points", minimum=centroids.shape[0])
+            except InvalidReply as err:
+                self.reject(reply.partition_id, "init", f"invalid reply: {err}")
+                continue
+            self.models[reply.partition_id] = ClientModel(reply.node_id, n_points, weights, centroids, n_points)
+            self.client_seconds += _fit_seconds(reply)
+        self.require(len(self.models), "FedGEM initialisation")
+        cap_counts(self.models, self.settings.count_cap_factor)
+
+    def _participants(self, round_number: int) -> list[int]:
+        """The clients asked in a round: all, or a seeded random share (at least ``min_clients``)."""
+        partitions = sorted(self.models)
+        share = self.settings.participation
+        if share >= 1.0:
+            return partitions
+        count = min(len(partitions), max(int(self.settings.min_clients), math.ceil(share * len(partitions))))
+        rng = generator(int(self.settings.seed), "server.participation", round_number)
+        return sorted(rng.choice(partitions, size=count, replace=False).tolist())
+
+    def _collaborative_round(self, round_number: int, replies: list[Reply]) -> None:
+        components = self._collect(replies, round_number, self._round_radii)
+        self.require(len(components.partitions), f"FedGEM round {round_number}")
+        start = time.perf_counter()
+        new_centers, n_super, excluded = trusted_server_step(components, self.settings.radius_outlier_factor)
+        self.server_seconds += time.perf_counter() - start
+        log_excluded(components, excluded, round_number)
+        shifts = []
+        for partition, part in components.slices().items():
+            shifts.append(np.linalg.norm(new_centers[part] - self.models[partition].centroids, axis=1))
+            self.models[partition].centroids = new_centers[part]
+        self.history.append({
+            "round": round_number,
+            "clients": components.partitions,
+            "super_clusters": n_super,
+            "mean_radius": float(np.mean(np.sqrt(components.eps))),
+            "centroid_shift": float(np.mean(np.concatenate(shifts))),
+            "excluded_components": int(excluded.sum()),
+        })
+        log.info("FedGEM round %d/%d: %d clients, %d super-clusters, mean radius %.4g", round_number,
+                 self.settings.rounds, len(components.partitions), n_super, self.history[-1]["mean_radius"])
+
+    def _final_stage(self, replies: list[Reply]) -> None:
+        # eps of the final components holds each one's drift from the centroids the server sent.
+        self.final = self._collect(replies, "final", lambda reply, model, maximisers: uncertainty_radius(maximisers, model.centroids))
+        self.require(len(self.final.partitions), "FedGEM final stage")
+
+    def _tuning_candidates(self) -> tuple[dict[int, dict[str, np.ndarray]], list[FinalAggregation]]:
+        """Each client's consensus model under every upsilon of the grid (paper appendix D.3)."""
+        start = time.perf_counter()
+        aggregations = [self._final_aggregation(float(u))[0] for u in self.settings.upsilon_grid]
+        payloads = {
+            p: {"candidates": np.stack([agg.global_centroids[agg.labels[part]] for agg in aggregations])}
+            for p, part in self.final.slices().items()
+        }
+        self.server_seconds += time.perf_counter() - start
+        return payloads, aggregations
+
+    def _choose_upsilon(self, aggregations: list[FinalAggregation], replies: list[Reply]) -> None:
+        """The upsilon whose N_g-weighted mean client silhouette is best, under the K_hat guard."""
+        start = time.perf_counter()
+        grid = [float(u) for u in self.settings.upsilon_grid]
+        totals, weight_sum = np.zeros(len(grid)), np.zeros(len(grid))
+        for reply in replies:
+            try:
+                scores = require_array(reply.arrays, "silhouettes", (len(grid),), allow_nan=True)
+            except InvalidReply as err:
+                self.reject(reply.partition_id, "silhouette", f"invalid reply: {err}")
+                continue
+            self.client_seconds += _fit_seconds(reply)
+            valid = np.isfinite(scores)
+            n_points = self.models[reply.partition_id].n_points
+            totals += np.where(valid, scores, 0.0) * n_points
+            weight_sum += np.where(valid, n_points, 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            silhouettes = np.where(weight_sum > 0, totals / np.maximum(weight_sum, 1), np.nan)
+        k_hats = np.array([agg.k_hat for agg in aggregations])
+        # The paper keeps k_hat "not significantly" above sqrt(sum_g K_g); guard_factor says how far is significant.
+        guard = self.settings.guard_factor * math.sqrt(sum(m.n_components for m in self.models.values()))
+        if np.all(np.isnan(silhouettes)):
+            log.warning("no client could score a silhouette; upsilon falls back to the grid's median value")
+            chosen = len(grid) // 2
+        else:
+            chosen = select_upsilon(silhouettes, k_hats, guard)
+        log.info("upsilon tuning: grid %s, silhouettes %s, K_hat %s -> upsilon %g",
+                 grid, np.round(silhouettes, 4).tolist(), k_hats.tolist(), grid[chosen])
+        self.tuning = {"criterion": "silhouette", "grid": grid, "silhouettes": silhouettes, "k_hats": k_hats, "guard": guard}
+        self.upsilon = grid[chosen]
+        self.server_seconds += time.perf_counter() - start
+
+    def _likelihood_candidates(self) -> list[Candidate]:
+        """The grid's aggregations and the merge path from the finest of them (module fedica.fedgem.selection)."""
+        start = time.perf_counter()
+        candidates, finest = [], None
+        for upsilon in self.settings.upsilon_grid:
+            aggregation, excluded = self._final_aggregation(float(upsilon))
+            candidates.append(Candidate(aggregation, float(upsilon)))
+            if finest is None or aggregation.k_hat > finest[0].aggregation.k_hat:
+                finest = (candidates[-1], excluded)
+        trusted_weights = np.where(finest[1], 0.0, self.final.weights)
+        min_clusters = max(m.n_components for m in self.models.values())
+        path = merge_path(finest[0].aggregation, self.final.centers, self.final.owners, trusted_weights,
+                          min_clusters=min_clusters)
+        candidates += [Candidate(agg, finest[0].upsilon, merges) for merges, agg in enumerate(path, start=1)]
+        self.server_seconds += time.perf_counter() - start
+        return candidates
+
+    def _candidate_payloads(self, candidates: list[Candidate]) -> dict[int, dict[str, np.ndarray]]:
+        """Every client receives every candidate's global model (the centres stacked, and each candidate's K_hat)."""
+        centres = np.vstack([c.aggregation.global_centroids for c in candidates])
+        sizes = np.array([c.aggregation.k_hat for c in candidates], dtype=np.int64)
+        return {p: {"centres": centres, "sizes": sizes} for p in self.final.slices()}
+
+    def _choose_by_likelihood(self, candidates: list[Candidate], replies: list[Reply]) -> None:
+        """The candidate with the smallest federated BIC (ties: fewer clusters, then the earlier candidate)."""
+        start = time.perf_counter()
+        totals, n_points = np.zeros(len(candidates)), 0
+        for reply in replies:
+            try:
+                scores = require_array(reply.arrays, "log-likelihoods", (len(candidates),))
+            except InvalidReply as err:
+                self.reject(reply.partition_id, "likelihood", f"invalid reply: {err}")
+                continue
+            self.client_seconds += _fit_seconds(reply)
+            totals += scores
+            n_points += self.models[reply.partition_id].n_points
+        self.require(n_points and len(replies), "FedGEM model selection")
+        k_hats = np.array([c.aggregation.k_hat for c in candidates])
+        scores = bic(totals, k_hats, self.dim, max(n_points, 1))
+        best = np.flatnonzero(scores <= scores.min() + 1e-9 * abs(scores.min()))
+        chosen = int(best[np.argmin(k_hats[best])])
+        log.info("model selection: K_hat %s, BIC %s -> K_hat %d", k_hats.tolist(), np.round(scores, 1).tolist(),
+                 k_hats[chosen])
+        self.tuning = {"criterion": "likelihood", "grid": [c.upsilon for c in candidates],
+                       "merges": [c.merges for c in candidates], "k_hats": k_hats, "bic": scores,
+                       "log_likelihood": totals}
+        self.upsilon = candidates[chosen].upsilon
+        self.merges = candidates[chosen].merges
+        self.aggregation = candidates[chosen].aggregation
+        self.server_seconds += time.perf_counter() - start
+
+    def _aggregate(self) -> None:
+        start = time.perf_counter()
+        self.aggregation, excluded = self._final_aggregation(self.upsilon)
+        self.server_seconds += time.perf_counter() - start
+        log_excluded(self.final, excluded, "final")
+
+    def _final_aggregation(self, upsilon: float) -> tuple[FinalAggregation, np.ndarray]:
+        return trusted_final_aggregation(self.final, final_radii(self.models, self.final, upsilon),
+                                         self.settings.radius_outlier_factor)
+
+    def _evaluate(self, replies: list[Reply]) -> None:
+        """Local ARI (N_g-weighted), pooled global ARI and K_hat from the clients' contingency counts."""
+        aris, weights, triplets = [], [], []
+        has_labels = True
+        for reply in replies:
+            try:
+                counts = require_array(reply.arrays, "counts", (None,), nonnegative=True)
+                true_values = require_array(reply.arrays, "true-values", counts.shape)
+                pred_values = require_array(reply.arrays, "pred-values", counts.shape)
+                local = float(reply.values["local-ari"])
+            except (InvalidReply, KeyError, TypeError, ValueError) as err:
+                self.reject(reply.partition_id, "evaluate", f"invalid reply: {err}")
+                continue
+            has_labels = has_labels and bool(reply.values.get("has-labels", True))
+            aris.append(local)
+            self.client_aris[str(reply.partition_id)] = local
+            weights.append(self.models[reply.partition_id].n_points)
+            triplets.append((true_values.astype(np.int64), pred_values.astype(np.int64), counts.astype(np.int64)))
+        if not triplets:
+            self.evaluation = {"local_ari": float("nan"), "global_ari": float("nan"), "k_hat": 0}
+            return
+        true_all, pred_all, count_all = (np.concatenate(parts) for parts in zip(*triplets))
+        self.evaluation = {"k_hat": k_hat_from_predictions(pred_all, count_all)}
+        if has_labels:
+            self.evaluation["local_ari"] = weighted_local_ari(np.asarray(aris), np.asarray(weights))
+            self.evaluation["global_ari"] = ari_from_contingency(true_all, pred_all, count_all)
+
+    # ------------------------------------------------------------------ replies
+
+    def _round_radii(self, reply: Reply, model: ClientModel, maximisers: np.ndarray) -> np.ndarray:
+        """A collaborative round's squared radii; recomputed on the server where the model allows."""
+        radii = require_array(reply.arrays, "radii", (model.n_components,), nonnegative=True)
+        n_points = require_int(reply.values, "n-points", minimum=model.n_components)
+        if n_points != model.declared_points:
+            log.warning("client %d claims %d points, it declared %d at initialisation; the declared count is used",
+                        reply.partition_id, n_points, model.declared_points)
+        if self.settings.local_steps > 1:
+            return radii
+        # The server never trusts a reported radius: with one EM step the exact radius is
+        # ||M_k - theta_k||^2 for the centroids theta it sent this client itself.
+        recomputed = uncertainty_radius(maximisers, model.centroids)
+        if not np.allclose(radii, recomputed, rtol=1e-6, atol=1e-9):
+            log.warning("client %d: reported radii %s differ from the recomputed %s; the recomputed are used",
+                        reply.partition_id, np.round(radii, 6).tolist(), np.round(recomputed, 6).tolist())
+        return recomputed
+
+    def _collect(self, replies: list[Reply], round_label: int | str, read_radii) -> Components:
+        """Validate replies and stack every client's maximisers with the radii ``read_radii`` gives.
+
+        ``read_radii(reply, model, maximisers)`` returns the client's (K_g,) squared radii or
+        raises :class:`InvalidReply`; a client the server never initialised is rejected.
+        """
+        partitions, centers, eps, owners, weights = [], [], [], [], []
+        for reply in replies:
+            model = self.models.get(reply.partition_id)
+            if model is None:
+                self.reject(reply.partition_id, round_label, "this client was not initialised")
+                continue
+            try:
+                maximisers = validate_gem_components(reply.arrays, "maximisers", dim=self.dim, n_components=model.n_components)
+                radii = read_radii(reply, model, maximisers)
+            except InvalidReply as err:
+                self.reject(reply.partition_id, round_label, f"invalid reply: {err}")
+                continue
+            partitions.append(reply.partition_id)
+            centers.append(maximisers)
+            eps.append(radii)
+            owners.append(np.full(model.n_components, reply.partition_id))
+            weights.append(model.n_points * model.weights)
+            self.client_seconds += _fit_seconds(reply)
+        if not partitions:
+            return Components([], np.empty((0, self.dim or 0)), np.empty(0), np.empty(0, int), np.empty(0))
+        return Components(partitions, np.vstack(centers), np.concatenate(eps), np.concatenate(owners), np.concatenate(weights))
+
+
+def _fit_seconds(reply: Reply) -> float:
+    seconds = reply.values.get("fit-seconds", 0.0)
+    return float(seconds) if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0 else 0.0
+
+
+def _majority_dimension(replies: list[Reply]) -> int | None:
+    """The data dimension most clients report, so that one client with another dimension cannot set it for all."""
+    dims = [r.arrays["centroids"].shape[1] for r in replies
+            if isinstance(r.arrays.get("centroids"), np.ndarray) and r.arrays["centroids"].ndim == 2]
+    if not dims:
+        return None
+    values, counts = np.unique(dims, return_counts=True)
+    return int(values[np.argmax(counts)])

@@ -1,0 +1,150 @@
+"""The server's trust rules: what FedGEM's server believes of a client's reply (docs/ALGORITHMS.md section 2.5).
+
+No client's declared count or radius is taken at face value: counts are capped at a multiple
+of the median declared count; components whose balls are outliers by a robust rule take part
+in no merge; in the final aggregation an untrusted component founds no global cluster.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedica.fedgem.local import final_radius, min_centroid_distance
+from fedica.fedgem.merging import FinalAggregation, final_aggregation, server_step
+
+log = logging.getLogger("fedica.server")
+
+
+@dataclass
+class ClientModel:
+    """What the server knows of one client: its node, its declared sizes and the centroids it was sent last."""
+
+    node_id: int | None
+    n_points: int            # the count the server uses (declared, capped by count_cap_factor)
+    weights: np.ndarray      # (K_g,) pi
+    centroids: np.ndarray    # (K_g, d) the centroids the server sent (or the client reported at initialisation)
+
+    declared_points: int = 0
+
+    @property
+    def n_components(self) -> int:
+        return self.weights.shape[0]
+
+
+@dataclass
+class Components:
+    """All clients' components stacked for a server step."""
+
+    partitions: list[int]
+    centers: np.ndarray   # (m, d)
+    eps: np.ndarray       # (m,)
+    owners: np.ndarray    # (m,) partition id of each component
+    weights: np.ndarray   # (m,) N_g * pi_k
+
+    def slices(self) -> dict[int, slice]:
+        """Each client's rows: its components are stacked contiguously, in the order of ``partitions``."""
+        starts = np.flatnonzero(np.r_[True, self.owners[1:] != self.owners[:-1]]) if self.owners.size else []
+        ends = list(starts[1:]) + [self.owners.size]
+        return {int(self.owners[a]): slice(int(a), int(b)) for a, b in zip(starts, ends)}
+
+
+def cap_counts(models: Mapping[int, ClientModel], factor: float | None) -> None:
+    """Cap each client's sample count at ``factor`` times the median declared count.
+
+    The count scales a client's weight in every consensus and its final radius, so one client
+    claiming a huge count could otherwise pull every global centroid towards its own.
+    """
+    if factor is None:
+        return
+    cap = int(factor * np.median([m.declared_points for m in models.values()]))
+    for partition, model in models.items():
+        if model.declared_points > cap:
+            log.warning("client %d declares %d points, more than %g x the median; the server counts %d",
+                        partition, model.declared_points, factor, cap)
+            model.n_points = cap
+
+
+def outlying_radii(eps: np.ndarray, factor: float | None, scale: Callable[[], float]) -> np.ndarray:
+    """Components whose ball is an outlier by a robust rule (``factor`` None: none).
+
+    A radius is an outlier when it exceeds ``factor`` times the median radius AND half of
+    ``scale()``, the typical distance between a client's own components (computed only
+    when some radius passes the first test). The first condition alone would flag honest
+    components late in a run, when most radii are nearly zero; a ball smaller than half
+    the cluster separation cannot swallow a neighbouring cluster.
+    """
+    radii = np.sqrt(eps)
+    if factor is None or radii.size == 0:
+        return np.zeros(radii.shape, dtype=bool)
+    large = radii > factor * float(np.median(radii))
+    return large & (radii > 0.5 * scale()) if large.any() else large
+
+
+def separation_scale(components: Components) -> float:
+    """The median over clients of the smallest distance between a client's own components."""
+    return float(np.median([min_centroid_distance(components.centers[part]) for part in components.slices().values()]))
+
+
+def trusted_server_step(components: Components, factor: float | None) -> tuple[np.ndarray, int, np.ndarray]:
+    """A server step in which components with outlying radii take part in no merge and keep their maximiser.
+
+    Returns
+    -------
+    new_centers : ndarray of shape (m, d)
+    n_super_clusters : int
+        Super-clusters of the merged components plus one per excluded component.
+    excluded : ndarray of shape (m,), dtype bool
+    """
+    excluded = outlying_radii(components.eps, factor, lambda: separation_scale(components))
+    keep = ~excluded
+    new_centers = components.centers.copy()
+    step = server_step(components.centers[keep], components.eps[keep], components.owners[keep], components.weights[keep])
+    new_centers[keep] = step.new_centers
+    return new_centers, step.n_super_clusters + int(excluded.sum()), excluded
+
+
+def trusted_final_aggregation(
+    final: Components, radii: np.ndarray, factor: float | None
+) -> tuple[FinalAggregation, np.ndarray]:
+    """The final aggregation over the trusted components.
+
+    ``final.eps`` holds each component's drift ``||M_k - theta_k||^2`` from the centroids the
+    server sent it. A component is not trusted when its final radius is an outlier (say, a
+    client whose centroids are far apart claims a huge ball), or when its drift is an outlier
+    AND exceeds its own final radius (it moved further in one EM step than the tolerance it
+    asks for: it did not converge with the federation, or it lies). An untrusted component
+    founds no global cluster: it is mapped to the nearest global centroid of the others, so
+    that it can neither merge every cluster into one nor add clusters of its own.
+    """
+    scale = functools.cache(lambda: separation_scale(final))
+    excluded = outlying_radii(radii, factor, scale) | (outlying_radii(final.eps, factor, scale) & (final.eps > radii))
+    keep = ~excluded
+    trusted = final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep])
+    labels = np.empty(final.centers.shape[0], dtype=np.int64)
+    labels[keep] = trusted.labels
+    if excluded.any():
+        distances = np.linalg.norm(final.centers[excluded, None, :] - trusted.global_centroids[None, :, :], axis=2)
+        labels[excluded] = np.argmin(distances, axis=1)
+    return FinalAggregation(labels, trusted.global_centroids, trusted.k_hat), excluded
+
+
+def final_radii(models: Mapping[int, ClientModel], final: Components, upsilon: float) -> np.ndarray:
+    """The final radii of the paper's heuristic, computed on the server from each client's maximisers and declared size."""
+    radii = np.empty(final.centers.shape[0])
+    for partition, part in final.slices().items():
+        model = models[partition]
+        radii[part] = final_radius(final.centers[part], model.weights, model.n_points, upsilon)
+    return radii
+
+
+def log_excluded(components: Components, excluded: np.ndarray, round_label: int | str) -> None:
+    """Say which clients' components took part in no merge."""
+    if excluded.any():
+        owners = sorted(set(components.owners[excluded].tolist()))
+        log.warning("round %s: %d components with outlying radii (clients %s) took part in no merge",
+                    round_label, int(excluded.sum()), owners)

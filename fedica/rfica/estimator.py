@@ -1,0 +1,154 @@
+"""``fedica.RFICA``: one-shot robust federated ICA on the user's own arrays, one array per site."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+
+from fedica.protocol import Reply
+from fedica.rfica import client
+from fedica.rfica.server import (
+    RFICAState,
+    aggregate_estimates,
+    receive_estimates,
+    rfica_protocol,
+)
+from fedica.validation import check_seed
+
+
+class RFICA(TransformerMixin, BaseEstimator):
+    """Robust federated ICA: local FastICA per site, then a robust one-shot aggregation.
+
+    Every site estimates the mixing matrix of its own observations with symmetric FastICA;
+    the server aligns the signs of all estimates' columns to a benchmark site, clusters all
+    columns with k-means and takes each cluster's geometric median, so that up to half of
+    the sites may be poor or corrupt (docs/ALGORITHMS.md section 1). This runs, in memory,
+    exactly the protocol that fedica's Flower strategy runs over a network.
+
+    Parameters
+    ----------
+    contrast : {"cube", "logcosh"}, default="cube"
+        FastICA's contrast ("cube" is the paper's kurtosis criterion).
+    init : {"random", "shared"}, default="random"
+        Each site's own random FastICA start, or one start shared by all (paper appendix D).
+    benchmark : {"largest", "best_objective"}, default="largest"
+        The site the others' signs are aligned to.
+    kmeans_restarts : int, default=10
+    gm_tol : float, default=1e-10
+        Tolerance of the geometric median.
+    min_clients : int, default=2
+    random_state : int, default=0
+        Seeds every random stream; the same seed and data give the same result as ``fedica-run``.
+
+    Attributes
+    ----------
+    mixing_ : ndarray of shape (n_features, n_features)
+        The aggregated mixing matrix A (observations ~ sources @ A.T), unit-norm columns.
+    components_ : ndarray of shape (n_features, n_features)
+        The unmixing matrix, the inverse of ``mixing_``.
+    mean_ : ndarray of shape (n_features,)
+        The mean of all sites' observations, weighted by their sizes (removed by ``transform``).
+    site_mixings_ : ndarray of shape (n_sites, n_features, n_features)
+        Each site's own (unit-column) estimate.
+    labels_ : ndarray of shape (n_sites, n_features)
+        The cluster (column of ``mixing_``) of each column of each site's estimate.
+    benchmark_site_ : int
+    f_ica_, simple_mean_, simple_median_ : ndarray of shape (n_features, n_features)
+        The comparators computed from the same estimates (paper section 4).
+    """
+
+    def __init__(self, contrast="cube", init="random", benchmark="largest", kmeans_restarts=10, gm_tol=1e-10,
+                 min_clients=2, random_state=0):
+        self.contrast = contrast
+        self.init = init
+        self.benchmark = benchmark
+        self.kmeans_restarts = kmeans_restarts
+        self.gm_tol = gm_tol
+        self.min_clients = min_clients
+        self.random_state = random_state
+
+    def fit(self, sites: Sequence, y=None) -> RFICA:
+        """Run local FastICA on every site, then the robust aggregation.
+
+        Parameters
+        ----------
+        sites : sequence of array-like of shape (n_samples_g, n_features)
+            One array of observations per site, the same channels everywhere.
+
+        Returns
+        -------
+        self : RFICA
+        """
+        data = _check_sites(sites)
+        state = self._state(data[0].shape[1])
+        protocol = rfica_protocol(state)
+        request = next(protocol)
+        replies = [Reply(g, *client.fit(X.T, request.values, g)) for g, X in enumerate(data)]
+        try:
+            protocol.send(replies)
+        except StopIteration:
+            pass
+        sizes = np.array([X.shape[0] for X in data], dtype=float)
+        self.mean_ = np.average([X.mean(axis=0) for X in data], axis=0, weights=sizes)
+        return self._store(state)
+
+    def aggregate(self, local_mixings, n_samples=None) -> RFICA:
+        """The server step alone, on mixing matrices the sites estimated themselves.
+
+        Parameters
+        ----------
+        local_mixings : array-like of shape (n_sites, n_features, n_features)
+        n_samples : array-like of shape (n_sites,), optional
+            Each site's sample count (chooses the benchmark site); default: all equal.
+
+        Returns
+        -------
+        self : RFICA
+        """
+        stack = np.asarray(local_mixings, dtype=np.float64)
+        if stack.ndim != 3 or stack.shape[1] != stack.shape[2]:
+            raise ValueError(f"local_mixings must have shape (n_sites, r, r), got {stack.shape}")
+        sizes = np.ones(stack.shape[0], dtype=np.int64) if n_samples is None else np.asarray(n_samples)
+        state = self._state(stack.shape[1])
+        receive_estimates(state, [Reply(g, {"mixing": m}, {"n-samples": int(n)}) for g, (m, n) in enumerate(zip(stack, sizes))])
+        aggregate_estimates(state)
+        self.mean_ = np.zeros(stack.shape[1])
+        return self._store(state)
+
+    def transform(self, X) -> np.ndarray:
+        """The sources of observations ``X``, shape (n_samples, n_features)."""
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.components_.shape[1]:
+            raise ValueError(f"X must have shape (n_samples, {self.components_.shape[1]}), got {X.shape}")
+        return (X - self.mean_) @ self.components_.T
+
+    def _state(self, r: int) -> RFICAState:
+        return RFICAState(contrast=self.contrast, init=self.init, benchmark=self.benchmark,
+                          kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol,
+                          seed=check_seed(self.random_state), min_clients=self.min_clients, r=r)
+
+    def _store(self, state: RFICAState) -> RFICA:
+        agg = state.aggregate
+        self.mixing_ = agg.rf_ica
+        self.components_ = np.linalg.pinv(agg.rf_ica)
+        self.site_mixings_ = np.stack(state.estimates)
+        self.labels_ = agg.labels
+        self.benchmark_site_ = state.partitions[agg.benchmark]
+        self.f_ica_, self.simple_mean_, self.simple_median_ = agg.f_ica, agg.simple_mean, agg.simple_median
+        self.rejected_ = state.rejected
+        return self
+
+
+def _check_sites(sites) -> list[np.ndarray]:
+    if isinstance(sites, np.ndarray) or len(sites) < 1:
+        raise ValueError("sites must be a sequence of arrays (one per site), each (n_samples, n_features)")
+    data = [np.asarray(X, dtype=np.float64) for X in sites]
+    for g, X in enumerate(data):
+        if X.ndim != 2 or X.shape[0] <= X.shape[1]:
+            raise ValueError(f"site {g} must be a 2-D array (n_samples, n_features) with more samples than "
+                             f"features, got shape {X.shape}")
+        if X.shape[1] != data[0].shape[1]:
+            raise ValueError(f"site {g} has {X.shape[1]} channels, site 0 has {data[0].shape[1]}")
+    return data

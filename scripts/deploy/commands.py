@@ -1,0 +1,116 @@
+"""``fedica-deploy --print-commands``: the commands (and files) to run a deployment across machines."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .bundle import APP_DIR_NAME, _toml_string, build_app, write_run_config
+from .options import CONNECTION, DeploymentOptions, _join_host_port
+from .overrides import config_overrides
+from .supernodes import deployment_node_configs, node_config_arg
+from .tls import certificate_names, make_node_key, make_tls_files
+
+
+def print_commands(cfg: Mapping[str, Any], out_dir: Path, superlink_address: str) -> str:
+    """Commands (and files) to run the SuperLink and each SuperNode on separate machines (docs/DEPLOYMENT.md).
+
+    Writes into ``out_dir``: the Flower App (``app/fedica-app``), its run config, and with
+    ``engine.tls`` the certificates (``certs/``), with ``engine.node_auth`` one key pair per SuperNode
+    (``keys/``). Returns the text to print.
+    """
+    options = DeploymentOptions.from_engine(cfg["engine"])
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    configs = deployment_node_configs(cfg)
+    if cfg["scenario"]["name"] == "files":  # each site names its file as it is on that site
+        for config, path in zip(configs, cfg["scenario"]["paths"]):
+            config["data-path"] = str(path)
+    app_root = out_dir / "app"
+    shutil.rmtree(app_root, ignore_errors=True)
+    app_dir = build_app(app_root)
+    results_dir = out_dir / "result"
+    run_config = write_run_config(out_dir / "run_config.toml", config_overrides(cfg), results_dir)
+    address = _join_host_port(superlink_address, options.superlink_port)
+    superlink, connection, tls_note = _superlink_setup(options, out_dir, superlink_address, address)
+
+    lines = [
+        f"# fedica across machines: one SuperLink and {len(configs)} SuperNodes (docs/DEPLOYMENT.md).",
+        "# Install fedica on every machine: the App carries fedica's code, each machine needs its dependencies.",
+        f"# Files written to {out_dir}: app/{APP_DIR_NAME} (the Flower App), run_config.toml"
+        + (", certs/" if options.tls else "") + (", keys/" if options.node_auth else ""),
+        *tls_note,
+        "",
+        "# 1. On the SuperLink machine (FLWR_DISABLE_UPDATE_CHECK=1 FLWR_TELEMETRY_ENABLED=0 keep it quiet):",
+        shlex.join(superlink),
+        "",
+        "# 2. On the machine that submits the run: add this connection to $FLWR_HOME/config.toml (default ~/.flwr/config.toml):",
+        *connection,
+    ]
+    if options.node_auth:
+        lines += _registration_lines(out_dir, len(configs))
+    lines += _supernode_lines(options, configs, address)
+    lines += _submit_lines(options, app_dir, run_config, results_dir)
+    return "\n".join(lines) + "\n"
+
+
+def _superlink_setup(
+    options: DeploymentOptions, out_dir: Path, superlink_address: str, address: str
+) -> tuple[list[str], list[str], list[str]]:
+    """The SuperLink's command, the submitting machine's connection entry, and a note on TLS (writes ``certs/``)."""
+    superlink = ["flower-superlink", "--host", options.host, "--port", str(options.superlink_port),
+                 "--database", "fedica-superlink.db", "--disable-runtime-dependency-installation"]
+    connection = [f"[superlink.{CONNECTION}]", f"address = {_toml_string(address)}"]
+    tls_note = []
+    if options.tls:
+        tls = make_tls_files(out_dir / "certs", certificate_names(options, [superlink_address]), days=365)
+        superlink += ["--ssl-ca-certfile", str(tls.ca_cert), "--ssl-certfile", str(tls.server_cert), "--ssl-keyfile", str(tls.server_key)]
+        connection.append(f"root-certificates = {_toml_string(str(tls.ca_cert))}")
+        tls_note = [f"# TLS: the SuperLink's certificate is valid for {', '.join(certificate_names(options, [superlink_address]))}.",
+                    f"# Copy {tls.ca_cert} (the CA, not secret) to every site; {tls.server_key} stays on the SuperLink."]
+    else:
+        superlink.append("--insecure")
+        connection.append("insecure = true")
+    if options.node_auth:
+        superlink.append("--enable-supernode-auth")
+    return superlink, connection, tls_note
+
+
+def _registration_lines(out_dir: Path, n_supernodes: int) -> list[str]:
+    """Step 3 with ``engine.node_auth``: register each SuperNode's public key (writes ``keys/``)."""
+    lines = ["", "# 3. Still there: register every SuperNode's public key; a node with any other key is refused."]
+    keys = [make_node_key(out_dir / "keys", f"supernode-{i}") for i in range(n_supernodes)]
+    lines += [shlex.join(["flwr", "supernode", "register", str(public), CONNECTION]) for _, public in keys]
+    return lines
+
+
+def _supernode_lines(options: DeploymentOptions, configs: Sequence[Mapping[str, Any]], address: str) -> list[str]:
+    """One SuperNode command per site."""
+    lines = ["", f"# {'4' if options.node_auth else '3'}. On each site, one SuperNode (node i reads its own partition or file):"]
+    for i, config in enumerate(configs):
+        node = ["flower-supernode", "--superlink", address, "--node-config", node_config_arg(config)]
+        if options.tls:
+            node += ["--root-certificates", "ca.pem"]
+        else:
+            node.append("--insecure")
+        if options.node_auth:
+            node += ["--auth-supernode-private-key", f"supernode-{i}"]
+        site = f"# site {i}" + (f" (copy ca.pem{' and keys/supernode-' + str(i) if options.node_auth else ''} there)" if options.tls else "")
+        lines += [site, shlex.join(node)]
+    return lines
+
+
+def _submit_lines(options: DeploymentOptions, app_dir: Path, run_config: Path, results_dir: Path) -> list[str]:
+    """The last step: submit the run, follow it, check its final status."""
+    q = shlex.quote
+    return [
+        "",
+        f"# {'5' if options.node_auth else '4'}. Submit the run (from step 2's machine), follow it, check its final status:",
+        f"flwr run {q(str(app_dir))} {CONNECTION} --run-config {q(str(run_config))} --format json",
+        f"flwr log <run-id> {CONNECTION} --stream",
+        f"flwr ls {CONNECTION} --run-id <run-id>      # finished:completed, or finished:failed with the reason",
+        f"# The ServerApp writes result.json to {results_dir} on the SuperLink machine (run_config.toml: out-dir).",
+    ]

@@ -1,0 +1,104 @@
+"""The library API (fedica.RFICA, fedica.FedGEM): scikit-learn conventions, and the same numbers as the federated run."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from fedica.scripts.engines import run_inprocess
+from fedica.server.app import compose_config
+from sklearn.base import clone
+
+import fedica
+from fedica.data.ica_paper import ica_client_data, ica_true_mixing
+from fedica.data.scenarios import scenario_client_data
+from fedica.evaluation.ica import ica_error
+
+BLOBS = ["algorithm=fedgem", "scenario=blobs", "scenario.n_clients=5", "scenario.n_clusters=6", "scenario.r_min=4",
+         "engine=inprocess", "baselines=false", "seed=3"]
+ICA = ["scenario.n_clients=8", "scenario.r=4", "scenario.n_normal=2000", "scenario.n_corrupt=100",
+       "scenario.corrupt_ratio=0.25", "engine=inprocess", "seed=5"]
+
+
+def test_import_fedica_imports_no_flower_hydra_or_ray():
+    code = ("import sys, fedica; fedica.FedGEM; fedica.RFICA; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'flwr', 'hydra', 'omegaconf', 'ray'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def _blobs_sites(cfg):
+    scenario = cfg["scenario"]
+    return [scenario_client_data(scenario, p, cfg["seed"]) for p in range(scenario["n_clients"])]
+
+
+@pytest.mark.parametrize("extra", [[], ["algorithm.upsilon=1.0"], ["algorithm.participation=0.6", "scenario.n_clients=8"]])
+def test_fedgem_fit_equals_the_inprocess_federated_run(extra):
+    cfg = compose_config(BLOBS + extra)
+    result = run_inprocess(cfg)
+    sites = _blobs_sites(cfg)
+    alg = cfg["algorithm"]
+    model = fedica.FedGEM(rounds=alg["rounds"], upsilon=alg["upsilon"], upsilon_grid=alg["upsilon_grid"],
+                          participation=alg["participation"], random_state=cfg["seed"])
+    model.fit([s.X_train for s in sites], [s.n_components for s in sites])
+    np.testing.assert_allclose(model.means_, np.asarray(result["fedgem"]["global_centroids"]), rtol=0, atol=1e-12)
+    assert model.n_clusters_ == result["metrics"]["fedgem"]["super_clusters"]
+    assert model.upsilon_ == result["fedgem"]["upsilon"]
+    for g, mapping in result["fedgem"]["client_mapping"].items():
+        assert model.site_mapping_[int(g)].tolist() == mapping
+    for ours, theirs in zip(model.history_, result["history"]):
+        assert ours["super_clusters"] == theirs["super_clusters"]
+        assert ours["mean_radius"] == pytest.approx(theirs["mean_radius"], abs=1e-12)
+
+
+def test_fedgem_estimator_conventions_and_predict():
+    cfg = compose_config(BLOBS)
+    sites = _blobs_sites(cfg)
+    model = fedica.FedGEM(upsilon=1.0, random_state=0)
+    assert model.fit([s.X_train for s in sites], 3) is model
+    assert clone(model).get_params() == model.get_params()
+    assert model.means_.shape == (model.n_clusters_, 2)
+    for g, site in enumerate(sites):
+        assert model.labels_[g].shape == (site.X_train.shape[0],)
+        np.testing.assert_array_equal(model.predict(site.X_train, site=g), model.labels_[g])
+    assert set(np.unique(model.predict(sites[0].X_test))) <= set(range(model.n_clusters_))
+    with pytest.raises(ValueError, match="features"):
+        model.fit([np.zeros((10, 2)), np.zeros((10, 3))], 2)
+    with pytest.raises(ValueError, match="shape"):
+        model.predict(np.zeros((4, 5)))
+
+
+def test_fedgem_estimates_each_sites_k_when_not_told():
+    cfg = compose_config(BLOBS + ["scenario.r_min=8"])
+    sites = _blobs_sites(cfg)
+    model = fedica.FedGEM(upsilon=1.0, random_state=1).fit([s.X_train for s in sites])
+    assert model.n_local_clusters_.tolist() == [s.n_components for s in sites]
+    assert model.n_clusters_ == 6
+
+
+def test_rfica_fit_equals_the_inprocess_federated_run():
+    cfg = compose_config(ICA)
+    result = run_inprocess(cfg)
+    sc = cfg["scenario"]
+    sites = [ica_client_data(p, n_clients=sc["n_clients"], r=sc["r"], corrupt_ratio=sc["corrupt_ratio"],
+                             n_normal=sc["n_normal"], n_corrupt=sc["n_corrupt"], sparsity=sc["sparsity"],
+                             orthogonal=sc["orthogonal"], seed=cfg["seed"]).T for p in range(sc["n_clients"])]
+    model = fedica.RFICA(random_state=cfg["seed"]).fit(sites)
+    np.testing.assert_allclose(model.mixing_, np.asarray(result["rfica"]["estimate"]), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(model.f_ica_, np.asarray(result["rfica"]["estimates"]["f-ica"]), rtol=0, atol=1e-12)
+    assert ica_error(model.mixing_, ica_true_mixing(r=sc["r"], orthogonal=True, seed=cfg["seed"])) == pytest.approx(
+        result["metrics"]["rf-ica"]["error"], abs=1e-12)
+    # aggregate() on the sites' own estimates is the server step alone: the same estimate.
+    again = fedica.RFICA(random_state=cfg["seed"]).aggregate(model.site_mixings_, [s.shape[0] for s in sites])
+    np.testing.assert_allclose(again.mixing_, model.mixing_, rtol=0, atol=1e-12)
+
+
+def test_rfica_transform_recovers_the_sources():
+    rng = np.random.default_rng(0)
+    mixing = np.linalg.qr(rng.standard_normal((3, 3)))[0]
+    sources = [rng.laplace(size=(4000, 3)) for _ in range(5)]
+    model = fedica.RFICA(random_state=0).fit([s @ mixing.T for s in sources])
+    recovered = model.transform(sources[0] @ mixing.T)
+    correlation = np.abs(np.corrcoef(recovered.T, sources[0].T)[:3, 3:])
+    assert np.all(correlation.max(axis=1) > 0.99)
+    np.testing.assert_allclose(model.components_ @ model.mixing_, np.eye(3), atol=1e-10)
