@@ -36,6 +36,7 @@ from typing import Any
 
 from fedica.attacks import GEM_ATTACKS, ICA_ATTACKS
 from fedica.data.blobs import SETTINGS
+from fedica.data.files import AUTO_COMPONENTS
 from fedica.data.scenarios import ICA_SCENARIO, SCENARIO_NAMES
 from fedica.evaluation.baselines import BASELINE_METHODS
 from fedica.fedgem.server import UPSILON_CRITERIA
@@ -58,8 +59,9 @@ TOP_LEVEL_KEYS = (
     "seed", "min_clients", "round_timeout", "node_wait_timeout", "baselines", "baseline_methods", "log_level",
     *SECTIONS,
 )
-# Optional top-level sections that conf/experiment/*.yaml add; scripts/plot.py reads ``plot``.
-OPTIONAL_TOP_LEVEL_KEYS = ("plot",)
+# Optional top-level keys that conf/experiment/*.yaml add: scripts/plot.py reads ``plot``; a
+# conf/workload/*.yaml bundle of overrides names itself in ``workload`` (a label, for tables).
+OPTIONAL_TOP_LEVEL_KEYS = ("plot", "workload")
 PLOT_KEYS = ("x", "xlabel", "metrics", "metric", "panels", "series", "methods", "logy", "logx", "table_only", "title")
 
 # The keys of conf/<group>/<name>.yaml besides ``name`` (``attack`` has one schema for all its files, no name).
@@ -289,6 +291,8 @@ def validate_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         top.fail("min_clients", f"must be <= the number of clients ({n_clients})")
     if "plot" in cfg:
         _check_plot(cfg)
+    if "workload" in cfg and not (isinstance(cfg["workload"], str) and cfg["workload"]):
+        raise ConfigError(f"workload={cfg['workload']!r}: must be a non-empty label")
     return cfg
 
 
@@ -403,13 +407,13 @@ def _check_files(sc: _Checker) -> None:
     n_components = sc.get("n_components")
     if n_components is None:
         if label is None:
-            sc.fail("n_components", "must be given when there is no label_column")
+            sc.fail("n_components", "must be given when there is no label_column (or auto: each client chooses)")
         return
     values = n_components if _is_list(n_components) else [n_components]
     if _is_list(n_components) and len(values) != len(paths):
         sc.fail("n_components", f"must have one entry per path ({len(paths)})")
-    if not all(isinstance(v, Integral) and not isinstance(v, bool) and v >= 2 for v in values):
-        sc.fail("n_components", "every K_g must be an integer >= 2")
+    if not all(v == AUTO_COMPONENTS or (isinstance(v, Integral) and not isinstance(v, bool) and v >= 2) for v in values):
+        sc.fail("n_components", f"every K_g must be an integer >= 2 or {AUTO_COMPONENTS}")
 
 
 def _check_simulation(eng: _Checker, n_clients: int) -> None:

@@ -56,6 +56,7 @@ STREAMS: dict[str, Stream] = {
     "classes.split": Stream("spawn", 7),
     "classes.assign": Stream("spawn", 8),
     "files.split": Stream("spawn", 9),
+    "files.components": Stream("spawn", 10),
     # Each client's own draws.
     "client.fastica": Stream("entropy", 1, ("partition",)),
     "client.kmeanspp": Stream("entropy", 2, ("partition",)),

@@ -155,6 +155,7 @@ def run_fedgem(federation: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]
             "global_centroids": server.aggregation.global_centroids,
             "client_mapping": mapping,
             "client_local_ari": server.client_aris,
+            "local_clusters": {str(p): m.n_components for p, m in sorted(server.models.items())},
             "upsilon": server.upsilon,
             "upsilon_tuning": server.tuning,
             "participation": federation.participation,

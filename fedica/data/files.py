@@ -11,8 +11,13 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from fedica.data.common import ClientData
+from fedica.fedgem.local import estimate_n_components
 from fedica.seeding import generator, sklearn_seed
 from fedica.validation import check_test_fraction
+
+# ``n_components: auto``: each client chooses its K_g (BIC), from 2 to MAX_AUTO_COMPONENTS.
+AUTO_COMPONENTS = "auto"
+MAX_AUTO_COMPONENTS = 10
 
 
 class DataFileError(ValueError):
@@ -42,8 +47,10 @@ def load_client_file(path, *, label_column: int | str | None = None, n_component
     ----------
     path : str or os.PathLike
     label_column : int, str or None
-    n_components : int or None
-        K_g; None means the number of distinct labels (an error without labels).
+    n_components : int, "auto" or None
+        K_g; None means the number of distinct labels (an error without labels); "auto" lets the
+        client choose by BIC over isotropic mixtures of 2 to :data:`MAX_AUTO_COMPONENTS`
+        components, fitted on its training points.
     test_fraction : float
         In (0, 1).
     seed : int
@@ -73,6 +80,8 @@ def load_client_file(path, *, label_column: int | str | None = None, n_component
     else:
         X, y = _read_csv_file(path, label_column, delimiter)
 
+    if n_components == AUTO_COMPONENTS:
+        n_components = None if X.shape[0] < 4 else _chosen_components(X, test_fraction, seed)
     if n_components is None:
         if y is None:
             raise DataFileError(f"{path}: n_components is not given and the file has no labels to count it from")
@@ -98,6 +107,13 @@ def load_client_file(path, *, label_column: int | str | None = None, n_component
     y_train = None if y is None else y[train]
     y_test = None if y is None else y[test]
     return ClientData(X[train], y_train, X[test], y_test, int(n_components))
+
+
+def _chosen_components(X: np.ndarray, test_fraction: float, seed: int) -> int:
+    """The K_g a client with no labels chooses itself, on the training part of the split it will use."""
+    train, _ = train_test_split(np.arange(X.shape[0]), test_size=test_fraction,
+                                random_state=sklearn_seed(generator(seed, "files.split")))
+    return estimate_n_components(X[train], MAX_AUTO_COMPONENTS, random_state=sklearn_seed(generator(seed, "files.components")))
 
 
 def _cell_name(column: int, header: list[str] | None) -> str:

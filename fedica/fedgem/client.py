@@ -86,8 +86,9 @@ def likelihoods(X: np.ndarray, centres: Any, sizes: Any) -> Reply:
             or centres.shape != (int(sizes.sum()), X.shape[1]) or not np.all(np.isfinite(centres))):
         raise ValueError(f"candidate centres of shape {centres.shape} and sizes {sizes.shape} do not fit d={X.shape[1]}")
     start = time.perf_counter()
-    scores = log_likelihoods(X, np.split(centres, np.cumsum(sizes)[:-1]))
-    return {"log-likelihoods": scores}, {"n-points": X.shape[0], "fit-seconds": time.perf_counter() - start}
+    scores, entropies = log_likelihoods(X, np.split(centres, np.cumsum(sizes)[:-1]))
+    return ({"log-likelihoods": scores, "entropies": entropies},
+            {"n-points": X.shape[0], "fit-seconds": time.perf_counter() - start})
 
 
 def evaluate(X_test: np.ndarray, y_test: np.ndarray | None, centroids: np.ndarray, global_ids: Any, n_points: int) -> Reply:

@@ -44,9 +44,9 @@ class FedGEM(BaseEstimator):
         ``upsilon_criterion``.
     upsilon_grid : sequence of float, default=(0.1, 0.5, 1.0, 5.0, 10.0, 50.0)
     upsilon_criterion : {"likelihood", "silhouette"}, default="likelihood"
-        "likelihood": the federated BIC over the grid's partitions and the merge path from the
-        finest (docs/ALGORITHMS.md section 2.6); "silhouette": the paper's tuning by the sites'
-        local silhouettes (appendix D.3).
+        "likelihood": the federated ICL (a penalised likelihood) over the grid's partitions and
+        the merge path from the finest (docs/ALGORITHMS.md section 2.6); "silhouette": the
+        paper's tuning by the sites' local silhouettes (appendix D.3).
     guard_factor : float, default=1.5
         The tuning prefers upsilon values whose K_hat is at most ``guard_factor * sqrt(sum K_g)``.
     n_init : int, default=3

@@ -26,7 +26,7 @@ from fedica.evaluation.metrics import (
 )
 from fedica.fedgem.local import uncertainty_radius
 from fedica.fedgem.merging import FinalAggregation
-from fedica.fedgem.selection import Candidate, bic, merge_path
+from fedica.fedgem.selection import Candidate, bic, icl, merge_path
 from fedica.fedgem.trust import (
     ClientModel,
     Components,
@@ -292,28 +292,32 @@ class FedGEMServer:
         return {p: {"centres": centres, "sizes": sizes} for p in self.final.slices()}
 
     def _choose_by_likelihood(self, candidates: list[Candidate], replies: list[Reply]) -> None:
-        """The candidate with the smallest federated BIC (ties: fewer clusters, then the earlier candidate)."""
+        """The candidate with the smallest federated ICL (ties: fewer clusters, then the earlier candidate)."""
         start = time.perf_counter()
-        totals, n_points = np.zeros(len(candidates)), 0
+        totals, entropies, n_points, counted = np.zeros(len(candidates)), np.zeros(len(candidates)), 0, 0
         for reply in replies:
             try:
                 scores = require_array(reply.arrays, "log-likelihoods", (len(candidates),))
+                entropy = require_array(reply.arrays, "entropies", (len(candidates),), nonnegative=True)
             except InvalidReply as err:
                 self.reject(reply.partition_id, "likelihood", f"invalid reply: {err}")
                 continue
             self.client_seconds += _fit_seconds(reply)
             totals += scores
+            entropies += entropy
             n_points += self.models[reply.partition_id].n_points
-        self.require(n_points and len(replies), "FedGEM model selection")
+            counted += 1
+        self.require(counted, "FedGEM model selection")
         k_hats = np.array([c.aggregation.k_hat for c in candidates])
-        scores = bic(totals, k_hats, self.dim, max(n_points, 1))
+        bics = bic(totals, k_hats, self.dim, n_points)
+        scores = icl(totals, entropies, k_hats, self.dim, n_points)
         best = np.flatnonzero(scores <= scores.min() + 1e-9 * abs(scores.min()))
         chosen = int(best[np.argmin(k_hats[best])])
-        log.info("model selection: K_hat %s, BIC %s -> K_hat %d", k_hats.tolist(), np.round(scores, 1).tolist(),
+        log.info("model selection: K_hat %s, ICL %s -> K_hat %d", k_hats.tolist(), np.round(scores, 1).tolist(),
                  k_hats[chosen])
         self.tuning = {"criterion": "likelihood", "grid": [c.upsilon for c in candidates],
-                       "merges": [c.merges for c in candidates], "k_hats": k_hats, "bic": scores,
-                       "log_likelihood": totals}
+                       "merges": [c.merges for c in candidates], "k_hats": k_hats, "icl": scores, "bic": bics,
+                       "log_likelihood": totals, "entropy": entropies}
         self.upsilon = candidates[chosen].upsilon
         self.merges = candidates[chosen].merges
         self.aggregation = candidates[chosen].aggregation

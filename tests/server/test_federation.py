@@ -231,3 +231,21 @@ def test_fedgem_on_users_files_goes_on_without_unusable_ones(tmp_path):
     assert "site6.csv: no such file" in reasons[6]
     assert result["metrics"]["fedgem"]["global_ari"] > 0.9
     assert set(result["metrics"]) == {"fedgem"}
+
+
+def test_files_without_labels_let_each_client_choose_its_k(tmp_path):
+    """n_components: auto: unlabeled sites choose K_g themselves (BIC); the result records each choice."""
+    from fedica.data.blobs import blobs_client_data
+
+    paths, truth = [], {}
+    for partition in range(4):
+        data = blobs_client_data(partition, n_clients=4, n_clusters=5, dim=3, r_min=10.0, n_train=2000, n_test=800, seed=2)
+        path = tmp_path / f"site{partition}.npy"
+        np.save(path, np.vstack([data.X_train, data.X_test]))
+        paths.append(str(path))
+        truth[str(partition)] = data.n_components
+    cfg = compose_config(["engine=inprocess", "algorithm=fedgem", "scenario=files", f"scenario.paths=[{','.join(paths)}]",
+                          "scenario.n_components=auto", "algorithm.rounds=5"])
+    result = run_inprocess(cfg)
+    assert result["fedgem"]["local_clusters"] == truth
+    assert result["metrics"]["fedgem"]["k_hat"] == 5

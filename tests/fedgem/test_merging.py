@@ -1,4 +1,4 @@
-"""Properties of the server-side FedGEM mathematics (fedica.merging)."""
+"""Properties of the server-side FedGEM mathematics (fedica.fedgem: overlaps, super-clusters, consensus, merging, tuning)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Properties of fedica.ica (RF-ICA: simulation, client FastICA, server aggregation, error)."""
+"""Properties of RF-ICA: the paper's simulation (fedica.data.ica_paper), client FastICA (fedica.rfica.local), server aggregation (fedica.rfica.aggregation), the error (fedica.evaluation.ica)."""
 
 import itertools
 import warnings

@@ -1,4 +1,4 @@
-"""Properties of the FedGEM clustering scenarios (fedica.scenarios)."""
+"""Properties of the FedGEM clustering scenarios (fedica.data)."""
 
 import dataclasses
 

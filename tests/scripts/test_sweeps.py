@@ -51,7 +51,7 @@ def _sweep(sweep_dir, *extra):
         "scenario.r=3", *extra,
     ]
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=Path(__file__).parent.parent)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=Path(__file__).resolve().parents[2])
 
 
 def test_a_sweep_started_again_skips_complete_runs_and_plots(tmp_path):

@@ -1,4 +1,4 @@
-"""Properties of the client-side FedGEM mathematics (fedica.gem)."""
+"""Properties of the client-side FedGEM mathematics (fedica.fedgem.local)."""
 
 import warnings
 

@@ -47,7 +47,7 @@ from flwr.common.config import parse_config_args
 from fedica.protocol import CATEGORY, TRAIN
 from fedica.results import to_jsonable
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RFICA = ["scenario.n_clients=3", "scenario.n_normal=2000", "scenario.n_corrupt=200", "scenario.r=3"]
 FEDGEM = [
     "algorithm=fedgem", "scenario.n_clients=3", "scenario.n_clusters=4", "scenario.r_min=8",

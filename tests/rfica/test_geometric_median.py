@@ -1,4 +1,4 @@
-"""Properties of fedica.geometric_median.geometric_median."""
+"""Properties of fedica.rfica.geometric_median.geometric_median."""
 
 import warnings
 

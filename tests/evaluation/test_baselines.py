@@ -1,4 +1,4 @@
-"""Properties of the clustering metrics (fedica.metrics) and the FedGEM comparators (fedica.baselines)."""
+"""Properties of the clustering metrics (fedica.evaluation.metrics) and the FedGEM comparators (fedica.evaluation.baselines)."""
 
 import warnings
 
