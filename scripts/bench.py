@@ -1,7 +1,9 @@
 """``fedica-bench``: the performance benchmarks (never a timed assertion in the tests).
 
 Each benchmark reports the median of several repetitions and the machine it ran on,
-and everything lands in one JSON file (default ``benchmarks/results.json``):
+and everything lands in one JSON file (default a fresh ``outputs/bench/run-<YYYYmmdd-HHMMSS>.json``
+under the current folder; an existing ``--out`` is refused unless ``--force``); a table of the
+headline numbers is printed at the end:
 
 1. ``fedgem_inprocess``: FedGEM on the in-process engine, MNIST-sized synthetic workload
    (blobs, G=100 clients, 49,000 training points, d=10, K=10, T=10, R_min=4, upsilon=50,
@@ -18,6 +20,7 @@ and everything lands in one JSON file (default ``benchmarks/results.json``):
 
     fedica-bench                       # all of them
     fedica-bench --only server_step --repeats 5
+    fedica-bench --out benchmarks/results.json --force   # replace the committed results
 """
 
 from __future__ import annotations
@@ -295,15 +298,139 @@ def plot_server_scaling(report: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
+BENCHMARKS = ("fedgem_inprocess", "fedgem_simulation", "server_step", "rfica")
+
+DESCRIPTION = """\
+fedica's performance benchmarks. Each number is the median of --repeats runs; the numbers,
+the machine and the package versions go to one JSON file, and a table of the headline
+numbers is printed at the end.
+
+benchmarks (--only):
+  fedgem_inprocess   FedGEM, in-process engine, MNIST-sized blobs (G=100, 49,000 points,
+                     d=10, K=10, T=10), against scikit-learn's GaussianMixture on the
+                     pooled data; also with upsilon: auto (likelihood and silhouette)
+  fedgem_simulation  the same FedGEM run through Flower's simulation engine (Ray)
+  server_step        FedGEM's server step alone at 1k to 100k components (d=10)
+  rfica              one client's FastICA, the RF-ICA server aggregation at K=100 and
+                     K=1000, and the whole RF-ICA simulation at K=100
+
+The full set takes several minutes."""
+
+EPILOG = """\
+examples:
+  fedica-bench                                      # all of them, into outputs/bench/run-<time>.json
+  fedica-bench --only server_step --repeats 5
+  fedica-bench --only rfica --repeats 1 --out rfica.json
+  fedica-bench --repeats 5 --out benchmarks/results.json --force   # replace the committed results"""
+
+
+def default_out(now: time.struct_time | None = None, folder: Path = Path("outputs") / "bench") -> Path:
+    """A file name that does not exist yet: ``outputs/bench/run-<YYYYmmdd-HHMMSS>.json`` (then ``-2``, ``-3``...)."""
+    stem = "run-" + time.strftime("%Y%m%d-%H%M%S", now or time.localtime())
+    path, n = folder / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{stem}-{n}.json"
+    return path
+
+
+def output_path(out: str | None, force: bool) -> Path:
+    """Where the results go; ``FileExistsError`` if ``out`` exists and ``force`` is not set."""
+    if out is None:
+        return default_out()
+    path = Path(out)
+    if path.exists() and not force:
+        raise FileExistsError(f"{path} exists; pass --force to overwrite it, or choose another --out")
+    return path
+
+
+def headline(report: dict[str, Any]) -> list[tuple[str, float, str]]:
+    """The headline numbers of a report: (quantity, value, unit), in the order they were measured."""
+    rows: list[tuple[str, float, str]] = []
+
+    def add(name: str, value: Any, unit: str) -> None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            rows.append((name, float(value), unit))
+
+    if "fedgem_inprocess" in report:
+        r = report["fedgem_inprocess"]
+        add("fedgem_inprocess: run wall time", r.get("run_wall", {}).get("median_s"), "s")
+        add("fedgem_inprocess: FedGEM fit", r.get("fedgem_fit_median_s"), "s")
+        add("fedgem_inprocess: FedGEM server", r.get("fedgem_server_s"), "s")
+        add("fedgem_inprocess: FedGEM clients (sum)", r.get("fedgem_clients_sum_s"), "s")
+        add("fedgem_inprocess: central GMM fit", r.get("central_gmm", {}).get("median_s"), "s")
+        add("fedgem_inprocess: FedGEM / GMM", r.get("ratio_fedgem_to_gmm"), "x")
+        for key, label in (("upsilon_auto", "upsilon auto (likelihood)"), ("upsilon_auto_silhouette", "upsilon auto (silhouette)")):
+            if key in r:
+                add(f"fedgem_inprocess: {label} fit", r[key].get("fedgem_fit_median_s"), "s")
+                add(f"fedgem_inprocess: {label} / GMM", r[key].get("ratio_fedgem_to_gmm"), "x")
+    if "fedgem_simulation" in report:
+        r = report["fedgem_simulation"]
+        add("fedgem_simulation: run wall time", r.get("run_wall", {}).get("median_s"), "s")
+        add("fedgem_simulation: overhead over in-process", r.get("overhead_ratio_to_inprocess"), "x")
+    if "server_step" in report:
+        r = report["server_step"]
+        for row in r.get("rows", []):
+            where = f"server_step: {row['workload']}, {row['components']} components"
+            add(f"{where}, time", row["server_step"]["median_s"], "s")
+            add(f"{where}, peak memory", row.get("server_step_peak_mib"), "MiB")
+            if isinstance(row.get("all_pairs_candidates"), dict):
+                add(f"{where}, all-pairs search", row["all_pairs_candidates"]["median_s"], "s")
+        for workload, growth in r.get("growth", {}).items():
+            add(f"server_step: {workload}, growth exponent (m log m: {growth['m_log_m_exponent']:.2f})",
+                growth["server_step_exponent"], "")
+    if "rfica" in report:
+        labels = {
+            "local_fastica_n5000_r10": "rfica: one client's FastICA (n=5000, r=10)",
+            "server_aggregation_K100_r10": "rfica: server aggregation (K=100, r=10)",
+            "server_aggregation_K1000_r10": "rfica: server aggregation (K=1000, r=10)",
+            "simulation_K100_r10": "rfica: whole simulation (K=100, r=10)",
+        }
+        for key, label in labels.items():
+            if key in report["rfica"]:
+                add(label, report["rfica"][key].get("median_s"), "s")
+    return rows
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The headline numbers, one line per quantity: name, value, unit (medians of the repetitions)."""
+    rows = headline(report)
+    if not rows:
+        return "(no numbers)"
+    width = max(len(name) for name, _, _ in rows)
+    lines = [f"{'quantity':<{width}}  {'value':>10}  unit", "-" * (width + 18)]
+    for name, value, unit in rows:
+        shown = f"{value:.3f}" if abs(value) < 1e5 else f"{value:.3g}"
+        lines.append(f"{name:<{width}}  {shown:>10}  {unit}".rstrip())
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedica-bench", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", metavar="FILE",
+                        help="JSON file for the results (default: a new outputs/bench/run-<YYYYmmdd-HHMMSS>.json "
+                        "under the current folder); an existing file is refused unless --force")
+    parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    parser.add_argument("--repeats", type=int, default=3, metavar="N",
+                        help="repetitions per measurement, the median is reported (default: 3)")
+    parser.add_argument("--only", action="append", choices=BENCHMARKS, metavar="NAME",
+                        help="run only this benchmark (repeatable): " + ", ".join(BENCHMARKS) + " (default: all)")
+    parser.add_argument("--figure", metavar="PNG",
+                        help="also draw the server step's scaling to this PNG (needs the server_step benchmark)")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="fedica-bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="benchmarks/results.json")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", action="append", choices=["fedgem_inprocess", "fedgem_simulation", "server_step", "rfica"])
-    parser.add_argument("--figure", help="PNG of the server step's scaling (with the server_step benchmark)")
+    parser = build_parser()
     args = parser.parse_args(argv)
-    chosen = args.only or ["fedgem_inprocess", "fedgem_simulation", "server_step", "rfica"]
-    path = Path(args.out)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    try:
+        path = output_path(args.out, args.force)
+    except FileExistsError as err:
+        parser.error(str(err))
+    chosen = args.only or list(BENCHMARKS)
     report: dict[str, Any] = {"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     inprocess_wall = None
     for name in chosen:
@@ -320,6 +447,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         write_json_atomic(path, report)
     report["machine"]["load_average_end"] = os.getloadavg()
     write_json_atomic(path, report)
+    print()
+    print(format_table(report))
     print(f"-> {path}")
     if args.figure and "server_step" in report:
         plot_server_scaling(report, Path(args.figure))

@@ -6,6 +6,8 @@ Examples
     fedica-run algorithm=fedgem scenario=blobs scenario.r_min=4 seed=3
     fedica-run engine=inprocess ...
     fedica-run -m +experiment=rfica_fig1_k                # a sweep
+
+``fedica-run --help`` prints the help set in conf/config.yaml (``hydra.help``); ``--hydra-help`` Hydra's own.
 """
 
 from __future__ import annotations

@@ -1,6 +1,16 @@
 """The benchmark helpers compute what they claim (no timing is asserted: benchmarks never gate CI)."""
 
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import numpy as np
+import pytest
 from fedica.scripts import bench
 
 from fedica.fedgem.overlaps import candidate_pairs
@@ -43,3 +53,101 @@ def test_growth_exponent_of_a_power_law():
     growth = bench._growth(rows)["w"]
     assert abs(growth["server_step_exponent"] - 1.5) < 1e-9
     assert 1.0 < growth["m_log_m_exponent"] < 1.15
+
+
+# The command line: readable help, a fresh default output, no silent overwrite, a table at the end.
+
+SYNTHETIC = {
+    "machine": {"cpus": 4},
+    "fedgem_inprocess": {
+        "run_wall": {"median_s": 1.25}, "fedgem_fit_median_s": 0.25, "fedgem_server_s": 0.125,
+        "fedgem_clients_sum_s": 0.1, "central_gmm": {"median_s": 0.5}, "ratio_fedgem_to_gmm": 0.5,
+        "upsilon_auto": {"fedgem_fit_median_s": 0.75, "ratio_fedgem_to_gmm": 1.5},
+    },
+    "fedgem_simulation": {"run_wall": {"median_s": 15.0}, "overhead_ratio_to_inprocess": None},
+    "server_step": {
+        "rows": [{"workload": "fixed_K", "components": 1000, "server_step": {"median_s": 0.005},
+                  "server_step_peak_mib": 1.5, "all_pairs_candidates": {"median_s": 0.18}}],
+        "growth": {"fixed_K": {"server_step_exponent": 1.2, "m_log_m_exponent": 1.11}},
+    },
+    "rfica": {"local_fastica_n5000_r10": {"median_s": 0.028}, "simulation_K100_r10": {"median_s": 9.146}},
+}
+
+
+def _bench_command():
+    script = shutil.which("fedica-bench", path=os.path.dirname(sys.executable))
+    return [script] if script else [sys.executable, "-m", "fedica.scripts.bench"]
+
+
+def test_help_is_plain_text_and_explains_every_option():
+    done = subprocess.run([*_bench_command(), "--help"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "``" not in text and ":func:" not in text  # no reStructuredText
+    for option in ("--out", "--force", "--repeats", "--only", "--figure"):
+        assert option in text
+    for benchmark in bench.BENCHMARKS:
+        assert benchmark in text
+    # Every option has a help text: no option line stands alone.
+    options = text.split("options:", 1)[1].split("examples:", 1)[0]
+    for line in options.strip().splitlines():
+        if line.lstrip().startswith("-"):
+            assert len(line.split("  ")) > 1 and line.split("  ")[-1].strip(), line
+    assert "outputs/bench/run-" in text
+
+
+def test_default_output_is_a_new_file_that_never_overwrites(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    now = time.strptime("2026-01-02 03:04:05", "%Y-%m-%d %H:%M:%S")
+    first = bench.default_out(now)
+    assert first == Path("outputs", "bench", "run-20260102-030405.json") and not first.exists()
+    first.parent.mkdir(parents=True)
+    first.write_text("{}")
+    second = bench.default_out(now)
+    assert second != first and not second.exists() and second.name == "run-20260102-030405-2.json"
+    assert re.fullmatch(r"run-\d{8}-\d{6}\.json", bench.output_path(None, force=False).name)
+
+
+def _fake_rfica(repeats):
+    return {"local_fastica_n5000_r10": {"median_s": 0.5, "repeats": repeats}}
+
+
+def test_an_existing_out_is_refused_without_force(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "bench_rfica", _fake_rfica)
+    existing = tmp_path / "results.json"
+    existing.write_text('{"committed": true}')
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--only", "rfica", "--repeats", "1", "--out", str(existing)])
+    assert exit_info.value.code == 2
+    assert "exists; pass --force" in capsys.readouterr().err
+    assert json.loads(existing.read_text()) == {"committed": True}
+
+    bench.main(["--only", "rfica", "--repeats", "1", "--out", str(existing), "--force"])
+    assert json.loads(existing.read_text())["rfica"]["local_fastica_n5000_r10"]["median_s"] == 0.5
+
+
+def test_a_default_run_writes_a_fresh_file_and_prints_the_table(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "bench_rfica", _fake_rfica)
+    monkeypatch.chdir(tmp_path)
+    bench.main(["--only", "rfica", "--repeats", "1"])
+    written = list((tmp_path / "outputs" / "bench").glob("run-*.json"))
+    assert len(written) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"rfica: one client's FastICA \(n=5000, r=10\) +0\.500  s\n", out)
+    assert f"-> {written[0].relative_to(tmp_path)}" in out
+
+
+def test_table_has_one_line_per_quantity_with_value_and_unit():
+    table = bench.format_table(SYNTHETIC)
+    lines = table.splitlines()
+    assert lines[0].split() == ["quantity", "value", "unit"]
+    body = {line.rsplit("  ", 2)[0].strip(): line for line in lines[2:]}
+    assert len(lines) - 2 == len(bench.headline(SYNTHETIC)) == 15
+    assert re.search(r"fedgem_inprocess: FedGEM / GMM +0\.500  x$", table, re.MULTILINE)
+    assert re.search(r"fedgem_inprocess: central GMM fit +0\.500  s$", table, re.MULTILINE)
+    assert re.search(r"server_step: fixed_K, 1000 components, peak memory +1\.500  MiB$", table, re.MULTILINE)
+    assert re.search(r"rfica: whole simulation \(K=100, r=10\) +9\.146  s$", table, re.MULTILINE)
+    # A quantity that was not measured (no in-process run to compare with) is left out, not printed as None.
+    assert "None" not in table and "overhead" not in table
+    assert len(body) == len(lines) - 2
+    assert bench.format_table({"machine": {}}) == "(no numbers)"

@@ -2,15 +2,19 @@
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from fedica.scripts import plot
 from fedica.scripts.progress import sweep_size
 from fedica.server.app import CONF_DIR
 from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
 
 from fedica.results import is_complete_result, write_json_atomic
 
@@ -75,3 +79,54 @@ def test_a_sweep_started_again_skips_complete_runs_and_plots(tmp_path):
     table = (tmp_path / "table.md").read_text()
     assert "| scenario.n_clients | rf-ica | f-ica | simple-mean | simple-median |" in table
     assert table.count("\n| 4 |") == 1
+
+
+EXPERIMENT_FILES = sorted((CONF_DIR / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXPERIMENT_FILES, ids=lambda p: p.stem)
+def test_experiment_header_shows_small_and_full_commands_and_the_plot_call(path):
+    name = path.stem
+    header = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    sweep_dir = yaml.safe_load(path.read_text())["hydra"]["sweep"]["dir"]
+    text = "\n".join(header)
+    assert re.search(rf"^#\s+full:\s+fedica-run -m \+experiment={name}$", text, re.MULTILINE), text
+    assert re.search(rf"^#\s+(figure|table):\s+fedica-plot {re.escape(sweep_dir)}$", text, re.MULTILINE), text
+    assert sweep_dir.startswith("multirun/")
+    small = re.search(rf"^#\s+small:\s+fedica-run -m \+experiment={name} (.+)$", text, re.MULTILINE)
+    assert small, text
+    # The small command's values replace the sweeper's: it really is a smaller sweep.
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=[f"+experiment={name}"], return_hydra_config=True)
+    full = sweep_size(cfg)
+    with open_dict(cfg):
+        cfg.hydra.overrides.task = list(cfg.hydra.overrides.task) + shlex.split(small.group(1))
+    assert 1 <= sweep_size(cfg) < full
+
+
+def _fedica_run(*args):
+    script = Path(sys.executable).with_name("fedica-run")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "fedica"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120, check=False,
+                          cwd=Path(__file__).resolve().parents[2])
+
+
+def test_fedica_run_help_says_what_fedica_is_and_how_to_run_it():
+    done = _fedica_run("--help")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "powered by Hydra" not in text and "Powered by Hydra" not in text
+    assert "fedica" in text and "RF-ICA" in text and "FedGEM" in text
+    for group in ("algorithm", "scenario", "engine", "attack", "experiment"):
+        assert re.search(rf"^{group}: ", text, re.MULTILINE), group
+    assert re.search(r"^algorithm: fedgem, rfica$", text, re.MULTILINE)
+    for command in ("fedica-run ", "fedica-run algorithm=fedgem scenario=blobs", "fedica-run -m +experiment=fedgem_sensitivity"):
+        assert re.search(rf"^\s+{re.escape(command)}\s+#", text, re.MULTILINE), command
+    # Hydra's own help is still there.
+    hydra_help = _fedica_run("--hydra-help")
+    assert hydra_help.returncode == 0, hydra_help.stderr
+    assert "--hydra-help" in hydra_help.stdout and "--multirun" in hydra_help.stdout
