@@ -81,8 +81,9 @@ class ProtocolStrategy(Strategy):
         return self.stage_metrics(request) if request is not None else None
 
     def summary(self) -> None:
-        log.info("%s: %s", type(self).__name__, {k: v for k, v in vars(self).items() if not k.startswith("_")
-                                                  and isinstance(v, (int, float, str, tuple, type(None)))})
+        settings = {k: v for k, v in vars(self).items()
+                    if not k.startswith("_") and isinstance(v, (int, float, str, tuple))}
+        log.info("%s: %s", type(self).__name__, settings)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
               timeout: float = 600.0, train_config: ConfigRecord | None = None,

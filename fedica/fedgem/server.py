@@ -62,6 +62,10 @@ Protocol = Generator[Request, list[Reply], None]
 # How ``upsilon: auto`` chooses the final partition: the federated BIC (default) or the paper's silhouette tuning.
 UPSILON_CRITERIA = ("likelihood", "silhouette")
 
+# A client's test points may outnumber its training points (a large test split), but not by this
+# factor: more is a forged contingency table, which would outweigh every other client's.
+MAX_TEST_PER_TRAINING_POINT = 100
+
 
 @dataclass
 class FedGEMSettings:
@@ -339,11 +343,8 @@ class FedGEMServer:
         has_labels = True
         for reply in replies:
             try:
-                counts = require_array(reply.arrays, "counts", (None,), nonnegative=True)
-                true_values = require_array(reply.arrays, "true-values", counts.shape)
-                pred_values = require_array(reply.arrays, "pred-values", counts.shape)
-                local = float(reply.values["local-ari"])
-            except (InvalidReply, KeyError, TypeError, ValueError) as err:
+                true_values, pred_values, counts, local = self._evaluation_reply(reply)
+            except InvalidReply as err:
                 self.reject(reply.partition_id, "evaluate", f"invalid reply: {err}")
                 continue
             has_labels = has_labels and bool(reply.values.get("has-labels", True))
@@ -361,6 +362,31 @@ class FedGEMServer:
             self.evaluation["global_ari"] = ari_from_contingency(true_all, pred_all, count_all)
 
     # ------------------------------------------------------------------ replies
+
+    def _evaluation_reply(self, reply: Reply) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """A client's contingency counts and local ARI, checked against what the server knows of it.
+
+        The counts must be whole numbers, at most :data:`MAX_TEST_PER_TRAINING_POINT` times the
+        client's declared training size in total, the predicted ids
+        must be the global clusters the server sent this client, and the ARI must lie in [-1, 1].
+        """
+        counts = require_array(reply.arrays, "counts", (None,), nonnegative=True)
+        true_values = require_array(reply.arrays, "true-values", counts.shape)
+        pred_values = require_array(reply.arrays, "pred-values", counts.shape)
+        for name, array in (("counts", counts), ("true-values", true_values), ("pred-values", pred_values)):
+            if np.any(array != np.round(array)) or np.any(np.abs(array) > np.iinfo(np.int64).max / 2):
+                raise InvalidReply(f"{name!r} must hold integers")
+        model = self.models[reply.partition_id]
+        if counts.sum() > MAX_TEST_PER_TRAINING_POINT * model.declared_points:
+            raise InvalidReply(f"'counts' add up to {int(counts.sum())} test points, more than "
+                               f"{MAX_TEST_PER_TRAINING_POINT} x the {model.declared_points} training points this client declared")
+        sent_ids = set(self.aggregation.labels[self.final.slices()[reply.partition_id]].tolist())
+        if not set(pred_values.astype(np.int64).tolist()) <= sent_ids:
+            raise InvalidReply("'pred-values' name global clusters this client was not sent")
+        local = reply.values.get("local-ari")
+        if isinstance(local, bool) or not isinstance(local, (int, float)) or not -1.0 <= local <= 1.0:
+            raise InvalidReply(f"'local-ari'={local!r} is not a number in [-1, 1]")
+        return true_values, pred_values, counts, float(local)
 
     def _round_radii(self, reply: Reply, model: ClientModel, maximisers: np.ndarray) -> np.ndarray:
         """A collaborative round's squared radii; recomputed on the server where the model allows."""

@@ -106,3 +106,41 @@ def test_random_malformed_replies_only_raise_invalid_reply(reply_arrays, reply_v
             check()
         except InvalidReply:
             pass
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    ({"values": {"local-ari": float("nan")}}, "'local-ari'=nan"),
+    ({"values": {"local-ari": 5e7}}, "'local-ari'=50000000.0"),
+    ({"drop": "local-ari"}, "'local-ari'=None"),
+    ({"pred-offset": 500}, "not sent"),
+    ({"count-scale": 10**6}, "more than 100 x"),
+])
+def test_forged_evaluation_replies_are_rejected(tamper, reason):
+    """A client that forges its evaluation (ARI out of range or missing, unknown cluster ids, impossible counts) is left out."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from fedica.clients.app import app as client_app
+    from fedica.protocol import CATEGORY, GEM_EVALUATE, TRAIN
+
+    def handler(msg, context):
+        reply = client_app(msg, context)
+        if msg.metadata.message_type != f"evaluate.{GEM_EVALUATE}" or int(context.node_config["partition-id"]) != 1:
+            return reply
+        arrays = {k: v.numpy() for k, v in reply.content["arrays"].items()}
+        values = dict(reply.content["values"].items())
+        values.update(tamper.get("values", {}))
+        values.pop(tamper.get("drop", ""), None)
+        arrays["pred-values"] = arrays["pred-values"] + tamper.get("pred-offset", 0)
+        arrays["counts"] = arrays["counts"] * tamper.get("count-scale", 1)
+        content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "values": ConfigRecord(values)})
+        return Message(content, reply_to=msg)
+
+    app = ClientApp()
+    for task, category in CATEGORY.items():
+        (app.train if category == TRAIN else app.evaluate)(task)(handler)
+    cfg = compose_config(["engine=inprocess", "algorithm=fedgem", "baselines=false", "algorithm.rounds=3", "seed=1"])
+    result = run_inprocess(cfg, client_app=app)
+    rejected = [r for r in result["clients"]["rejected"] if r["round"] == "evaluate"]
+    assert [r["client"] for r in rejected] == [1] and reason in rejected[0]["reason"], rejected
+    assert result["metrics"]["fedgem"]["k_hat"] <= 6 and -1 <= result["metrics"]["fedgem"]["global_ari"] <= 1
