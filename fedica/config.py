@@ -32,6 +32,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
+from pathlib import Path
 from typing import Any
 
 from fedica.attacks import GEM_ATTACKS, ICA_ATTACKS
@@ -293,7 +294,23 @@ def validate_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         _check_plot(cfg)
     if "workload" in cfg and not (isinstance(cfg["workload"], str) and cfg["workload"]):
         raise ConfigError(f"workload={cfg['workload']!r}: must be a non-empty label")
+    if scenario == "files" and engine != "deployment":
+        _check_local_files(cfg["scenario"]["paths"])
     return cfg
+
+
+def _check_local_files(paths: Sequence[str]) -> None:
+    """Every client's file exists here, so that a misspelt path stops the run before it starts.
+
+    Only for the engines that run every client on this machine: in a deployment each SuperNode
+    reads its own ``data-path``, which may live on another machine.
+    """
+    for index, path in enumerate(paths):
+        location = Path(path)
+        if location.is_dir():
+            raise ConfigError(f"scenario.paths[{index}]={path}: is a directory, not a data file")
+        if not location.is_file():
+            raise ConfigError(f"scenario.paths[{index}]={path}: no such file")
 
 
 def client_count(scenario: Mapping[str, Any]) -> int:

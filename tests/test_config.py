@@ -397,3 +397,23 @@ def test_option_lists_come_from_the_modules_that_implement_them():
     source = (REPO / "fedica" / "config.py").read_text()
     for literal in ('"logcosh"', '"best_objective"', '"cluster_imbalance"', '"scaled_junk"', '"random_centroids"', '"dp-gmm"'):
         assert literal not in source, f"fedica/config.py copies {literal} instead of importing it"
+
+
+def test_a_misspelt_or_directory_data_path_stops_the_run_before_it_starts(tmp_path):
+    good = tmp_path / "site0.csv"
+    good.write_text("f0,f1\n" + "\n".join(f"{i}.0,{i % 3}.0" for i in range(30)) + "\n")
+    missing = tmp_path / "site1.cvs"
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("fedica-run")), "algorithm=fedgem", "scenario=files", "engine=inprocess",
+         f"scenario.paths=[{good},{missing}]", "scenario.n_components=2", f"hydra.run.dir={tmp_path / 'out'}"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"fedica-run: configuration error: scenario.paths[1]={missing}: no such file"]
+    assert not (tmp_path / "out" / "result.json").exists()
+    cfg = compose_config(["algorithm=fedgem", "scenario=files", "engine=inprocess", f"scenario.paths=[{good},{tmp_path}]",
+                          "scenario.n_components=2"])
+    with pytest.raises(ConfigError, match=r"scenario.paths\[1\]=.*: is a directory"):
+        validate_config(cfg)
+    # In a deployment each SuperNode reads its own data-path, which need not exist on the launcher's machine.
+    validate_config(compose_config(["algorithm=fedgem", "scenario=files", "engine=deployment",
+                                    f"scenario.paths=[{good},{missing}]", "scenario.n_components=2"]))
