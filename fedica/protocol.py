@@ -56,7 +56,6 @@ class Reply:
     partition_id: int
     arrays: dict[str, np.ndarray]
     values: dict[str, Any]
-    node_id: int | None = None
 
 
 @dataclass
@@ -80,6 +79,21 @@ class NotEnoughClients(RuntimeError):
     """
 
     partial: dict[str, Any] | None = None
+
+
+def reported_seconds(reply: Reply) -> float:
+    """The client's own timing of its work (``fit-seconds``), or 0 when it sent none or nonsense; for the books only."""
+    seconds = reply.values.get("fit-seconds", 0.0)
+    return float(seconds) if isinstance(seconds, (int, float)) and np.isfinite(seconds) and seconds >= 0 else 0.0
+
+
+def majority_width(replies: list[Reply], key: str) -> int | None:
+    """The last dimension of the 2-D array ``key`` that most replies report (d, or r), so that one client cannot set it."""
+    widths = [r.arrays[key].shape[-1] for r in replies if isinstance(r.arrays.get(key), np.ndarray) and r.arrays[key].ndim == 2]
+    if not widths:
+        return None
+    values, counts = np.unique(widths, return_counts=True)
+    return int(values[np.argmax(counts)])
 
 
 def require_replies(count: int, min_clients: int, what: str, rejected: list[dict[str, Any]]) -> None:

@@ -81,6 +81,26 @@ def check_test_fraction(test_fraction) -> float:
     return float(test_fraction)
 
 
+def check_sites(sites, *, min_sites: int, min_rows) -> list[np.ndarray]:
+    """A federation given as arrays: a sequence of 2-D float arrays, one per site, with one width.
+
+    ``min_rows(n_features)`` is the fewest rows a site needs.
+    """
+    if isinstance(sites, np.ndarray) or len(sites) < min_sites:
+        raise ValueError(f"sites must be a sequence of at least {min_sites} arrays (one per site), "
+                         "each (n_samples, n_features)")
+    data = [np.asarray(X, dtype=np.float64) for X in sites]
+    for g, X in enumerate(data):
+        if X.ndim != 2 or X.shape[0] < min_rows(X.shape[-1]):
+            raise ValueError(f"site {g} must be a 2-D array (n_samples, n_features) with at least "
+                             f"{min_rows(X.shape[-1])} rows, got shape {X.shape}")
+        if X.shape[1] != data[0].shape[1]:
+            raise ValueError(f"site {g} has {X.shape[1]} features, site 0 has {data[0].shape[1]}")
+        if not np.all(np.isfinite(X)):
+            raise ValueError(f"site {g} holds NaN or infinite values")
+    return data
+
+
 def check_seed(seed) -> int:
     """A run seed: a non-negative integer (numpy's SeedSequence takes no negative entropy)."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:

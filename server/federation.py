@@ -25,7 +25,6 @@ from fedica.protocol import (
     Request,
     message_type,
     require_int,
-    require_replies,
 )
 
 log = logging.getLogger("fedica.server")
@@ -144,10 +143,6 @@ class Federation:
         log.warning("client %s, round %s: reply rejected: %s", client, round_label, reason)
         self.rejected.append({"client": client, "round": round_label, "reason": reason})
 
-    def require(self, count: int, what: str) -> None:
-        """Raise :class:`NotEnoughClients` when fewer than ``min_clients`` replies are valid."""
-        require_replies(count, self.min_clients, what, self.rejected)
-
     def clients_record(self, answered: int) -> dict[str, Any]:
         """The ``clients`` entry of the result."""
         return {"expected": self.expected, "answered": answered, "rejected": self.rejected}
@@ -175,4 +170,4 @@ class Federation:
         if ERROR_KEY in values:
             self.reject_node(node, round_label, f"client error: {values[ERROR_KEY]}")
             return None
-        return Reply(partition, arrays, values, node_id=node)
+        return Reply(partition, arrays, values)

@@ -287,7 +287,7 @@ def test_engine_mistakes_are_one_line(overrides, message):
 
 def test_good_deployment_options_pass():
     validate_config(compose_config(["engine=deployment", "engine.tls=true", "engine.node_auth=true",
-                                    "engine.run_timeout=60", "engine.out_dir=/tmp/x", "engine.host=0.0.0.0"]))
+                                    "engine.run_timeout=60", "engine.out_dir=outputs/deploy-check", "engine.host=0.0.0.0"]))
     validate_config(compose_config(["engine.client_num_cpus=0.5"]))
 
 

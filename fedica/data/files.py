@@ -80,26 +80,23 @@ def load_client_file(path, *, label_column: int | str | None = None, n_component
     else:
         X, y = _read_csv_file(path, label_column, delimiter)
 
-    if n_components == AUTO_COMPONENTS:
-        n_components = None if X.shape[0] < 4 else _chosen_components(X, test_fraction, seed)
+    choose = n_components == AUTO_COMPONENTS and X.shape[0] >= 4
+    if n_components == AUTO_COMPONENTS and not choose:
+        n_components = None
     if n_components is None:
         if y is None:
             raise DataFileError(f"{path}: n_components is not given and the file has no labels to count it from")
         n_components = int(np.unique(y).size)
-    if n_components < 2:
+    if not choose and n_components < 2:
         raise DataFileError(f"{path}: needs at least 2 components (clusters), got n_components={n_components}")
-    if X.shape[0] < n_components:
+    if not choose and X.shape[0] < n_components:
         raise DataFileError(f"{path}: has {X.shape[0]} points, fewer than n_components={n_components}")
 
-    indices = np.arange(X.shape[0])
-    stratify = None
-    if y is not None:
-        _, label_counts = np.unique(y, return_counts=True)
-        n_test = math.ceil(test_fraction * X.shape[0])
-        if label_counts.min() >= 2 and min(n_test, X.shape[0] - n_test) >= label_counts.size:
-            stratify = y
-    train, test = train_test_split(indices, test_size=test_fraction, stratify=stratify,
-                                   random_state=sklearn_seed(generator(seed, "files.split")))
+    train, test = _split(X.shape[0], y, test_fraction, seed)
+    if choose:
+        # The client chooses on the training points it will fit.
+        n_components = estimate_n_components(X[train], MAX_AUTO_COMPONENTS,
+                                             random_state=sklearn_seed(generator(seed, "files.components")))
     if train.size < n_components:
         raise DataFileError(
             f"{path}: after the test_fraction={test_fraction} split only {train.size} training points remain, "
@@ -109,11 +106,16 @@ def load_client_file(path, *, label_column: int | str | None = None, n_component
     return ClientData(X[train], y_train, X[test], y_test, int(n_components))
 
 
-def _chosen_components(X: np.ndarray, test_fraction: float, seed: int) -> int:
-    """The K_g a client with no labels chooses itself, on the training part of the split it will use."""
-    train, _ = train_test_split(np.arange(X.shape[0]), test_size=test_fraction,
-                                random_state=sklearn_seed(generator(seed, "files.split")))
-    return estimate_n_components(X[train], MAX_AUTO_COMPONENTS, random_state=sklearn_seed(generator(seed, "files.components")))
+def _split(n_points: int, y: np.ndarray | None, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test row indices: stratified by label where every label can go to both parts."""
+    stratify = None
+    if y is not None:
+        _, label_counts = np.unique(y, return_counts=True)
+        n_test = math.ceil(test_fraction * n_points)
+        if label_counts.min() >= 2 and min(n_test, n_points - n_test) >= label_counts.size:
+            stratify = y
+    return train_test_split(np.arange(n_points), test_size=test_fraction, stratify=stratify,
+                            random_state=sklearn_seed(generator(seed, "files.split")))
 
 
 def _cell_name(column: int, header: list[str] | None) -> str:

@@ -28,12 +28,11 @@ from fedica.evaluation.metrics import (
     k_hat_from_predictions,
     weighted_local_ari,
 )
+from fedica.seeding import sklearn_seed
 
 __all__ = ["BaselineResult", "central_gmm", "dp_gmm", "evaluate_clustering", "fed_kmeans", "k_fed"]
 
 BASELINE_METHODS = ("central-gmm", "dp-gmm", "k-fed", "fed-kmeans")  # the names baseline_methods selects
-_SKLEARN_SEED_MAX = np.iinfo(np.int32).max
-
 
 @dataclass(frozen=True)
 class BaselineResult:
@@ -53,9 +52,6 @@ class BaselineResult:
     k_hat: int
     fit_seconds: float
 
-
-def _seed(rng: np.random.Generator) -> int:
-    return int(rng.integers(_SKLEARN_SEED_MAX))
 
 
 def _check_clients(clients: Sequence[ClientData]) -> None:
@@ -99,7 +95,7 @@ def central_gmm(clients: Sequence[ClientData], n_clusters: int, *, n_init: int =
     _check_clients(clients)
     rng = np.random.default_rng(random_state)
     model = GaussianMixture(n_components=n_clusters, covariance_type="spherical", init_params="k-means++",
-                            n_init=n_init, max_iter=max_iter, random_state=_seed(rng))
+                            n_init=n_init, max_iter=max_iter, random_state=sklearn_seed(rng))
     X = _pooled_train(clients)
     start = time.perf_counter()
     model.fit(X)
@@ -135,7 +131,7 @@ def dp_gmm(clients: Sequence[ClientData], *, max_components: int | None = None, 
     X = _pooled_train(clients)
     model = BayesianGaussianMixture(n_components=min(n_components, len(X)), covariance_type=covariance_type,
                                     weight_concentration_prior_type="dirichlet_process", max_iter=max_iter,
-                                    random_state=_seed(rng))
+                                    random_state=sklearn_seed(rng))
     # The variational updates make many small (d x d) BLAS calls, where thread start-up dominates: one BLAS
     # thread measured 9x faster than two on generated Waveform (21-D, 3500 points).
     with threadpool_limits(limits=1, user_api="blas"):
@@ -146,7 +142,7 @@ def dp_gmm(clients: Sequence[ClientData], *, max_components: int | None = None, 
 
 
 def _local_kmeans(clients: Sequence[ClientData], n_init: int, rng: np.random.Generator) -> list[KMeans]:
-    return [KMeans(n_clusters=c.n_components, n_init=n_init, random_state=_seed(rng)).fit(c.X_train)
+    return [KMeans(n_clusters=c.n_components, n_init=n_init, random_state=sklearn_seed(rng)).fit(c.X_train)
             for c in clients]
 
 
@@ -157,7 +153,7 @@ def _server_kmeans(local: list[KMeans], n_clusters: int, n_init: int, rng: np.ra
         raise ValueError(f"n_clusters={n_clusters} exceeds the {len(centres)} local centres the server receives")
     weights = (np.concatenate([np.bincount(model.labels_, minlength=model.n_clusters) for model in local])
                if weighted else None)
-    return KMeans(n_clusters=n_clusters, n_init=n_init, random_state=_seed(rng)).fit(centres,
+    return KMeans(n_clusters=n_clusters, n_init=n_init, random_state=sklearn_seed(rng)).fit(centres,
                                                                                      sample_weight=weights)
 
 

@@ -21,7 +21,7 @@ from fedica.protocol import (
     Request,
 )
 from fedica.seeding import generator, sklearn_seed
-from fedica.validation import check_seed
+from fedica.validation import check_seed, check_sites
 
 
 class FedGEM(BaseEstimator):
@@ -126,7 +126,7 @@ class FedGEM(BaseEstimator):
         self : FedGEM
         """
         seed = check_seed(self.random_state)
-        data = _check_sites(sites)
+        data = check_sites(sites, min_sites=2, min_rows=lambda d: 2)
         self.n_local_clusters_ = self._local_cluster_counts(data, n_local_clusters, seed)
         settings = FedGEMSettings(
             rounds=self.rounds, local_steps=self.local_steps, upsilon=self.upsilon, upsilon_grid=tuple(self.upsilon_grid),
@@ -228,16 +228,3 @@ def _answer(request: Request, sites: list[_Site]) -> list[Reply]:
         replies.append(Reply(g, *answer))
     return replies
 
-
-def _check_sites(sites) -> list[np.ndarray]:
-    if isinstance(sites, np.ndarray) or len(sites) < 2:
-        raise ValueError("sites must be a sequence of at least 2 arrays (one per site), each (n_samples, n_features)")
-    data = [np.asarray(X, dtype=np.float64) for X in sites]
-    for g, X in enumerate(data):
-        if X.ndim != 2 or X.shape[0] < 2:
-            raise ValueError(f"site {g} must be a 2-D array (n_samples, n_features) with at least 2 rows, got shape {X.shape}")
-        if X.shape[1] != data[0].shape[1]:
-            raise ValueError(f"site {g} has {X.shape[1]} features, site 0 has {data[0].shape[1]}")
-        if not np.all(np.isfinite(X)):
-            raise ValueError(f"site {g} holds NaN or infinite values")
-    return data

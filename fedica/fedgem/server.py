@@ -47,6 +47,8 @@ from fedica.protocol import (
     InvalidReply,
     Reply,
     Request,
+    majority_width,
+    reported_seconds,
     require_array,
     require_int,
     require_replies,
@@ -178,7 +180,7 @@ class FedGEMServer:
     # ------------------------------------------------------------------ stages
 
     def _initialise(self, replies: list[Reply]) -> None:
-        self.dim = _majority_dimension(replies)
+        self.dim = majority_width(replies, "centroids")
         for reply in replies:
             try:
                 centroids = validate_gem_components(reply.arrays, "centroids", dim=self.dim, n_components=None)
@@ -187,8 +189,8 @@ class FedGEMServer:
             except InvalidReply as err:
                 self.reject(reply.partition_id, "init", f"invalid reply: {err}")
                 continue
-            self.models[reply.partition_id] = ClientModel(reply.node_id, n_points, weights, centroids, n_points)
-            self.client_seconds += _fit_seconds(reply)
+            self.models[reply.partition_id] = ClientModel(n_points, weights, centroids, n_points)
+            self.client_seconds += reported_seconds(reply)
         self.require(len(self.models), "FedGEM initialisation")
         cap_counts(self.models, self.settings.count_cap_factor)
 
@@ -251,7 +253,7 @@ class FedGEMServer:
             except InvalidReply as err:
                 self.reject(reply.partition_id, "silhouette", f"invalid reply: {err}")
                 continue
-            self.client_seconds += _fit_seconds(reply)
+            self.client_seconds += reported_seconds(reply)
             valid = np.isfinite(scores)
             n_points = self.models[reply.partition_id].n_points
             totals += np.where(valid, scores, 0.0) * n_points
@@ -306,7 +308,7 @@ class FedGEMServer:
             except InvalidReply as err:
                 self.reject(reply.partition_id, "likelihood", f"invalid reply: {err}")
                 continue
-            self.client_seconds += _fit_seconds(reply)
+            self.client_seconds += reported_seconds(reply)
             totals += scores
             entropies += entropy
             n_points += self.models[reply.partition_id].n_points
@@ -428,22 +430,8 @@ class FedGEMServer:
             eps.append(radii)
             owners.append(np.full(model.n_components, reply.partition_id))
             weights.append(model.n_points * model.weights)
-            self.client_seconds += _fit_seconds(reply)
+            self.client_seconds += reported_seconds(reply)
         if not partitions:
             return Components([], np.empty((0, self.dim or 0)), np.empty(0), np.empty(0, int), np.empty(0))
         return Components(partitions, np.vstack(centers), np.concatenate(eps), np.concatenate(owners), np.concatenate(weights))
 
-
-def _fit_seconds(reply: Reply) -> float:
-    seconds = reply.values.get("fit-seconds", 0.0)
-    return float(seconds) if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0 else 0.0
-
-
-def _majority_dimension(replies: list[Reply]) -> int | None:
-    """The data dimension most clients report, so that one client with another dimension cannot set it for all."""
-    dims = [r.arrays["centroids"].shape[1] for r in replies
-            if isinstance(r.arrays.get("centroids"), np.ndarray) and r.arrays["centroids"].ndim == 2]
-    if not dims:
-        return None
-    values, counts = np.unique(dims, return_counts=True)
-    return int(values[np.argmax(counts)])

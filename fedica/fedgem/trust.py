@@ -22,9 +22,8 @@ log = logging.getLogger("fedica.server")
 
 @dataclass
 class ClientModel:
-    """What the server knows of one client: its node, its declared sizes and the centroids it was sent last."""
+    """What the server knows of one client: its declared sizes and the centroids it was sent last."""
 
-    node_id: int | None
     n_points: int            # the count the server uses (declared, capped by count_cap_factor)
     weights: np.ndarray      # (K_g,) pi
     centroids: np.ndarray    # (K_g, d) the centroids the server sent (or the client reported at initialisation)

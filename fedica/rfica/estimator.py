@@ -15,7 +15,7 @@ from fedica.rfica.server import (
     receive_estimates,
     rfica_protocol,
 )
-from fedica.validation import check_seed
+from fedica.validation import check_seed, check_sites
 
 
 class RFICA(TransformerMixin, BaseEstimator):
@@ -81,7 +81,7 @@ class RFICA(TransformerMixin, BaseEstimator):
         -------
         self : RFICA
         """
-        data = _check_sites(sites)
+        data = check_sites(sites, min_sites=1, min_rows=lambda d: d + 1)
         state = self._state(data[0].shape[1])
         protocol = rfica_protocol(state)
         request = next(protocol)
@@ -140,15 +140,3 @@ class RFICA(TransformerMixin, BaseEstimator):
         self.rejected_ = state.rejected
         return self
 
-
-def _check_sites(sites) -> list[np.ndarray]:
-    if isinstance(sites, np.ndarray) or len(sites) < 1:
-        raise ValueError("sites must be a sequence of arrays (one per site), each (n_samples, n_features)")
-    data = [np.asarray(X, dtype=np.float64) for X in sites]
-    for g, X in enumerate(data):
-        if X.ndim != 2 or X.shape[0] <= X.shape[1]:
-            raise ValueError(f"site {g} must be a 2-D array (n_samples, n_features) with more samples than "
-                             f"features, got shape {X.shape}")
-        if X.shape[1] != data[0].shape[1]:
-            raise ValueError(f"site {g} has {X.shape[1]} channels, site 0 has {data[0].shape[1]}")
-    return data

@@ -19,6 +19,8 @@ from fedica.protocol import (
     InvalidReply,
     Reply,
     Request,
+    majority_width,
+    reported_seconds,
     require_replies,
     validate_ica_reply,
 )
@@ -73,7 +75,7 @@ def rfica_protocol(state: RFICAState):
 
 def receive_estimates(state: RFICAState, replies: list[Reply]) -> None:
     """Validate the clients' local mixing matrices (the federation's r is the majority's, unless given)."""
-    r = state.r if state.r is not None else _majority_r(replies)
+    r = state.r if state.r is not None else (majority_width(replies, "mixing") or 0)
     for reply in replies:
         try:
             mixing, n_k = validate_ica_reply(reply.arrays, reply.values, r=r)
@@ -83,8 +85,7 @@ def receive_estimates(state: RFICAState, replies: list[Reply]) -> None:
         state.estimates.append(mixing)
         state.n_samples.append(n_k)
         state.partitions.append(reply.partition_id)
-        seconds = reply.values.get("fit-seconds", 0.0)
-        state.client_seconds.append(float(seconds) if isinstance(seconds, (int, float)) and np.isfinite(seconds) else 0.0)
+        state.client_seconds.append(reported_seconds(reply))
 
 
 def aggregate_estimates(state: RFICAState) -> None:
@@ -95,11 +96,3 @@ def aggregate_estimates(state: RFICAState) -> None:
         kmeans_restarts=state.kmeans_restarts, gm_tol=state.gm_tol, random_state=state.seed)
     state.server_seconds += time.perf_counter() - start
 
-
-def _majority_r(replies: list[Reply]) -> int:
-    shapes = [r.arrays["mixing"].shape[0] for r in replies
-              if isinstance(r.arrays.get("mixing"), np.ndarray) and r.arrays["mixing"].ndim == 2]
-    if not shapes:
-        return 0
-    values, counts = np.unique(shapes, return_counts=True)
-    return int(values[np.argmax(counts)])
