@@ -7,6 +7,12 @@ of panels each), optional ``panels`` (a config key: one column of panels per val
 ``methods`` (which methods to draw; default all), ``logy``, ``logx``, ``xlabel``. The metric
 ``seconds`` draws each method's fitting time (``timings`` in the result).
 
+Each point is the mean over runs whose configs differ only in the seed, never over different
+settings: the keys the runs differ in are found from their configs. When ``plot.x`` was not swept,
+the x axis is the one key that was (or fedica-plot asks for ``--x``); any other swept key splits
+the methods into lines. Tables give mean ± standard deviation and n (seeds) per cell; error bars
+are one standard deviation. Unreadable or missing result files are skipped with a warning.
+
     fedica-plot multirun/rfica_fig1_k                     # writes multirun/rfica_fig1_k/figure.png and table.md
     fedica-plot multirun/rfica_fig1_k --out docs/figures/rfica_fig1_k.png --table docs/tables/rfica_fig1_k.md
 """
@@ -14,72 +20,84 @@ of panels each), optional ``panels`` (a config key: one column of panels per val
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+from fedica.scripts.plot_runs import Layout, Run, choose_layout, load_runs
 
-from fedica.results import RESULT_FILE
-
-
-def load_results(sweep_dir: str | Path) -> list[dict[str, Any]]:
-    """All complete result JSONs one level below ``sweep_dir`` (one folder per run)."""
-    results = []
-    for path in sorted(Path(sweep_dir).glob(f"*/{RESULT_FILE}")):
-        with open(path) as handle:
-            results.append(json.load(handle))
-    if not results:
-        raise SystemExit(f"fedica-plot: no {RESULT_FILE} below {sweep_dir}")
-    return results
+# What a table cell is, said in the heading of every table.
+SPREAD = "mean ± sd over n seeds"
 
 
-def config_value(config: Mapping[str, Any], dotted: str) -> Any:
-    """``config["a"]["b"]`` for ``"a.b"``."""
-    value: Any = config
-    for part in dotted.split("."):
-        value = value[part]
-    return value
+class Point(NamedTuple):
+    mean: float
+    sd: float | None  # sample standard deviation; None for a single seed
+    n: int
 
 
-def summarise(results: Sequence[Mapping[str, Any]], spec: Mapping[str, Any]) -> dict:
+def summarise(runs: Sequence[Run], spec: Mapping[str, Any], layout: Layout) -> dict:
     """Mean, standard deviation and count per (panel, metric, line, x).
 
     Returns
     -------
     table : dict
-        ``table[panel][metric][line][x] = (mean, sd, n)``.
+        ``table[panel][metric][line][x] = Point(mean, sd, n)``.
     """
     wanted = spec.get("methods")
     samples: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(list))))
-    for result in results:
-        config = result["config"]
-        x = config_value(config, spec["x"])
-        panel = config_value(config, spec["panels"]) if spec.get("panels") else ""
-        suffix = f" ({spec['series'].split('.')[-1]}={config_value(config, spec['series'])})" if spec.get("series") else ""
-        for method, values in result["metrics"].items():
+    # Runs in order of their lines' values, so that the lines come in that order (n_train=2500 before 12500).
+    for run in sorted(runs, key=lambda r: [sort_key(r.flat.get(k)) for k in layout.series]):
+        x = run.flat[layout.x]
+        panel = run.flat.get(layout.panels) if layout.panels else ""
+        suffix = series_label(run, layout.series)
+        for method, values in run.result["metrics"].items():
             if wanted and method not in wanted:
                 continue
             for metric in spec["metrics"]:
                 # "seconds" is the method's own fitting time, kept under timings in the result.
-                value = result["timings"].get(method) if metric == "seconds" else values.get(metric)
+                value = run.result["timings"].get(method) if metric == "seconds" else values.get(metric)
                 if value is not None:
                     samples[panel][metric][method + suffix][x].append(float(value))
     return {
         panel: {
-            metric: {
-                line: {x: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v)) for x, v in sorted(xs.items())}
-                for line, xs in lines.items()
-            }
+            metric: {line: {x: point(v) for x, v in sorted(xs.items(), key=lambda item: sort_key(item[0]))} for line, xs in lines.items()}
             for metric, lines in metrics.items()
         }
         for panel, metrics in samples.items()
     }
 
 
-def plot(table: Mapping, spec: Mapping[str, Any], out: Path, title: str) -> None:
+def series_label(run: Run, keys: Sequence[str]) -> str:
+    """`` (init=random, n_train=400)``: the values that tell this run's line apart."""
+    if not keys:
+        return ""
+    return " (" + ", ".join(f"{key.split('.')[-1]}={run.flat.get(key)}" for key in keys) + ")"
+
+
+def point(values: Sequence[float]) -> Point:
+    sd = float(np.std(values, ddof=1)) if len(values) > 1 else None
+    return Point(float(np.mean(values)), sd, len(values))
+
+
+def sort_key(value: Any) -> tuple[str, Any]:
+    """Sort x values of mixed types (a missing key is None) without comparing across types."""
+    return str(type(value)), value
+
+
+def spread_note(table: Mapping) -> str:
+    """The caption's account of the points and error bars, with the range of n."""
+    ns = sorted({p.n for metrics in table.values() for lines in metrics.values() for xs in lines.values() for p in xs.values()})
+    if ns == [1]:
+        return "n = 1 seed per point: no error bars"
+    if len(ns) == 1:
+        return f"mean ± 1 sd, n = {ns[0]} seeds per point"
+    return f"mean ± 1 sd, n = {ns[0]} to {ns[-1]} seeds per point" + (" (no bar at n = 1)" if ns[0] == 1 else "")
+
+
+def plot(table: Mapping, spec: Mapping[str, Any], layout: Layout, out: Path, title: str) -> None:
     """One panel per (metric, panel value); error bars are one standard deviation."""
     import matplotlib
 
@@ -94,79 +112,100 @@ def plot(table: Mapping, spec: Mapping[str, Any], out: Path, title: str) -> None
             ax = axes[row][col]
             for line, xs in table[panel].get(metric, {}).items():
                 x = list(xs)
-                means = np.array([xs[k][0] for k in x])
-                sds = np.array([xs[k][1] for k in x])
+                means = np.array([xs[k].mean for k in x])
+                # NaN draws no bar where a single seed has no spread.
+                sds = np.array([np.nan if xs[k].sd is None else xs[k].sd for k in x])
                 ax.errorbar(x, means, yerr=sds, marker="o", capsize=3, label=line)
             if spec.get("logy") and metric in ("error", "seconds"):
                 ax.set_yscale("log")
             if spec.get("logx"):
                 ax.set_xscale("log")
-            ax.set_xlabel(spec.get("xlabel", spec["x"]))
-            ax.set_ylabel(metric)
+            ax.set_xlabel(x_label(spec, layout))
+            ax.set_ylabel(f"{metric} (mean ± sd)")
             if panel != "":
-                ax.set_title(f"{spec['panels'].split('.')[-1]} = {panel}")
+                ax.set_title(f"{layout.panels.split('.')[-1]} = {panel}")
             ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
     columns = min(len(labels), 2 * len(panels))
     legend_rows = -(-len(labels) // columns)
     fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
-    fig.suptitle(title)
+    fig.suptitle(f"{title}\n{spread_note(table)}", fontsize=10)
     fig.tight_layout(rect=(0, 0.22 * legend_rows / (3.3 * len(metrics)), 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
 
-def markdown(table: Mapping, spec: Mapping[str, Any]) -> str:
-    """Markdown tables: one per (panel, metric), rows = x values, columns = methods, cells mean ± sd."""
+def x_label(spec: Mapping[str, Any], layout: Layout) -> str:
+    """The experiment's ``xlabel`` names its ``plot.x`` only: another x axis is named by its key."""
+    return spec.get("xlabel", layout.x) if layout.x == spec.get("x") else layout.x
+
+
+def markdown(table: Mapping, layout: Layout) -> str:
+    """Markdown tables: one per (panel, metric), rows = x values, columns = lines, cells mean ± sd (n)."""
     blocks = []
     for panel, metrics in table.items():
         for metric, lines in metrics.items():
             names = list(lines)
-            xs = sorted({x for values in lines.values() for x in values}, key=lambda v: (str(type(v)), v))
-            heading = f"**{metric}**" + (f", {spec['panels']} = {panel}" if panel != "" else "")
-            rows = [heading, "", f"| {spec['x']} | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+            xs = sorted({x for values in lines.values() for x in values}, key=sort_key)
+            heading = f"**{metric}**" + (f", {layout.panels} = {panel}" if panel != "" else "") + f" ({SPREAD})"
+            rows = [heading, "", f"| {layout.x} | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
             for x in xs:
-                cells = []
-                for name in names:
-                    if x in lines[name]:
-                        mean, sd, n = lines[name][x]
-                        cells.append(f"{mean:.3g} ± {sd:.2g}")
-                    else:
-                        cells.append("")
-                rows.append(f"| {x} | " + " | ".join(cells) + " |")
+                rows.append(f"| {x} | " + " | ".join(cell(lines[name].get(x)) for name in names) + " |")
             blocks.append("\n".join(rows))
     return "\n\n".join(blocks) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def cell(p: Point | None) -> str:
+    """``0.031 ± 0.0042 (n=20)``; a single seed has no spread to give: ``0.031 (n=1)``."""
+    if p is None:
+        return ""
+    if p.sd is None:
+        return f"{p.mean:.3g} (n=1)"
+    return f"{p.mean:.3g} ± {p.sd:.2g} (n={p.n})"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="fedica-plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", help="a multirun folder holding one result.json per run")
     parser.add_argument("--out", help="PNG path (default: <sweep_dir>/figure.png)")
     parser.add_argument("--table", help="markdown path (default: <sweep_dir>/table.md)")
-    parser.add_argument("--x", help="config key on the x axis (default: the experiment's plot.x)")
+    parser.add_argument("--x", help="config key on the x axis (default: the experiment's plot.x if swept, else the one swept key)")
     parser.add_argument("--metric", action="append", help="metric to draw (repeatable; default: the experiment's)")
     parser.add_argument("--no-figure", action="store_true", help="write only the markdown table")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    results = load_results(args.sweep_dir)
-    spec = dict(results[0]["config"].get("plot") or {})
-    if args.x:
-        spec["x"] = args.x
-    if args.metric:
-        spec["metrics"] = args.metric
+
+def plot_spec(runs: Sequence[Run], metrics: list[str] | None) -> dict[str, Any]:
+    """The experiment's ``plot`` section, with ``--metric`` (or the old single ``metric``) as ``metrics``."""
+    spec = dict(runs[0].result["config"].get("plot") or {})
+    if metrics:
+        spec["metrics"] = metrics
     spec.setdefault("metrics", [spec.pop("metric")] if "metric" in spec else ["error"])
-    if "x" not in spec:
-        raise SystemExit("fedica-plot: no x axis: pass --x KEY (the sweep's config has no plot.x)")
-    table = summarise(results, spec)
+    return spec
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    runs = load_runs(args.sweep_dir)
+    spec = plot_spec(runs, args.metric)
+    layout = choose_layout(runs, spec, args.x)
+    for note in layout.notes:
+        print(f"fedica-plot: {note}")
+    table = summarise(runs, spec, layout)
+    if not table:
+        methods = ", ".join(spec.get("methods") or ["any method"])
+        raise SystemExit(f"fedica-plot: no values of {', '.join(spec['metrics'])} for {methods} in these runs")
     sweep_dir = Path(args.sweep_dir)
     table_path = Path(args.table) if args.table else sweep_dir / "table.md"
     table_path.parent.mkdir(parents=True, exist_ok=True)
-    table_path.write_text(markdown(table, spec))
-    print(f"{len(results)} runs -> {table_path}")
+    text = markdown(table, layout)
+    table_path.write_text(text)
+    print(text)
+    print(f"{len(runs)} runs -> {table_path}")
     if not (args.no_figure or spec.get("table_only")):
         out = Path(args.out) if args.out else sweep_dir / "figure.png"
-        plot(table, spec, out, spec.get("title", sweep_dir.name))
+        plot(table, spec, layout, out, spec.get("title", sweep_dir.name))
         print(f"figure -> {out}")
 
 
