@@ -29,6 +29,11 @@ GEM_FINAL = "fedgem_final"
 GEM_SILHOUETTE = "fedgem_silhouette"
 GEM_LIKELIHOOD = "fedgem_likelihood"
 GEM_EVALUATE = "fedgem_evaluate"
+# The FFCM and AFCL comparators (fedica.evaluation.ffcm, fedica.evaluation.afcl).
+FFCM_INIT = "ffcm_init"
+FFCM_ROUND = "ffcm_round"
+AFCL_INIT = "afcl_init"
+AFCL_ROUND = "afcl_round"
 
 CATEGORY = {
     RFICA_FIT: TRAIN,
@@ -38,6 +43,10 @@ CATEGORY = {
     GEM_SILHOUETTE: EVALUATE,
     GEM_LIKELIHOOD: EVALUATE,
     GEM_EVALUATE: EVALUATE,
+    FFCM_INIT: TRAIN,
+    FFCM_ROUND: TRAIN,
+    AFCL_INIT: TRAIN,
+    AFCL_ROUND: TRAIN,
 }
 
 # Value of a reply whose client failed with a reason it could name (bad data, bad config).

@@ -46,6 +46,11 @@ STREAMS: dict[str, Stream] = {
     "ica.mixing": Stream("spawn", 0),
     "ica.corrupted": Stream("spawn", 1),
     "ica.sources": Stream("spawn", 2, ("partition",)),
+    # RF-ICA's signals scenario (fedica.data.signals); codes clear of every other scenario's.
+    "signals.mixing": Stream("spawn", 11),
+    "signals.phases": Stream("spawn", 12),
+    "signals.roles": Stream("spawn", 13),
+    "signals.site": Stream("spawn", 14, ("partition",)),
     # Clustering scenarios.
     "blobs.centers": Stream("spawn", 1),
     "scenario.cluster_sets": Stream("spawn", 2),
@@ -61,6 +66,9 @@ STREAMS: dict[str, Stream] = {
     "client.fastica": Stream("entropy", 1, ("partition",)),
     "client.kmeanspp": Stream("entropy", 2, ("partition",)),
     "client.silhouette_sample": Stream("entropy", 3, ("partition",)),
+    # The FFCM and AFCL comparators' clients: their k-means++ starts.
+    "ffcm.client_init": Stream("entropy", 4, ("partition",)),
+    "afcl.client_init": Stream("entropy", 5, ("partition",)),
     # Hostile clients (robustness runs): who is hostile, and each one's junk per protocol stage.
     "attack.hostile": Stream("entropy", 0xA77AC),
     "attack.reply": Stream("entropy", 0xA77AC, ("partition", "stage")),

@@ -2,16 +2,19 @@
 
 Each is a clearly named comparator, never a fallback: central GMM and DP-GMM pool the clients' training data
 (they are centralised references); k-FED and FedKmeans are one-shot federated k-means variants whose clients
-send only local centres (and, for FedKmeans, their counts). Every baseline returns the predicted global cluster
-id of every client's test points, the number of clusters receiving test points, and its own fitting time
-(client and server work, not prediction or evaluation).
+send only local centres (and, for FedKmeans, their counts); FFCM-avg1/avg2 (:mod:`fedica.evaluation.ffcm`) and
+AFCL (:mod:`fedica.evaluation.afcl`) are iterative federated protocols, a server generator of requests answered
+here in memory (:func:`drive_protocol`). Every baseline returns the predicted global cluster id of every
+client's test points, the number of clusters receiving test points, and its own fitting time (client and
+server work, not prediction or evaluation).
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,13 +29,29 @@ from fedica.evaluation.metrics import (
     ari_from_contingency,
     contingency,
     k_hat_from_predictions,
+    silhouette,
     weighted_local_ari,
+    weighted_mean,
 )
+from fedica.protocol import ERROR_KEY, Reply, Request
 from fedica.seeding import sklearn_seed
+from fedica.validation import check_seed
 
-__all__ = ["BaselineResult", "central_gmm", "dp_gmm", "evaluate_clustering", "fed_kmeans", "k_fed"]
+__all__ = ["BASELINE_METHODS", "BaselineResult", "central_gmm", "dp_gmm", "dp_gmm_truncation", "drive_protocol",
+           "evaluate_clustering",
+           "fed_kmeans", "k_fed", "run_baselines", "run_seed"]
 
-BASELINE_METHODS = ("central-gmm", "dp-gmm", "k-fed", "fed-kmeans")  # the names baseline_methods selects
+# The names baseline_methods selects.
+BASELINE_METHODS = ("central-gmm", "dp-gmm", "k-fed", "fed-kmeans", "ffcm-avg1", "ffcm-avg2", "afcl")
+
+# DP-GMM's default truncation never drops below this many components (see dp_gmm_truncation).
+DP_GMM_MIN_TRUNCATION = 25
+
+# evaluate_clustering's pooled silhouette is computed on at most this many test points (its cost is quadratic).
+SILHOUETTE_MAX_POINTS = 10_000
+
+log = logging.getLogger("fedica.baselines")
+
 
 @dataclass(frozen=True)
 class BaselineResult:
@@ -46,26 +65,92 @@ class BaselineResult:
         Number of global clusters that receive at least one test point.
     fit_seconds : float
         Wall time of fitting (client and server work).
+    info : dict
+        What a baseline reports beyond its labels (rounds run, bytes the clients sent, ...); empty for the
+        one-shot baselines. :func:`run_baselines` copies its numeric entries into the method's scores.
     """
 
     test_labels: list[np.ndarray]
     k_hat: int
     fit_seconds: float
+    info: dict[str, Any] = field(default_factory=dict)
 
 
-
-def _check_clients(clients: Sequence[ClientData]) -> None:
+def _check_clients(clients: Sequence[ClientData], method: str) -> None:
+    """Refuse an empty federation or mixed dimensions; log the start of ``method``."""
     if len(clients) == 0:
         raise ValueError("clients must not be empty")
     dims = {c.X_train.shape[1] for c in clients}
     if len(dims) != 1:
         raise ValueError(f"all clients must have the same number of features, got {sorted(dims)}")
+    log.info("%s: fitting on %d clients, %d training points", method, len(clients), sum(c.n_train for c in clients))
 
 
-def _result(test_labels: list[np.ndarray], fit_seconds: float) -> BaselineResult:
+def _result(method: str, test_labels: list[np.ndarray], fit_seconds: float,
+            info: dict[str, Any] | None = None) -> BaselineResult:
+    """The BaselineResult of ``method``; logs its fitting time."""
     test_labels = [np.asarray(labels, dtype=np.int64) for labels in test_labels]
-    pooled = np.concatenate(test_labels)
-    return BaselineResult(test_labels, int(np.unique(pooled).size), float(fit_seconds))
+    result = BaselineResult(test_labels, int(np.unique(np.concatenate(test_labels)).size), float(fit_seconds),
+                            dict(info or {}))
+    log.info("%s: fitted in %.2f s, K_hat %d", method, result.fit_seconds, result.k_hat)
+    return result
+
+
+def run_seed(random_state) -> int:
+    """The int seed of a federated comparator's run: ``random_state`` itself when it is an int, else one drawn from it."""
+    if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool):
+        return check_seed(int(random_state))
+    return sklearn_seed(np.random.default_rng(random_state))
+
+
+ClientAnswer = Callable[[str, np.ndarray, int, Mapping[str, np.ndarray], Mapping[str, Any], int],
+                        tuple[dict[str, np.ndarray], dict[str, Any]]]
+
+
+# Answers a protocol's requests over some transport: ``driver(protocol)`` runs it to its end.
+ProtocolDriver = Callable[[Generator[Request, list[Reply], None]], None]
+
+
+def run_protocol(protocol: Generator[Request, list[Reply], None], clients: Sequence[ClientData], answer: ClientAnswer,
+                 driver: ProtocolDriver | None) -> None:
+    """Run a comparator's protocol with ``driver``, or in memory over ``clients`` (:func:`drive_protocol`)."""
+    if driver is None:
+        drive_protocol(protocol, clients, answer)
+    else:
+        driver(protocol)
+
+
+def drive_protocol(protocol: Generator[Request, list[Reply], None], clients: Sequence[ClientData],
+                   answer: ClientAnswer) -> None:
+    """Answer a server generator's requests in memory, as a transport would over a network.
+
+    Parameters
+    ----------
+    protocol : generator
+        Yields :class:`~fedica.protocol.Request`, is sent the list of :class:`~fedica.protocol.Reply`.
+    clients : sequence of ClientData
+        Client g is partition id g; it answers from its ``X_train`` and ``n_components`` only.
+    answer : callable
+        ``answer(task, X_train, n_components, arrays, values, partition_id) -> (arrays, values)``, the client
+        side. A client
+        that raises ``ValueError`` (data it cannot fit) sends an error reply (``values[ERROR_KEY]``), which the
+        server skips like any invalid reply.
+    """
+    try:
+        request = next(protocol)
+        while True:
+            targets = range(len(clients)) if request.payloads is None else sorted(request.payloads)
+            replies = []
+            for g in targets:
+                arrays = {} if request.payloads is None else request.payloads[g]
+                try:
+                    replies.append(Reply(g, *answer(request.task, clients[g].X_train, clients[g].n_components, arrays,
+                                                    request.values, g)))
+                except ValueError as err:
+                    replies.append(Reply(g, {}, {ERROR_KEY: f"{type(err).__name__}: {err}"}))
+            request = protocol.send(replies)
+    except StopIteration:
+        pass
 
 
 def _pooled_train(clients: Sequence[ClientData]) -> np.ndarray:
@@ -92,7 +177,7 @@ def central_gmm(clients: Sequence[ClientData], n_clusters: int, *, n_init: int =
     -------
     BaselineResult
     """
-    _check_clients(clients)
+    _check_clients(clients, "central-gmm")
     rng = np.random.default_rng(random_state)
     model = GaussianMixture(n_components=n_clusters, covariance_type="spherical", init_params="k-means++",
                             n_init=n_init, max_iter=max_iter, random_state=sklearn_seed(rng))
@@ -100,45 +185,66 @@ def central_gmm(clients: Sequence[ClientData], n_clusters: int, *, n_init: int =
     start = time.perf_counter()
     model.fit(X)
     seconds = time.perf_counter() - start
-    return _result([model.predict(c.X_test) for c in clients], seconds)
+    return _result("central-gmm", [model.predict(c.X_test) for c in clients], seconds)
+
+
+def dp_gmm_truncation(clients: Sequence[ClientData]) -> int:
+    """DP-GMM's default truncation level: ``min(sum_g K_g, max(2 max_g K_g, DP_GMM_MIN_TRUNCATION))``.
+
+    ``sum_g K_g`` is the paper's upper bound on K (appendix D.3), but the fit's cost grows linearly with the
+    truncation (100 clients x 490 points, d=10: 588 components took 17 min, 25 take 20 s). Fewer components
+    only shorten the stick-breaking approximation of the same prior; the cap keeps at least
+    :data:`DP_GMM_MIN_TRUNCATION`, and twice the largest K_g, which exceeds K whenever some client holds at
+    least half of the clusters. Federations with ``sum_g K_g`` below the cap are fitted as in the paper.
+    """
+    total = sum(int(c.n_components) for c in clients)
+    largest = max(int(c.n_components) for c in clients)
+    return min(total, max(2 * largest, DP_GMM_MIN_TRUNCATION))
 
 
 def dp_gmm(clients: Sequence[ClientData], *, max_components: int | None = None, covariance_type: str = "full",
-           max_iter: int = 100, random_state=None) -> BaselineResult:
+           init_params: str = "k-means++", max_iter: int = 100, random_state=None) -> BaselineResult:
     """Centralised Dirichlet-process GMM (unknown K) on the pooled training data.
 
     ``BayesianGaussianMixture(weight_concentration_prior_type="dirichlet_process")`` truncated at
-    ``max_components``, by default ``sum_g K_g`` (an upper bound on K; paper appendix D.3). Its K_hat counts the
-    components that receive test points.
+    ``max_components``, by default :func:`dp_gmm_truncation` (``sum_g K_g``, the paper's upper bound on K,
+    capped for cost). Its K_hat counts the components that receive test points.
 
     Parameters
     ----------
     clients : sequence of ClientData
     max_components : int or None
-        Truncation level; None means the sum of the clients' ``n_components``.
+        Truncation level; None means :func:`dp_gmm_truncation`.
     covariance_type : {"full", "tied", "diag", "spherical"}
-        scikit-learn's default ("full") unless set.
+        scikit-learn's default ("full") unless set. ("diag" is 3x faster on the 100-client blobs but halves
+        the ARI on Waveform, whose features are correlated.)
+    init_params : str
+        scikit-learn's initialisation; "k-means++" (seeds only, as the central GMM) rather than its default
+        "kmeans", which on both Waveform and the 100-client blobs measured a lower ARI and, with many
+        components, a longer fit.
     max_iter : int
     random_state : int, numpy.random.Generator or None
 
     Returns
     -------
     BaselineResult
+        ``info["truncation"]`` is the truncation level used.
     """
-    _check_clients(clients)
+    _check_clients(clients, "dp-gmm")
     rng = np.random.default_rng(random_state)
-    n_components = sum(c.n_components for c in clients) if max_components is None else max_components
+    n_components = dp_gmm_truncation(clients) if max_components is None else int(max_components)
     X = _pooled_train(clients)
-    model = BayesianGaussianMixture(n_components=min(n_components, len(X)), covariance_type=covariance_type,
-                                    weight_concentration_prior_type="dirichlet_process", max_iter=max_iter,
-                                    random_state=sklearn_seed(rng))
+    n_components = min(n_components, len(X))
+    model = BayesianGaussianMixture(n_components=n_components, covariance_type=covariance_type,
+                                    weight_concentration_prior_type="dirichlet_process", init_params=init_params,
+                                    max_iter=max_iter, random_state=sklearn_seed(rng))
     # The variational updates make many small (d x d) BLAS calls, where thread start-up dominates: one BLAS
-    # thread measured 9x faster than two on generated Waveform (21-D, 3500 points).
+    # thread measured 9x faster than two on generated Waveform (21-D, 3500 points), 2x on the 100-client blobs.
     with threadpool_limits(limits=1, user_api="blas"):
         start = time.perf_counter()
         model.fit(X)
         seconds = time.perf_counter() - start
-        return _result([model.predict(c.X_test) for c in clients], seconds)
+        return _result("dp-gmm", [model.predict(c.X_test) for c in clients], seconds, {"truncation": n_components})
 
 
 def _local_kmeans(clients: Sequence[ClientData], n_init: int, rng: np.random.Generator) -> list[KMeans]:
@@ -177,14 +283,14 @@ def k_fed(clients: Sequence[ClientData], n_clusters: int, *, n_init: int = 3, ra
     -------
     BaselineResult
     """
-    _check_clients(clients)
+    _check_clients(clients, "k-fed")
     rng = np.random.default_rng(random_state)
     start = time.perf_counter()
     local = _local_kmeans(clients, n_init, rng)
     server = _server_kmeans(local, n_clusters, n_init, rng, weighted=False)
     local_to_global = [server.predict(model.cluster_centers_) for model in local]
     seconds = time.perf_counter() - start
-    return _result([mapping[model.predict(c.X_test)]
+    return _result("k-fed", [mapping[model.predict(c.X_test)]
                     for c, model, mapping in zip(clients, local, local_to_global)], seconds)
 
 
@@ -209,13 +315,13 @@ def fed_kmeans(clients: Sequence[ClientData], n_clusters: int, *, n_init: int = 
     -------
     BaselineResult
     """
-    _check_clients(clients)
+    _check_clients(clients, "fed-kmeans")
     rng = np.random.default_rng(random_state)
     start = time.perf_counter()
     local = _local_kmeans(clients, n_init, rng)
     server = _server_kmeans(local, n_clusters, n_init, rng, weighted=True)
     seconds = time.perf_counter() - start
-    return _result([server.predict(c.X_test) for c in clients], seconds)
+    return _result("fed-kmeans", [server.predict(c.X_test) for c in clients], seconds)
 
 
 def evaluate_clustering(clients: Sequence[ClientData], test_labels: Sequence[np.ndarray]) -> dict:
@@ -232,7 +338,11 @@ def evaluate_clustering(clients: Sequence[ClientData], test_labels: Sequence[np.
     dict
         ``local_ari``: per-client ARI, averaged with weights N_g = ``len(X_train)``; ``global_ari``: ARI of the
         pooled labels, computed from summed per-client contingency triplets; ``k_hat``: number of global clusters
-        receiving test points. Both ARIs are NaN when any client has no test labels.
+        receiving test points; ``silhouette``: the silhouette of all clients' test points pooled under the
+        predicted ids (FedGEM paper, Table 6), on a deterministic subsample of
+        :data:`SILHOUETTE_MAX_POINTS` points when the pool is larger, NaN with fewer than 2 labels;
+        ``local_silhouette``: each client's silhouette of its own test points, averaged with weights N_g over
+        the clients where it is defined (2 or more labels). Both ARIs are NaN when any client has no test labels.
     """
     if len(test_labels) != len(clients):
         raise ValueError(f"test_labels must have one array per client ({len(clients)}), got {len(test_labels)}")
@@ -241,44 +351,78 @@ def evaluate_clustering(clients: Sequence[ClientData], test_labels: Sequence[np.
             raise ValueError(f"test_labels[{g}] must have shape ({client.X_test.shape[0]},), got "
                              f"{np.shape(labels)}")
     pooled_pred = np.concatenate([np.asarray(labels) for labels in test_labels])
-    k_hat = k_hat_from_predictions(pooled_pred, np.ones_like(pooled_pred))
+    sizes = [client.n_train for client in clients]
+    scores = {"local_ari": float("nan"), "global_ari": float("nan"),
+              "k_hat": k_hat_from_predictions(pooled_pred, np.ones_like(pooled_pred)),
+              "silhouette": silhouette(np.concatenate([c.X_test for c in clients]), pooled_pred,
+                                       max_points=SILHOUETTE_MAX_POINTS),
+              "local_silhouette": weighted_mean([silhouette(c.X_test, labels, max_points=SILHOUETTE_MAX_POINTS)
+                                                 for c, labels in zip(clients, test_labels)], sizes)}
     if any(client.y_test is None for client in clients):
-        return {"local_ari": float("nan"), "global_ari": float("nan"), "k_hat": k_hat}
+        return scores
     local = [adjusted_rand(client.y_test, labels) for client, labels in zip(clients, test_labels)]
     triplets = [contingency(client.y_test, labels) for client, labels in zip(clients, test_labels)]
     true_values, pred_values, counts = (np.concatenate(parts) for parts in zip(*triplets))
+    scores["local_ari"] = weighted_local_ari(local, sizes)
+    scores["global_ari"] = ari_from_contingency(true_values, pred_values, counts)
+    return scores
+
+
+def _method_runs(clients: Sequence[ClientData], true_k: int, seed: int, n_init: int,
+                 driver: ProtocolDriver | None) -> dict[str, Callable[[], BaselineResult]]:
+    # Imported here: the iterative comparators' modules build on this one (BaselineResult, drive_protocol).
+    from fedica.evaluation.afcl import afcl
+    from fedica.evaluation.ffcm import ffcm
+
     return {
-        "local_ari": weighted_local_ari(local, [client.n_train for client in clients]),
-        "global_ari": ari_from_contingency(true_values, pred_values, counts),
-        "k_hat": k_hat,
-    }
-
-
-def run_baselines(scenario: Mapping[str, Any], methods: Sequence[str], *, seed: int,
-                  n_init: int = 3) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
-    """The comparators on a simulated scenario's clients, scored like FedGEM.
-
-    The data are regenerated from the scenario and the seed (a simulation), never taken from
-    the clients.
-
-    Returns
-    -------
-    metrics : dict of method name to its scores
-    fit_seconds : dict of method name to its own fitting time
-    """
-    clients = [scenario_client_data(scenario, p, seed) for p in range(int(scenario["n_clients"]))]
-    true_k = true_n_clusters(scenario)
-    runs = {
         "central-gmm": lambda: central_gmm(clients, true_k, n_init=n_init, random_state=seed),
         "dp-gmm": lambda: dp_gmm(clients, random_state=seed),
         "k-fed": lambda: k_fed(clients, true_k, random_state=seed),
         "fed-kmeans": lambda: fed_kmeans(clients, true_k, random_state=seed),
+        "ffcm-avg1": lambda: ffcm(clients, true_k, variant="avg1", n_init=n_init, random_state=seed, driver=driver),
+        "ffcm-avg2": lambda: ffcm(clients, true_k, variant="avg2", n_init=n_init, random_state=seed, driver=driver),
+        "afcl": lambda: afcl(clients, random_state=seed, driver=driver),
     }
+
+
+# BaselineResult.info entries that run_baselines reports as timings, under "<method>_<suffix>".
+_INFO_TIMINGS = {"client_seconds": "clients_sum", "server_seconds": "server"}
+
+
+def run_baselines(scenario: Mapping[str, Any], methods: Sequence[str], *, seed: int, n_init: int = 3,
+                  driver: ProtocolDriver | None = None) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """The comparators on a simulated scenario's clients, scored like FedGEM.
+
+    The one-shot comparators run on data regenerated from the scenario and the seed (a
+    simulation); the iterative federated ones (FFCM, AFCL) exchange their messages with the
+    clients through ``driver`` (Flower's transport, under fedica's ServerApp), or in memory on
+    the regenerated data when it is None. Scores always use the regenerated test data. Each
+    method logs its start and its fitting time (logger ``fedica.baselines``, INFO).
+
+    Returns
+    -------
+    metrics : dict of method name to its scores
+        :func:`evaluate_clustering`'s scores, ``k_true``, and the other numeric entries of the method's
+        ``BaselineResult.info`` (e.g. ``rounds``, AFCL's ``residual_bytes``).
+    fit_seconds : dict of method name to its own fitting time
+        Also ``<method>_clients_sum`` and ``<method>_server`` for the federated protocols (as for FedGEM).
+    """
+    unknown = sorted(set(methods) - set(BASELINE_METHODS))
+    if unknown:
+        raise ValueError(f"unknown baseline methods {unknown}; known: {BASELINE_METHODS}")
+    clients = [scenario_client_data(scenario, p, seed) for p in range(int(scenario["n_clients"]))]
+    true_k = true_n_clusters(scenario)
+    runs = _method_runs(clients, true_k, seed, n_init, driver)
     result_metrics, timings = {}, {}
     for name in methods:
         outcome = runs[name]()
         scores = evaluate_clustering(clients, outcome.test_labels)
         scores["k_true"] = true_k
+        for key, value in outcome.info.items():
+            if key in _INFO_TIMINGS:
+                timings[f"{name}_{_INFO_TIMINGS[key]}"] = float(value)
+            elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+                scores[key] = value
         result_metrics[name] = scores
         timings[name] = outcome.fit_seconds
     return result_metrics, timings

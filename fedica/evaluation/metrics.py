@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 from scipy.spatial.distance import pdist, squareform
-from sklearn.metrics import adjusted_rand_score
+from sklearn.metrics import adjusted_rand_score, silhouette_score
 
 __all__ = [
     "adjusted_rand",
@@ -18,7 +18,9 @@ __all__ = [
     "contingency",
     "k_hat_from_predictions",
     "mean_silhouettes",
+    "silhouette",
     "weighted_local_ari",
+    "weighted_mean",
 ]
 
 
@@ -58,6 +60,61 @@ def weighted_local_ari(per_client_ari, weights) -> float:
     if np.any(weights < 0) or not weights.sum() > 0:
         raise ValueError("weights must be non-negative with a positive sum")
     return float(np.average(per_client_ari, weights=weights))
+
+
+def weighted_mean(values, weights) -> float:
+    """Weighted mean of the finite values; NaN entries (an undefined score) drop out with their weights.
+
+    Parameters
+    ----------
+    values : array-like of shape (G,)
+    weights : array-like of shape (G,)
+        Non-negative.
+
+    Returns
+    -------
+    float
+        NaN when no value is finite or the finite values' weights sum to zero.
+    """
+    values = np.asarray(values, dtype=float)
+    weights = np.asarray(weights, dtype=float)
+    if values.ndim != 1 or weights.shape != values.shape:
+        raise ValueError(f"values and weights must be 1-D of equal length, got shapes {values.shape} and {weights.shape}")
+    kept = np.isfinite(values)
+    if not kept.any() or not weights[kept].sum() > 0:
+        return float("nan")
+    return float(np.average(values[kept], weights=weights[kept]))
+
+
+def silhouette(X, labels, *, max_points: int = 10_000, seed: int = 0) -> float:
+    """Mean silhouette coefficient (scikit-learn's ``silhouette_score``, Euclidean), NaN where undefined.
+
+    Above ``max_points`` points it is computed on a subsample of that many, drawn without replacement by
+    ``numpy.random.default_rng(seed)``, so the same points and labels always give the same value (the exact
+    score costs time and memory quadratic in the number of points).
+
+    Parameters
+    ----------
+    X : array-like of shape (n, d)
+    labels : array-like of shape (n,)
+    max_points : int
+    seed : int
+
+    Returns
+    -------
+    float
+        NaN when the (sub)sample has fewer than 2 distinct labels or as many labels as points.
+    """
+    X = np.asarray(X, dtype=float)
+    labels = np.asarray(labels)
+    if X.ndim != 2 or labels.shape != (X.shape[0],):
+        raise ValueError(f"labels must have shape ({X.shape[0]},) for X of shape {X.shape}, got {labels.shape}")
+    if X.shape[0] > max_points:
+        chosen = np.sort(np.random.default_rng(seed).choice(X.shape[0], size=max_points, replace=False))
+        X, labels = X[chosen], labels[chosen]
+    if not 2 <= np.unique(labels).size < X.shape[0]:
+        return float("nan")
+    return float(silhouette_score(X, labels))
 
 
 def contingency(labels_true, labels_pred) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -12,12 +12,16 @@ from sklearn.metrics import adjusted_rand_score, silhouette_score
 from fedica.data.blobs import blobs_client_data
 from fedica.data.common import ClientData
 from fedica.evaluation.baselines import (
+    BASELINE_METHODS,
+    DP_GMM_MIN_TRUNCATION,
     BaselineResult,
     central_gmm,
     dp_gmm,
+    dp_gmm_truncation,
     evaluate_clustering,
     fed_kmeans,
     k_fed,
+    run_baselines,
 )
 from fedica.evaluation.metrics import (
     adjusted_rand,
@@ -25,10 +29,12 @@ from fedica.evaluation.metrics import (
     contingency,
     k_hat_from_predictions,
     mean_silhouettes,
+    silhouette,
     weighted_local_ari,
+    weighted_mean,
 )
 
-SEPARATED = dict(n_clients=5, n_clusters=6, dim=2, r_min=8.0, n_train=2500, n_test=5000)
+SEPARATED = {"n_clients": 5, "n_clusters": 6, "dim": 2, "r_min": 8.0, "n_train": 2500, "n_test": 5000}
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +99,10 @@ def test_weighted_local_ari():
 def test_evaluate_clustering_perfect_and_merged_labels(separated_blobs):
     permuted = [(c.y_test * 7 + 3) for c in separated_blobs]  # perfect up to renaming
     result = evaluate_clustering(separated_blobs, permuted)
-    assert result == {"local_ari": 1.0, "global_ari": 1.0, "k_hat": 6}
+    assert {k: result[k] for k in ("local_ari", "global_ari", "k_hat")} == {"local_ari": 1.0, "global_ari": 1.0,
+                                                                            "k_hat": 6}
+    pooled = np.concatenate([c.X_test for c in separated_blobs])  # 5000 points: no subsample
+    assert result["silhouette"] == pytest.approx(silhouette_score(pooled, np.concatenate(permuted)), rel=1e-12)
     # Each client labels its clusters 0..K_g-1 locally: every local ARI stays 1, but clusters collide globally.
     local_ids = [np.searchsorted(np.unique(c.y_test), c.y_test) for c in separated_blobs]
     merged = evaluate_clustering(separated_blobs, local_ids)
@@ -111,6 +120,37 @@ def test_evaluate_clustering_weights_by_training_size():
     assert result["local_ari"] == pytest.approx(expected)
     unlabelled = [ClientData(c.X_train, None, c.X_test, None, 2) for c in clients]
     assert np.isnan(evaluate_clustering(unlabelled, [np.zeros(4), np.zeros(4)])["global_ari"])
+
+
+def test_silhouettes_match_scikit_learn_on_a_small_case():
+    rng = np.random.default_rng(3)
+    tests = [rng.normal(size=(n, 2)) + shift for n, shift in ((12, 0.0), (9, 4.0), (7, 8.0))]
+    clients = [ClientData(rng.normal(size=(n_train, 2)), None, X, None, 2) for n_train, X in zip((30, 10, 20), tests)]
+    labels = [(X[:, 0] > np.median(X[:, 0])).astype(int) for X in tests[:2]] + [np.zeros(7, dtype=int)]  # client 2: one label
+    scores = evaluate_clustering(clients, labels)
+    assert scores["silhouette"] == pytest.approx(silhouette_score(np.concatenate(tests), np.concatenate(labels)))
+    local = [silhouette_score(X, y) for X, y in zip(tests[:2], labels[:2])]
+    assert scores["local_silhouette"] == pytest.approx((30 * local[0] + 10 * local[1]) / 40)  # client 2 left out
+    assert np.isnan(scores["global_ari"])  # no true labels, yet silhouettes
+    single = evaluate_clustering(clients, [np.zeros(len(X), dtype=int) for X in tests])
+    assert np.isnan(single["silhouette"]) and np.isnan(single["local_silhouette"])
+
+
+def test_silhouette_subsamples_large_pools_deterministically():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 2))
+    labels = (X[:, 0] > 0).astype(int)
+    chosen = np.sort(np.random.default_rng(0).choice(400, size=150, replace=False))
+    value = silhouette(X, labels, max_points=150)
+    assert value == pytest.approx(silhouette_score(X[chosen], labels[chosen]))
+    assert value == silhouette(X, labels, max_points=150)
+    assert silhouette(X, labels) == pytest.approx(silhouette_score(X, labels))
+    assert np.isnan(silhouette(X[:2], np.array([0, 1])))  # as many labels as points
+
+
+def test_weighted_mean_drops_undefined_values():
+    assert weighted_mean([1.0, np.nan, 0.0], [1, 5, 3]) == pytest.approx(0.25)
+    assert np.isnan(weighted_mean([np.nan], [1]))
 
 
 # ------------------------------------------------------------------------------------------------ baselines
@@ -160,4 +200,36 @@ def test_dp_gmm_runs_with_unknown_k():
         warnings.simplefilter("ignore", ConvergenceWarning)
         result = dp_gmm(clients, random_state=0)
     _check_shapes(result, clients)
+    assert result.info["truncation"] == sum(c.n_components for c in clients)  # below the cap
     assert 1 <= result.k_hat <= sum(c.n_components for c in clients)
+
+
+def _with_k_g(k_gs):
+    rng = np.random.default_rng(0)
+    return [ClientData(rng.normal(size=(40, 2)), None, rng.normal(size=(5, 2)), None, k) for k in k_gs]
+
+
+def test_dp_gmm_caps_its_default_truncation():
+    assert dp_gmm_truncation(_with_k_g([2, 3, 5])) == 10  # sum_g K_g below the cap: as in the paper
+    assert dp_gmm_truncation(_with_k_g([4] * 30)) == DP_GMM_MIN_TRUNCATION
+    assert dp_gmm_truncation(_with_k_g([30] * 3 + [2] * 20)) == 60  # twice the largest K_g
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        result = dp_gmm(_with_k_g([4] * 30), max_iter=5, random_state=0)
+    assert result.info["truncation"] == DP_GMM_MIN_TRUNCATION
+
+
+def test_run_baselines_runs_every_method(caplog):
+    scenario = {"name": "blobs", "n_clients": 3, "n_clusters": 3, "dim": 2, "r_min": 8.0, "n_train": 300,
+                "n_test": 150}
+    with warnings.catch_warnings(), caplog.at_level("INFO", logger="fedica.baselines"):
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        metrics, timings = run_baselines(scenario, BASELINE_METHODS, seed=0, n_init=1)
+    assert list(metrics) == list(BASELINE_METHODS)
+    for name, scores in metrics.items():
+        assert scores["k_true"] == 3 and -1 <= scores["global_ari"] <= 1 and timings[name] > 0
+        assert f"{name}: fitted in" in caplog.text and f"{name}: fitting on 3 clients" in caplog.text
+    assert metrics["afcl"]["residual_bytes"] >= 300 * 2 * 8 and metrics["ffcm-avg2"]["rounds"] >= 1
+    assert timings["afcl_server"] > 0 and timings["ffcm-avg1_clients_sum"] > 0
+    with pytest.raises(ValueError, match="unknown baseline"):
+        run_baselines(scenario, ["k-means"], seed=0)
