@@ -10,23 +10,21 @@ protocol names.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import zlib
+import os
 from collections.abc import Callable, Mapping
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from fedica.clients import hostile
 from fedica.server.records import CLIENT_ERROR_CODE, pack, unpack
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord
 from flwr.clientapp import ClientApp
 
-from fedica import attacks
-from fedica.config import client_count
 from fedica.data.common import ClientData
-from fedica.data.ica_paper import ica_client_data, ica_true_mixing
-from fedica.data.scenarios import scenario_client_data
+from fedica.data.scenarios import ica_scenario_data, scenario_client_data
 from fedica.fedgem import client as gem_client
 from fedica.fedgem.local import estimate_n_components
 from fedica.protocol import (
@@ -47,6 +45,8 @@ from fedica.seeding import generator, sklearn_seed
 log = logging.getLogger("fedica.client")
 
 STATE_KEY = "fedgem"
+# Set by fedica's in-process and simulation engines for their clients: they may read the files the run config names.
+LOCAL_ENGINE_VARIABLE = "FEDICA_LOCAL_ENGINE"
 LOCAL_CLUSTERS_KEY = "fedgem-local-clusters"
 
 Handler = Callable[[dict[str, np.ndarray], dict[str, Any], int, Context], tuple[dict[str, np.ndarray], dict[str, Any]]]
@@ -57,26 +57,39 @@ class ScenarioSource:
 
     def gem_data(self, values: Mapping[str, Any], partition_id: int, context: Context) -> ClientData:
         cfg = _run_config(values)
-        scenario = dict(cfg["scenario"])
-        if scenario["name"] == "files" and "data-path" in context.node_config:
-            # In a deployment each site names its own file in its node config.
-            scenario["paths"] = list(scenario["paths"])
-            while len(scenario["paths"]) <= partition_id:
-                scenario["paths"].append("")
-            scenario["paths"][partition_id] = str(context.node_config["data-path"])
-        return scenario_client_data(scenario, partition_id, int(cfg["seed"]))
+        data = scenario_client_data(_site_scenario(cfg, partition_id, context), partition_id, int(cfg["seed"]))
+        if hostile.hostile_kind(cfg, partition_id) == "split_components":
+            return dataclasses.replace(data, n_components=hostile.split_components_count(cfg))
+        return data
 
     def ica_data(self, values: Mapping[str, Any], partition_id: int, context: Context) -> np.ndarray:
         cfg = _run_config(values)
-        return _ica_data(partition_id, json.dumps(cfg["scenario"], sort_keys=True), cfg["seed"])
+        return ica_scenario_data(_site_scenario(cfg, partition_id, context), partition_id, int(cfg["seed"]))
 
     def hostile_kind(self, values: Mapping[str, Any], partition_id: int) -> str | None:
-        cfg = _run_config(values)
-        attack = cfg["attack"]
-        if attack["kind"] == "none" or attack["fraction"] == 0:
-            return None
-        hostile = attacks.hostile_mask(client_count(cfg["scenario"]), attack["fraction"], seed=cfg["seed"])
-        return attack["kind"] if hostile[partition_id] else None
+        return hostile.hostile_kind(_run_config(values), partition_id)
+
+
+def _site_scenario(cfg: Mapping[str, Any], partition_id: int, context: Context) -> dict[str, Any]:
+    """The run's scenario as this site sees it: a files site reads the file its own node config names.
+
+    Only fedica's local engines (in-process, simulation), which the user who wrote the config
+    runs on their own machine, let a client read a path the server sends
+    (:data:`LOCAL_ENGINE_VARIABLE` in the environment the engine gives its clients). A SuperNode
+    reads only its node config's ``data-path``: the server cannot point it at any other file.
+    """
+    scenario = dict(cfg["scenario"])
+    if scenario["name"] != "files":
+        return scenario
+    if "data-path" in context.node_config:
+        scenario["paths"] = list(scenario["paths"])
+        while len(scenario["paths"]) <= partition_id:
+            scenario["paths"].append("")
+        scenario["paths"][partition_id] = str(context.node_config["data-path"])
+    elif os.environ.get(LOCAL_ENGINE_VARIABLE) != "1":
+        raise ValueError("this SuperNode has no 'data-path' in its node config, and it reads no file the server names "
+                         "(--node-config \"partition-id=0 num-partitions=N data-path='/my/site.csv'\")")
+    return scenario
 
 
 class ArraySource:
@@ -145,8 +158,19 @@ def _client_app(source) -> ClientApp:
     }
     for task, handler in tasks.items():
         register = client_app.evaluate if CATEGORY[task] == EVALUATE else client_app.train
-        register(task)(_responder(handler))
+        register(task)(_responder(_maybe_hostile(task, handler, source)))
     return client_app
+
+
+def _maybe_hostile(task: str, honest: Handler, source) -> Handler:
+    """The task's handler, which a client the run's ``attack`` config makes hostile runs through its attack."""
+    def handle(arrays, values, partition_id, context):
+        kind = source.hostile_kind(values, partition_id)
+        if kind is None:
+            return honest(arrays, values, partition_id, context)
+        return hostile.attack_reply(kind, task, honest, arrays, values, partition_id, context, _run_config(values))
+
+    return handle
 
 
 def _responder(handler: Handler) -> Callable[[Message, Context], Message]:
@@ -156,7 +180,7 @@ def _responder(handler: Handler) -> Callable[[Message, Context], Message]:
             partition_id = _partition_id(context)
             arrays, values = unpack(msg.content)
             reply_arrays, reply_values = handler(arrays, values, partition_id, context)
-            reply_values["partition-id"] = partition_id
+            reply_values.setdefault("partition-id", partition_id)  # a hostile client may claim another
             return Message(pack(reply_arrays, reply_values), reply_to=msg)
         except Exception as err:  # noqa: BLE001 - any failure becomes a reply the server can log
             reason = f"{type(err).__name__}: {err}"
@@ -186,23 +210,7 @@ def _run_config(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _rfica_fit(source, arrays, values, partition_id, context):
-    data = source.ica_data(values, partition_id, context)
-    reply_arrays, reply_values = ica_client.fit(data, values, partition_id)
-    kind = source.hostile_kind(values, partition_id)
-    if kind in attacks.ICA_ATTACKS:
-        cfg = _run_config(values)
-        sc = cfg["scenario"]
-        truth = ica_true_mixing(r=sc["r"], orthogonal=sc["orthogonal"], seed=cfg["seed"])
-        reply_arrays["mixing"] = attacks.hostile_ica_estimate(kind, truth, attacks.attack_rng(cfg["seed"], partition_id))
-    return reply_arrays, reply_values
-
-
-@lru_cache(maxsize=4)
-def _ica_data(partition_id: int, scenario_json: str, seed: int) -> np.ndarray:
-    sc = json.loads(scenario_json)
-    return ica_client_data(partition_id, n_clients=sc["n_clients"], r=sc["r"], corrupt_ratio=sc["corrupt_ratio"],
-                           n_normal=sc["n_normal"], n_corrupt=sc["n_corrupt"], sparsity=sc["sparsity"],
-                           orthogonal=sc["orthogonal"], seed=seed)
+    return ica_client.fit(source.ica_data(values, partition_id, context), values, partition_id)
 
 
 # ---------------------------------------------------------------- FedGEM
@@ -233,35 +241,12 @@ def _gem_init(source, arrays, values, partition_id, context):
 
 def _gem_round(source, arrays, values, partition_id, context):
     data = source.gem_data(values, partition_id, context)
-    reply_arrays, reply_values = gem_client.collaborative_round(data.X_train, _received_centroids(arrays, data, context), values)
-    return _hostile_gem(source, values, partition_id, reply_arrays, reply_values)
+    return gem_client.collaborative_round(data.X_train, _received_centroids(arrays, data, context), values)
 
 
 def _gem_final(source, arrays, values, partition_id, context):
     data = source.gem_data(values, partition_id, context)
-    reply_arrays, reply_values = gem_client.final_step(data.X_train, _received_centroids(arrays, data, context))
-    reply_arrays["radii"] = np.zeros(data.n_components)
-    reply_arrays, reply_values = _hostile_gem(source, values, partition_id, reply_arrays, reply_values)
-    del reply_arrays["radii"]  # the server computes the final radii itself
-    return reply_arrays, reply_values
-
-
-def _hostile_gem(source, values, partition_id, reply_arrays, reply_values):
-    """A hostile client's replacement of its honest reply (``attack`` config); an honest client's reply unchanged."""
-    kind = source.hostile_kind(values, partition_id)
-    if kind not in attacks.GEM_ATTACKS:
-        return reply_arrays, reply_values
-    cfg = _run_config(values)
-    rng = attacks.attack_rng(cfg["seed"], partition_id, _stage(values))
-    maximisers, radii, n_points = attacks.hostile_gem_reply(
-        kind, reply_arrays["maximisers"], reply_arrays["radii"], reply_values["n-points"], rng)
-    return {**reply_arrays, "maximisers": maximisers, "radii": radii}, {**reply_values, "n-points": n_points}
-
-
-def _stage(values: Mapping[str, Any]) -> int:
-    """The protocol stage as a number: the round, or a fixed code for a named stage."""
-    label = str(values.get("server-round", "0"))
-    return int(label) if label.isdigit() else zlib.crc32(label.encode())
+    return gem_client.final_step(data.X_train, _received_centroids(arrays, data, context))
 
 
 def _gem_silhouette(source, arrays, values, partition_id, context):

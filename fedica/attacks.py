@@ -11,12 +11,27 @@ import numpy as np
 from fedica.seeding import generator
 
 ICA_ATTACKS = ("random_orthogonal", "scaled_junk", "permuted_truth")
+# Attacks on FedGEM's collaborative rounds (they replace a round reply) ...
 GEM_ATTACKS = ("inflated_radius", "inflated_count", "random_centroids")
+# ... and on the rest of its protocol: the components a client declares, the tuning, the evaluation.
+GEM_PROTOCOL_ATTACKS = ("split_components", "poison_tuning", "fake_evaluation")
+# Either algorithm: a node answers under another client's partition id.
+SPOOF_PARTITION = "spoof_partition"
+ATTACKS = ("none", *ICA_ATTACKS, *GEM_ATTACKS, *GEM_PROTOCOL_ATTACKS, SPOOF_PARTITION)
 
 # Magnitudes of the FedGEM attacks: far beyond anything an honest client reports.
 INFLATED_RADIUS = 1.0e6
 INFLATED_COUNT = 10**9
 RANDOM_CENTROID_SCALE = 1.0e3
+# split_components: copies planted around every true centre, jittered by this share of the
+# smallest distance between two true centres, plus one anchor this many spreads away.
+SPLIT_COPIES = 4
+SPLIT_JITTER = 0.1
+SPLIT_ANCHOR_DISTANCE = 10.0
+# poison_tuning: the count the client claims, as a multiple of its own; fake_evaluation: the
+# test points it claims, as a multiple of its training points (the server's loosest bound).
+POISON_COUNT_FACTOR = 10
+FAKE_TEST_FACTOR = 100
 
 
 def hostile_mask(n_clients: int, fraction: float, *, seed: int) -> np.ndarray:
@@ -108,3 +123,88 @@ def hostile_gem_reply(
     if kind == "random_centroids":
         return rng.uniform(-RANDOM_CENTROID_SCALE, RANDOM_CENTROID_SCALE, maximisers.shape), radii, n_points
     raise ValueError(f"unknown FedGEM attack {kind!r}; known: {', '.join(GEM_ATTACKS)}")
+
+
+def split_components_centroids(true_centres: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """What a ``split_components`` client declares: jittered copies of every true centre and a far anchor.
+
+    Each copy is a valid component (finite, inside the data's range) that the same-client rule
+    keeps apart from the client's other copies, so that, believed, every copy can found a
+    global cluster of its own; the anchor founds one far from all data.
+
+    Parameters
+    ----------
+    true_centres : ndarray of shape (K, d)
+        The attacker is assumed to know them (the worst case).
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    centroids : ndarray of shape (K * SPLIT_COPIES + 1, d)
+    """
+    true_centres = np.asarray(true_centres, dtype=np.float64)
+    k, d = true_centres.shape
+    gaps = np.linalg.norm(true_centres[:, None] - true_centres[None], axis=2)
+    separation = float(gaps[np.triu_indices(k, 1)].min()) if k > 1 else 1.0
+    directions = rng.standard_normal((k * SPLIT_COPIES, d))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    copies = np.repeat(true_centres, SPLIT_COPIES, axis=0) + SPLIT_JITTER * separation * directions
+    spread = float(np.linalg.norm(true_centres - true_centres.mean(axis=0), axis=1).max()) or separation
+    anchor = true_centres.mean(axis=0) + SPLIT_ANCHOR_DISTANCE * spread * directions[0]
+    return np.vstack([copies, anchor])
+
+
+def poisoned_silhouettes(n_candidates: int) -> np.ndarray:
+    """A ``poison_tuning`` client's silhouettes: +1 for the largest upsilon of the grid, -1 for every other."""
+    scores = np.full(n_candidates, -1.0)
+    scores[-1] = 1.0
+    return scores
+
+
+def poisoned_likelihoods(log_likelihoods: np.ndarray, entropies: np.ndarray, sizes: np.ndarray,
+                         n_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """A ``poison_tuning`` client's model-selection reply: the coarsest candidate far more likely than any other.
+
+    Parameters
+    ----------
+    log_likelihoods, entropies : ndarray of shape (L,)
+        The client's honest reply.
+    sizes : ndarray of shape (L,)
+        K_hat of every candidate.
+    n_points : int
+        The count the client claims.
+
+    Returns
+    -------
+    log_likelihoods, entropies : ndarray of shape (L,)
+    """
+    target = int(np.argmin(sizes))
+    scores = np.asarray(log_likelihoods, dtype=np.float64).copy()
+    scores[target] = scores.max() + 10.0 * n_points
+    poisoned_entropies = np.asarray(entropies, dtype=np.float64).copy()
+    poisoned_entropies[target] = 0.0
+    return scores, poisoned_entropies
+
+
+def fake_contingency(global_ids: np.ndarray, n_train: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A ``fake_evaluation`` client's contingency counts: a perfect diagonal over every global id it was sent.
+
+    As many test points as the server's loosest bound admits (``FAKE_TEST_FACTOR`` times its
+    training size), so that, believed, they outweigh every honest client's counts.
+
+    Returns
+    -------
+    true_values, pred_values, counts : ndarray of shape (n_ids,)
+    """
+    ids = np.unique(np.asarray(global_ids, dtype=np.int64))
+    counts = np.full(ids.size, FAKE_TEST_FACTOR * n_train // ids.size, dtype=np.int64)
+    return ids, ids.copy(), counts
+
+
+def spoofed_partition(partition_id: int, n_clients: int, hostile: np.ndarray) -> int:
+    """The partition id a ``spoof_partition`` client claims: the next honest client's (its own if none)."""
+    for step in range(1, n_clients):
+        victim = (partition_id + step) % n_clients
+        if not hostile[victim]:
+            return victim
+    return partition_id

@@ -35,10 +35,10 @@ from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
-from fedica.attacks import GEM_ATTACKS, ICA_ATTACKS
+from fedica.attacks import GEM_ATTACKS, GEM_PROTOCOL_ATTACKS, ICA_ATTACKS, SPOOF_PARTITION
 from fedica.data.blobs import SETTINGS
-from fedica.data.files import AUTO_COMPONENTS
-from fedica.data.scenarios import ICA_SCENARIO, SCENARIO_NAMES
+from fedica.data.files import AUTO_COMPONENTS, DataFileError
+from fedica.data.scenarios import ICA_SCENARIOS, SCENARIO_NAMES, ica_scenario_data
 from fedica.evaluation.baselines import BASELINE_METHODS
 from fedica.fedgem.server import UPSILON_CRITERIA
 from fedica.rfica.aggregation import BENCHMARK_RULES
@@ -48,10 +48,11 @@ __all__ = ["ConfigError", "validate_config", "client_count", "TOP_LEVEL_KEYS", "
 
 # The algorithms' ServerApp runners live in fedica.server (the Flower side), which fedica may not import.
 ALGORITHMS = ("rfica", "fedgem")
-SCENARIOS_BY_ALGORITHM = {"rfica": (ICA_SCENARIO,), "fedgem": SCENARIO_NAMES}
+SCENARIOS_BY_ALGORITHM = {"rfica": ICA_SCENARIOS, "fedgem": SCENARIO_NAMES}
 # The engines are implemented in scripts/ (engines.py, deploy), the Flower side, which fedica may not import.
 ENGINES = ("simulation", "inprocess", "deployment")
-ATTACKS_BY_ALGORITHM = {"rfica": ("none", *ICA_ATTACKS), "fedgem": ("none", *GEM_ATTACKS)}
+ATTACKS_BY_ALGORITHM = {"rfica": ("none", *ICA_ATTACKS, SPOOF_PARTITION),
+                        "fedgem": ("none", *GEM_ATTACKS, *GEM_PROTOCOL_ATTACKS, SPOOF_PARTITION)}
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 SECTIONS = ("algorithm", "scenario", "engine", "attack")
@@ -71,14 +72,17 @@ SECTION_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
         "rfica": ("contrast", "init", "benchmark", "kmeans_restarts", "gm_tol"),
         "fedgem": (
             "rounds", "local_steps", "upsilon", "upsilon_grid", "upsilon_criterion", "guard_factor", "n_init", "silhouette_sample",
-            "radius_outlier_factor", "count_cap_factor", "participation",
+            "radius_outlier_factor", "count_cap_factor", "component_cap_factor",
+            "max_hostile_fraction", "participation",
         ),
     },
     "scenario": {
         "ica_paper": ("n_clients", "r", "corrupt_ratio", "n_normal", "n_corrupt", "sparsity", "orthogonal"),
+        "signals": ("n_clients", "r", "n_samples", "n_noisy", "noise_level", "n_short", "short_samples", "orthogonal"),
         "blobs": ("n_clients", "n_clusters", "dim", "r_min", "n_train", "n_test", "setting", "k_min", "k_max"),
         "digits": ("n_clients", "test_fraction", "k_min", "k_max"),
-        "files": ("paths", "label_column", "n_components", "test_fraction"),
+        "mnist": ("n_clients", "test_fraction", "k_min", "k_max"),
+        "files": ("paths", "label_column", "n_components", "test_fraction", "write_sources"),
         "waveform": ("n_clients", "n_samples", "test_fraction", "k_min", "k_max"),
     },
     "engine": {
@@ -248,7 +252,8 @@ def validate_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"{section} is missing: choose one with {section}=<name>")
 
     algorithm = _Checker(cfg["algorithm"], "algorithm.").choice("name", ALGORITHMS)
-    scenario = _Checker(cfg["scenario"], "scenario.").choice("name", sum(SCENARIOS_BY_ALGORITHM.values(), ()))
+    scenario = _Checker(cfg["scenario"], "scenario.").choice(
+        "name", tuple(dict.fromkeys(sum(SCENARIOS_BY_ALGORITHM.values(), ()))))
     engine = _Checker(cfg["engine"], "engine.").choice("name", ENGINES)
     # Every unknown key is reported before any value: a misspelt key explains a "missing" one.
     for section, name in (("algorithm", algorithm), ("scenario", scenario), ("engine", engine)):
@@ -279,7 +284,9 @@ def validate_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
             f"scenario={scenario} does not fit algorithm={algorithm}: choose one of "
             f"{', '.join(SCENARIOS_BY_ALGORITHM[algorithm])}"
         )
-    _SCENARIO_CHECKS[scenario](_Checker(cfg["scenario"], "scenario."))
+    # files serves both algorithms; RF-ICA reads only its paths and label column.
+    check = _check_file_list if (algorithm, scenario) == ("rfica", "files") else _SCENARIO_CHECKS[scenario]
+    check(_Checker(cfg["scenario"], "scenario."))
     _ALGORITHM_CHECKS[algorithm](_Checker(cfg["algorithm"], "algorithm."))
     n_clients = client_count(cfg["scenario"])
     _ENGINE_CHECKS[engine](_Checker(cfg["engine"], "engine."), n_clients)
@@ -294,9 +301,39 @@ def validate_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         _check_plot(cfg)
     if "workload" in cfg and not (isinstance(cfg["workload"], str) and cfg["workload"]):
         raise ConfigError(f"workload={cfg['workload']!r}: must be a non-empty label")
-    if scenario == "files" and engine != "deployment":
-        _check_local_files(cfg["scenario"]["paths"])
+    if scenario == "files":
+        _check_files_engine(cfg["scenario"], algorithm, engine)
     return cfg
+
+
+def _check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str) -> None:
+    """The data files are there (and for RF-ICA readable, with one channel count) on local engines."""
+    if sc["write_sources"] and engine == "deployment":
+        raise ConfigError("scenario.write_sources=true: sources are written only by engines that run every site "
+                          "on this machine (inprocess, simulation); in a deployment each site holds its own data")
+    if engine == "deployment":
+        return
+    _check_local_files(sc["paths"])
+    if algorithm == "rfica":
+        _check_ica_channels(sc)
+
+
+def _check_ica_channels(sc: Mapping[str, Any]) -> None:
+    """Every RF-ICA site's file reads as observations, and all have the first one's number of channels.
+
+    This reads the files (cached: the sites of an in-process run reuse what was read), so a malformed file or
+    a site with other channels stops the run before it starts, with one line.
+    """
+    width = None
+    for index, path in enumerate(sc["paths"]):
+        try:
+            n_channels = ica_scenario_data(sc, index, 0).shape[0]
+        except DataFileError as err:
+            raise ConfigError(f"scenario.paths[{index}]: {err}") from None
+        width = n_channels if width is None else width
+        if n_channels != width:
+            raise ConfigError(f"scenario.paths[{index}]={path}: has {n_channels} channels (columns) but "
+                              f"scenario.paths[0] has {width}; every site must observe the same channels")
 
 
 def _check_local_files(paths: Sequence[str]) -> None:
@@ -353,12 +390,29 @@ def _check_fedgem(alg: _Checker) -> None:
         alg.number("radius_outlier_factor", low=1, low_open=True)
     if alg.get("count_cap_factor") is not None:
         alg.number("count_cap_factor", low=1)
+    if alg.get("component_cap_factor") is not None:
+        alg.number("component_cap_factor", low=1)
+    alg.number("max_hostile_fraction", low=0, high=0.5, high_open=True)
     alg.number("participation", low=0, high=1, low_open=True)
     alg.number("guard_factor", low=0, low_open=True)
 
 
 def _positive(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _check_signals(sc: _Checker) -> None:
+    n_clients = sc.integer("n_clients", minimum=1)
+    r = sc.integer("r", minimum=2)
+    sc.integer("n_samples", minimum=r + 1)
+    n_noisy = sc.integer("n_noisy", minimum=0)
+    n_short = sc.integer("n_short", minimum=0)
+    if n_noisy + n_short > n_clients:
+        sc.fail("n_short", f"n_noisy + n_short must be <= n_clients ({n_clients}): a site is noisy or short, not both")
+    sc.number("noise_level", low=0)
+    if n_short > 0:
+        sc.integer("short_samples", minimum=r + 1)
+    sc.boolean("orthogonal")
 
 
 def _check_ica_paper(sc: _Checker) -> None:
@@ -411,16 +465,27 @@ def _check_real(n_classes: int):
     return check
 
 
-def _check_files(sc: _Checker) -> None:
+def _check_file_list(sc: _Checker) -> None:
+    """The keys of files that both algorithms read (RF-ICA reads no others: n_components and test_fraction are
+    FedGEM's)."""
     paths = sc.get("paths")
     if not _is_list(paths) or len(paths) == 0:
         sc.fail("paths", "must be a non-empty list of data files, one per client (scenario.paths=[a.csv,b.csv])")
     if not all(isinstance(p, str) and p for p in paths):
         sc.fail("paths", "every entry must be a file path")
-    sc.number("test_fraction", low=0, high=1, low_open=True, high_open=True)
     label = sc.get("label_column")
     if label is not None and (isinstance(label, bool) or not isinstance(label, (str, Integral))):
         sc.fail("label_column", "must be a column index, a header name or null")
+    sc.boolean("write_sources")
+
+
+def _check_files(sc: _Checker) -> None:
+    _check_file_list(sc)
+    if sc.get("write_sources"):
+        sc.fail("write_sources", "only RF-ICA recovers sources; FedGEM needs write_sources=false")
+    paths = sc.get("paths")
+    sc.number("test_fraction", low=0, high=1, low_open=True, high_open=True)
+    label = sc.get("label_column")
     n_components = sc.get("n_components")
     if n_components is None:
         if label is None:
@@ -488,9 +553,11 @@ def _check_plot(cfg: dict[str, Any]) -> None:
 
 _SCENARIO_CHECKS = {
     "ica_paper": _check_ica_paper,
+    "signals": _check_signals,
     "blobs": _check_blobs,
     "waveform": _check_real(3),
     "digits": _check_real(10),
+    "mnist": _check_real(10),
     "files": _check_files,
 }
 _ALGORITHM_CHECKS = {"rfica": _check_rfica, "fedgem": _check_fedgem}

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from uuid import uuid4
 
+from fedica.clients.app import LOCAL_ENGINE_VARIABLE
 from fedica.scripts.nodes import node_configs
 from fedica.server.app import configure_logging, run_federation
 from flwr.app import Context, Error, Message, RecordDict
@@ -46,8 +47,9 @@ def run_inprocess(cfg: Mapping[str, Any], client_app: ClientApp | None = None) -
     """Drive the federation with :class:`InProcessGrid`: same code, no transport."""
     from fedica.clients.app import app as default_client_app
 
+    os.environ[LOCAL_ENGINE_VARIABLE] = "1"  # the clients are this user's: they read the files the config names
     grid = InProcessGrid(client_app or default_client_app, node_configs(cfg), seed=int(cfg["seed"]))
-    return run_federation(grid, cfg)
+    return run_federation(grid, cfg, bound_partitions=grid.node_partitions)
 
 
 def run_simulation_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -55,6 +57,7 @@ def run_simulation_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ[LOCAL_ENGINE_VARIABLE] = "1"  # inherited by Ray's workers, which run this user's clients
     import warnings
 
     from fedica.clients.app import app as client_app
@@ -123,6 +126,11 @@ class InProcessGrid(Grid):
         TaskIdentity.task_id = 1
         TaskIdentity.run_id = self._run.run_id
         TaskIdentity.node_id = SUPERLINK_NODE_ID
+
+    @property
+    def node_partitions(self) -> dict[int, int]:
+        """The partition id of every node, from the node configs this grid was built with."""
+        return {node: int(context.node_config["partition-id"]) for node, context in self._contexts.items()}
 
     def set_run(self, run: Run) -> None:
         self._run = run

@@ -132,7 +132,7 @@ def plot(table: Mapping, spec: Mapping[str, Any], layout: Layout, out: Path, tit
     fig.suptitle(f"{title}\n{spread_note(table)}", fontsize=10)
     fig.tight_layout(rect=(0, 0.22 * legend_rows / (3.3 * len(metrics)), 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")  # the legend below the axes stays in the picture
     plt.close(fig)
 
 

@@ -45,7 +45,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 _RUNNERS = {"rfica": run_rfica, "fedgem": run_fedgem}
 
 
-def run_federation(grid: Grid, cfg: Mapping[str, Any]) -> dict[str, Any]:
+def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping[int, int] | None = None) -> dict[str, Any]:
     """Run the configured algorithm over ``grid`` and assemble the result (docs/INTERFACE.md section 3).
 
     Parameters
@@ -54,6 +54,8 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any]) -> dict[str, Any]:
         Any Grid: Flower's simulation or deployment runtime, or the in-process one.
     cfg : mapping
         The validated run configuration (what :func:`fedica.config.validate_config` returned).
+    bound_partitions : mapping of node id to partition id, optional
+        Who is who, from a source the nodes cannot forge (see :class:`Federation`).
 
     Returns
     -------
@@ -64,7 +66,8 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any]) -> dict[str, Any]:
     federation = Federation(
         grid, expected=expected, min_clients=int(cfg["min_clients"]), round_timeout=float(cfg["round_timeout"]),
         node_wait_timeout=float(cfg["node_wait_timeout"]), common_values={"cfg": config_to_json(cfg)},
-        hostile_partitions=hostile_clients(expected, cfg["attack"], seed=int(cfg["seed"])))
+        hostile_partitions=hostile_clients(expected, cfg["attack"], seed=int(cfg["seed"])),
+        bound_partitions=None if bound_partitions is None else dict(bound_partitions))
     header = {
         "algorithm": cfg["algorithm"]["name"],
         "scenario": dict(cfg["scenario"]),
@@ -123,12 +126,23 @@ def main(grid: Grid, context: Context) -> None:
         Path("outputs") / "flwr" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     )
     try:
-        result = run_federation(grid, cfg)
+        result = run_federation(grid, cfg, bound_partitions=parse_node_partitions(str(context.run_config.get("node-partitions", ""))))
     except NotEnoughClients as err:
         write_result(out_dir, err.partial, name=PARTIAL_RESULT_FILE)
         raise
     path = write_result(out_dir, result)
     log.warning("%s\nresult: %s", format_summary(result), path.resolve())
+
+
+def parse_node_partitions(text: str) -> dict[int, int] | None:
+    """The run config's ``node-partitions`` ("node-id:partition-id,..." from fedica-deploy's launcher); None if empty."""
+    if not text.strip():
+        return None
+    try:
+        pairs = [item.split(":") for item in text.split(",")]
+        return {int(node): int(partition) for node, partition in pairs}
+    except ValueError as err:
+        raise ValueError(f"run config node-partitions={text!r} is not 'node-id:partition-id,...'") from err
 
 
 def configure_logging(level: str = "INFO") -> None:

@@ -47,6 +47,13 @@ class Federation:
         Seconds to wait for ``expected`` nodes to connect.
     common_values : dict
         Values sent with every message (fedica's own ClientApp reads its scenario from ``cfg``).
+    bound_partitions : dict of int to int, optional
+        The partition id of every node the run expects, from a source the nodes cannot forge
+        (the in-process grid's node configs; in deployment the launcher's SuperNodes). Only
+        these nodes are asked, and a reply claiming another partition is rejected. Without it,
+        claims are believed, but a partition claimed by two nodes is contested: neither is used
+        again (the server cannot tell which is genuine, so one hostile node cannot evict an
+        honest one and take its place).
     """
 
     grid: Grid
@@ -61,10 +68,16 @@ class Federation:
     history: list[dict[str, Any]] = field(default_factory=list)
     # The clients an ``attack`` config made hostile: recorded in the result only, never used by the server.
     hostile_partitions: list[int] = field(default_factory=list)
+    bound_partitions: dict[int, int] | None = None
 
     def __post_init__(self) -> None:
         self.node_of: dict[int, int] = {}
         self.nodes: list[int] = []
+        self.contested: set[int] = set()
+        if self.bound_partitions is not None:
+            self.bound_partitions = {int(n): int(p) for n, p in self.bound_partitions.items()}
+            self.partition_of.update(self.bound_partitions)
+            self.node_of.update({p: n for n, p in self.bound_partitions.items()})
 
     def connect(self) -> list[int]:
         """Wait until the expected number of nodes is connected (or the wait times out).
@@ -77,13 +90,16 @@ class Federation:
         """
         deadline = time.monotonic() + float(self.node_wait_timeout)
         while True:
-            nodes = sorted(self.grid.get_node_ids())
+            connected = sorted(self.grid.get_node_ids())
+            nodes = [n for n in connected if self.bound_partitions is None or n in self.bound_partitions]
             if len(nodes) >= self.expected or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         if len(nodes) < self.expected:
             log.warning("only %d of %d nodes connected within %.0f s; going on with them",
                         len(nodes), self.expected, self.node_wait_timeout)
+        for node in sorted(set(connected) - set(nodes)):
+            self.reject_node(node, "connect", "not one of the run's nodes; it is never asked")
         if len(nodes) < self.min_clients:
             raise NotEnoughClients(f"{len(nodes)} nodes connected; min_clients={self.min_clients}")
         self.nodes = nodes
@@ -126,6 +142,7 @@ class Federation:
         for node in destination.values():
             if node not in answered:
                 self.reject_node(node, request.round_label, f"no reply within {self.round_timeout} s")
+        replies = [reply for reply in replies if reply.partition_id not in self.contested]
         replies.sort(key=lambda reply: reply.partition_id)
         self.participation.append({"round": request.round_label, "task": request.task,
                                    "clients": [r.partition_id for r in replies]})
@@ -147,6 +164,21 @@ class Federation:
         """The ``clients`` entry of the result."""
         return {"expected": self.expected, "answered": answered, "rejected": self.rejected}
 
+    def _check_claim(self, node: int, partition: int, seen: set[int]) -> None:
+        """Raise :class:`InvalidReply` unless ``node`` may answer as ``partition`` (see ``bound_partitions``)."""
+        if self.bound_partitions is not None:
+            if self.bound_partitions.get(node) != partition:
+                raise InvalidReply(f"claims partition-id {partition}; this node is partition {self.bound_partitions.get(node)}")
+            return
+        if self.partition_of.setdefault(node, partition) != partition:
+            raise InvalidReply(f"partition-id {partition} differs from the {self.partition_of[node]} this node sent before")
+        if partition in self.contested:
+            raise InvalidReply(f"partition-id {partition} is contested by several nodes; none of them is used")
+        if partition in seen or self.node_of.get(partition, node) != node:
+            self.contested.add(partition)
+            self.node_of.pop(partition, None)
+            raise InvalidReply(f"partition-id {partition} is claimed by another node too; neither is used from now on")
+
     def _targets(self, request: Request) -> dict[int, dict[str, Any]]:
         if request.payloads is None:
             return {node: {} for node in self.nodes}
@@ -159,10 +191,7 @@ class Federation:
         try:
             arrays, values = unpack(message.content)
             partition = require_int(values, "partition-id", minimum=0, maximum=self.expected - 1)
-            if self.partition_of.setdefault(node, partition) != partition:
-                raise InvalidReply(f"partition-id {partition} differs from the {self.partition_of[node]} this node sent before")
-            if partition in seen:
-                raise InvalidReply(f"partition-id {partition} was already claimed by another node in this round")
+            self._check_claim(node, partition, seen)
         except (MalformedMessage, InvalidReply) as err:
             self.reject_node(node, round_label, f"malformed reply: {err}")
             return None

@@ -31,7 +31,7 @@ class FedGEMStrategy(ProtocolStrategy):
     Parameters
     ----------
     rounds, local_steps, upsilon, upsilon_grid, upsilon_criterion, guard_factor, n_init, silhouette_sample,
-    radius_outlier_factor, count_cap_factor, participation, random_state
+    radius_outlier_factor, count_cap_factor, component_cap_factor, max_hostile_fraction, participation, random_state
         As for :class:`fedica.FedGEM`.
     evaluate : bool, default=False
         End with an evaluation stage: clients label their held-out points and report
@@ -54,13 +54,15 @@ class FedGEMStrategy(ProtocolStrategy):
     def __init__(self, *, rounds: int = 10, local_steps: int = 1, upsilon: float | str = "auto",
                  upsilon_grid=(0.1, 0.5, 1.0, 5.0, 10.0, 50.0), upsilon_criterion: str = "likelihood", guard_factor: float = 1.5, n_init: int = 3,
                  silhouette_sample: int = 1000, radius_outlier_factor: float | None = 10.0,
-                 count_cap_factor: float | None = 10.0, participation: float = 1.0, random_state: int = 0,
+                 count_cap_factor: float | None = 10.0, component_cap_factor: float | None = 3.0,
+                 max_hostile_fraction: float = 0.25, participation: float = 1.0, random_state: int = 0,
                  evaluate: bool = False, **kwargs: Any):
         super().__init__(**kwargs)
         self.settings = FedGEMSettings(
             rounds=rounds, local_steps=local_steps, upsilon=upsilon, upsilon_grid=tuple(upsilon_grid), upsilon_criterion=upsilon_criterion,
             guard_factor=guard_factor, n_init=n_init, silhouette_sample=silhouette_sample,
             radius_outlier_factor=radius_outlier_factor, count_cap_factor=count_cap_factor,
+            component_cap_factor=component_cap_factor, max_hostile_fraction=max_hostile_fraction,
             participation=participation, min_clients=self.min_clients, seed=int(random_state))
         self.evaluate = bool(evaluate)
         self.server: FedGEMServer | None = None
@@ -132,6 +134,10 @@ def run_fedgem(federation: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]
     server = strategy.server
     fedgem_metrics = {**server.evaluation, "super_clusters": server.aggregation.k_hat, "upsilon": server.upsilon,
                       "rounds": alg["rounds"]}
+    if federation.hostile_partitions:
+        # The books know who was hostile (the server never did): the honest clients' view beside everyone's.
+        honest = [p for p in server.evaluated if p not in set(federation.hostile_partitions)]
+        fedgem_metrics.update({f"honest_{k}": v for k, v in server.evaluation_over(honest).items()})
     true_k = true_n_clusters(cfg["scenario"])
     if true_k is not None:
         fedgem_metrics["k_true"] = true_k

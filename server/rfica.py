@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,11 +13,14 @@ from fedica.server.federation import Federation
 from fedica.server.strategy import ProtocolStrategy
 from flwr.app import Array, ArrayRecord
 
-from fedica.data.ica_paper import ica_corrupted_clients, ica_true_mixing
+from fedica.data.scenarios import ica_poor_sites, ica_scenario_data, ica_scenario_truth
 from fedica.evaluation.ica import ica_error
 from fedica.rfica.server import RFICAState, rfica_protocol
 
 METHODS = ("rf-ica", "f-ica", "simple-mean", "simple-median")
+SOURCES_FILE = "sources_site{site}.csv"
+
+log = logging.getLogger("fedica.server")
 
 
 class RFICAStrategy(ProtocolStrategy):
@@ -71,41 +77,99 @@ class RFICAStrategy(ProtocolStrategy):
 
 
 def run_rfica(federation: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """fedica's RF-ICA run: the strategy, then every method scored against the scenario's A*.
+    """fedica's RF-ICA run: the strategy, then every method scored against the scenario's A* (if it has one).
 
     Returns
     -------
     partial_result : dict
-        The ``metrics``, ``clients``, ``timings`` and ``rfica`` entries of the result.
+        The ``metrics``, ``clients``, ``timings`` and ``rfica`` entries of the result. Without a ground truth
+        (scenario ``files``) every ``error`` and ``rfica.true_mixing`` are None. ``rfica.estimate`` is the
+        aggregated mixing matrix, ``rfica.unmixing`` its inverse; with ``scenario.write_sources`` the sites'
+        recovered sources are written (:func:`write_site_sources`) and ``rfica.sources_files`` lists them.
     """
-    sc, alg = cfg["scenario"], cfg["algorithm"]
+    sc, alg, seed = cfg["scenario"], cfg["algorithm"], int(cfg["seed"])
     strategy = RFICAStrategy(contrast=alg["contrast"], init=alg["init"], benchmark=alg["benchmark"],
-                             kmeans_restarts=alg["kmeans_restarts"], gm_tol=alg["gm_tol"], random_state=cfg["seed"],
-                             r=sc["r"], min_available_nodes=federation.expected, min_clients=federation.min_clients,
+                             kmeans_restarts=alg["kmeans_restarts"], gm_tol=alg["gm_tol"], random_state=seed,
+                             r=sc.get("r"), min_available_nodes=federation.expected, min_clients=federation.min_clients,
                              client_config=federation.common_values)
     strategy.start(federation.grid, timeout=federation.round_timeout, federation=federation)
     state = strategy.state
     aggregate = state.aggregate
-    truth = ica_true_mixing(r=sc["r"], orthogonal=sc["orthogonal"], seed=cfg["seed"])
+    truth = ica_scenario_truth(sc, seed)
     estimates_by_method = {"rf-ica": aggregate.rf_ica, "f-ica": aggregate.f_ica,
                            "simple-mean": aggregate.simple_mean, "simple-median": aggregate.simple_median}
-    metrics = {name: {"error": ica_error(estimate, truth)} for name, estimate in estimates_by_method.items()}
+    metrics = {name: {"error": None if truth is None else ica_error(estimate, truth)}
+               for name, estimate in estimates_by_method.items()}
     clients_sum = float(np.sum(state.client_seconds))
     fit_seconds = clients_sum + state.server_seconds
+    poor = ica_poor_sites(sc, seed)
+    rfica = {
+        "benchmark_client": state.partitions[aggregate.benchmark],
+        "estimate": aggregate.rf_ica,
+        "unmixing": strategy.components_,
+        "estimates": estimates_by_method,
+        "true_mixing": truth,
+        "client_partitions": state.partitions,
+        "n_samples": state.n_samples,
+        # The sites the scenario makes poor on purpose (all kinds together), None when unknown.
+        "corrupted_clients": None if poor is None else sorted(g for sites in poor.values() for g in sites),
+        "poor_sites": poor,
+        "hostile_clients": federation.hostile_partitions,
+    }
+    if sc.get("write_sources"):
+        rfica["sources_files"] = write_site_sources(sc, strategy.components_, seed, _run_output_dir())
     return {
         "metrics": metrics,
         "clients": federation.clients_record(len(state.estimates)),
         "timings": {**{name: fit_seconds for name in METHODS}, "clients_sum": clients_sum, "server": state.server_seconds},
-        "rfica": {
-            "benchmark_client": state.partitions[aggregate.benchmark],
-            "estimate": aggregate.rf_ica,
-            "estimates": estimates_by_method,
-            "true_mixing": truth,
-            "client_partitions": state.partitions,
-            "n_samples": state.n_samples,
-            "corrupted_clients": np.flatnonzero(
-                ica_corrupted_clients(n_clients=sc["n_clients"], corrupt_ratio=sc["corrupt_ratio"], seed=cfg["seed"])
-            ).tolist(),
-            "hostile_clients": federation.hostile_partitions,
-        },
+        "rfica": rfica,
     }
+
+
+def write_site_sources(scenario: Mapping[str, Any], unmixing: np.ndarray, seed: int, out_dir: str | os.PathLike
+                       ) -> list[str]:
+    """Write every site's recovered sources as ``sources_site<g>.csv`` in ``out_dir``.
+
+    Site ``g``'s sources are ``(X_g - mean(X_g)) @ unmixing.T`` for its observations ``X_g`` of shape
+    (n_g, r): each site is centred by its own mean, as its local FastICA was. Only for engines that run every
+    site on this machine (the config refuses ``write_sources`` in a deployment), where the launcher can read
+    the sites' files; nothing is sent over the federation for it.
+
+    Parameters
+    ----------
+    scenario : mapping
+        The run's ``scenario`` section (any RF-ICA scenario).
+    unmixing : ndarray of shape (r, r)
+    seed : int
+    out_dir : str or os.PathLike
+
+    Returns
+    -------
+    paths : list of str
+        The files written, site by site; each has a header ``s0,...,s<r-1>`` and one row per sample.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    header = ",".join(f"s{i}" for i in range(unmixing.shape[0]))
+    written = []
+    for site in range(len(scenario["paths"]) if scenario["name"] == "files" else int(scenario["n_clients"])):
+        X = ica_scenario_data(scenario, site, seed).T
+        path = out_dir / SOURCES_FILE.format(site=site)
+        np.savetxt(path, (X - X.mean(axis=0)) @ unmixing.T, delimiter=",", header=header, comments="", fmt="%.10g")
+        written.append(str(path.resolve()))
+    log.info("wrote the recovered sources of %d sites to %s", len(written), out_dir.resolve())
+    return written
+
+
+def _run_output_dir() -> Path:
+    """Where result.json goes: Hydra's run folder under fedica-run, else ``$FEDICA_OUT``, else the working folder."""
+    fallback = Path(os.environ.get("FEDICA_OUT") or ".")
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return fallback
+        return Path(HydraConfig.get().runtime.output_dir or fallback)
+    except Exception as err:  # noqa: BLE001 - Hydra's compose API (flwr run) sets no run folder
+        log.debug("no Hydra run folder (%s); sources go to %s", err, fallback)
+        return fallback

@@ -8,11 +8,10 @@ import functools
 
 import numpy as np
 from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 from fedica.data.blobs import client_cluster_sets
-from fedica.data.common import ClientData, _readonly, _resolve_k_range
-from fedica.seeding import generator, sklearn_seed
+from fedica.data.common import ClientData, _readonly, _resolve_k_range, deal_classes
+from fedica.seeding import generator
 from fedica.validation import check_partition, check_seed, check_test_fraction
 
 
@@ -79,29 +78,9 @@ def _class_partition(dataset: str, dataset_args: tuple, n_clients: int, test_fra
     classes = np.unique(y)
     sets = client_cluster_sets(n_clients, classes.size, k_min, k_max,
                                random_state=generator(seed, "scenario.cluster_sets"))
-    train_idx, test_idx = train_test_split(
-        np.arange(y.size), test_size=test_fraction, stratify=y,
-        random_state=sklearn_seed(generator(seed, "classes.split")))
-    holds = np.zeros((n_clients, classes.size), dtype=bool)
-    holds[np.repeat(np.arange(n_clients), [s.size for s in sets]), np.concatenate(sets)] = True
-    rng = generator(seed, "classes.assign")
-    owners = []
-    for idx in (train_idx, test_idx):
-        owner = np.empty(idx.size, dtype=np.int64)
-        for c in range(classes.size):  # a handful of classes; each class's points are dealt in one shot
-            members = rng.permutation(np.flatnonzero(y[idx] == classes[c]))
-            holders = np.flatnonzero(holds[:, c])
-            chunk = np.arange(members.size) * holders.size // members.size  # even split, sizes differ by <= 1
-            owner[members] = holders[chunk]
-        owners.append(owner)
-    train_counts = np.bincount(owners[0], minlength=n_clients)
-    short = np.flatnonzero(train_counts < [s.size for s in sets])
-    if short.size:
-        g = int(short[0])
-        raise ValueError(f"client {g} gets only {train_counts[g]} training points for {sets[g].size} classes; "
-                         "use fewer clients or more data")
-    _readonly(train_idx, test_idx, *owners, *sets)
-    return X, y, train_idx, test_idx, owners[0], owners[1], tuple(sets)
+    train_idx, test_idx, train_owner, test_owner = deal_classes(y, sets, test_fraction, seed)
+    _readonly(train_idx, test_idx, train_owner, test_owner, *sets)
+    return X, y, train_idx, test_idx, train_owner, test_owner, tuple(sets)
 
 
 def _class_client_data(partition_id, dataset, dataset_args, n_clients, test_fraction, k_min, k_max, seed):

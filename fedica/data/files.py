@@ -1,4 +1,7 @@
 """The user's own data: one CSV, NPY or NPZ file per client, checked with one clear line per problem.
+
+:func:`load_client_file` reads a FedGEM client's points (split train/test), :func:`load_ica_file` an RF-ICA
+site's observations (rows = samples, columns = channels); both share the readers and their checks.
 """
 
 from __future__ import annotations
@@ -70,15 +73,7 @@ def load_client_file(path, *, label_column: int | str | None = None, n_component
     """
     path = Path(path)
     test_fraction = check_test_fraction(test_fraction)
-    if not path.is_file():
-        raise DataFileError(f"{path}: no such file")
-    if path.stat().st_size == 0:
-        raise DataFileError(f"{path}: file is empty")
-    suffix = path.suffix.lower()
-    if suffix in (".npy", ".npz"):
-        X, y = _read_numpy_file(path, suffix, label_column)
-    else:
-        X, y = _read_csv_file(path, label_column, delimiter)
+    X, y = _read_any(path, label_column, delimiter)
 
     choose = n_components == AUTO_COMPONENTS and X.shape[0] >= 4
     if n_components == AUTO_COMPONENTS and not choose:
@@ -106,6 +101,55 @@ def load_client_file(path, *, label_column: int | str | None = None, n_component
     return ClientData(X[train], y_train, X[test], y_test, int(n_components))
 
 
+def load_ica_file(path, *, label_column: int | str | None = None, delimiter: str = ",") -> np.ndarray:
+    """Load one site's observations for RF-ICA from a CSV, ``.npy`` or ``.npz`` file.
+
+    The formats and their checks are those of :func:`load_client_file`: rows are samples (time points),
+    columns are channels. A ``label_column`` (e.g. a time stamp or a class id) is taken out of the channels
+    and otherwise ignored, and so is an ``.npz`` file's ``y`` array; nothing is split off for testing.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    label_column : int, str or None
+    delimiter : str
+
+    Returns
+    -------
+    X : ndarray of shape (n_samples, n_channels), float64
+
+    Raises
+    ------
+    DataFileError
+        For every problem :func:`load_client_file` names, fewer than 2 channels, or no more samples than
+        channels (FastICA's whitening needs ``n_samples > n_channels``). The message starts with the path.
+    """
+    X = _read_any(Path(path), label_column, delimiter)[0]
+    if X.shape[1] < 2:
+        raise DataFileError(f"{path}: has {X.shape[1]} channel (column); ICA needs at least 2")
+    if X.shape[0] <= X.shape[1]:
+        raise DataFileError(f"{path}: has {X.shape[0]} samples (rows) for {X.shape[1]} channels; ICA needs more "
+                            "samples than channels")
+    return X
+
+
+def _read_any(path: Path, label_column, delimiter: str):
+    """Points and labels of a data file, by suffix; a missing or empty file is an error."""
+    if path.is_symlink():
+        # A site's data is a file it names itself; a link could lead a client to any file of its machine.
+        raise DataFileError(f"{path}: is a symbolic link; name the data file itself")
+    if path.is_dir():
+        raise DataFileError(f"{path}: is a directory, not a data file")
+    if not path.is_file():
+        raise DataFileError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise DataFileError(f"{path}: file is empty")
+    suffix = path.suffix.lower()
+    if suffix in (".npy", ".npz"):
+        return _read_numpy_file(path, suffix, label_column)
+    return _read_csv_file(path, label_column, delimiter)
+
+
 def _split(n_points: int, y: np.ndarray | None, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Train and test row indices: stratified by label where every label can go to both parts."""
     stratify = None
@@ -119,7 +163,8 @@ def _split(n_points: int, y: np.ndarray | None, test_fraction: float, seed: int)
 
 
 def _cell_name(column: int, header: list[str] | None) -> str:
-    return f"column {column}" + (f" ({header[column]!r})" if header is not None else "")
+    # Errors travel to the server: they name the place, never a file's content (not even its header).
+    return f"column {column}"
 
 
 def _read_csv_file(path: Path, label_column, delimiter: str):
@@ -151,8 +196,8 @@ def _read_csv_file(path: Path, label_column, delimiter: str):
         for row, line in zip(rows, lines):
             for column, cell in enumerate(row):
                 if not _is_number(cell):
-                    raise DataFileError(f"{path}: line {line}, {_cell_name(column, header)}: {cell!r} is not a "
-                                        "number (every cell must be numeric)") from None
+                    raise DataFileError(f"{path}: line {line}, {_cell_name(column, header)}: not a number "
+                                        "(every cell must be numeric)") from None
         raise
     _check_finite(path, table, lambda row: f"line {lines[row]}", header)
 
@@ -210,8 +255,8 @@ def _check_finite(path: Path, table: np.ndarray, where, header) -> None:
     bad = np.argwhere(~np.isfinite(table))
     if bad.size:
         row, column = bad[0]
-        raise DataFileError(f"{path}: {where(row)}, {_cell_name(column, header)}: value {table[row, column]} is "
-                            "not finite (NaN and infinity are not allowed)")
+        raise DataFileError(f"{path}: {where(row)}, {_cell_name(column, header)}: not finite "
+                            "(NaN and infinity are not allowed)")
 
 
 def _resolve_label_column(path: Path, label_column, width: int, header) -> int | None:
@@ -221,7 +266,7 @@ def _resolve_label_column(path: Path, label_column, width: int, header) -> int |
         if header is None:
             raise DataFileError(f"{path}: label_column={label_column!r} is a name but the file has no header")
         if label_column not in header:
-            raise DataFileError(f"{path}: label_column={label_column!r} is not in the header {header}")
+            raise DataFileError(f"{path}: label_column={label_column!r} is none of the header's {len(header)} names")
         return header.index(label_column)
     if not -width <= int(label_column) < width:
         raise DataFileError(f"{path}: label_column={label_column} is out of range for {width} columns")
@@ -240,6 +285,6 @@ def _split_label_column(path: Path, table: np.ndarray, label_index: int | None, 
 def _integer_labels(path: Path, values: np.ndarray, where, column_name: str) -> np.ndarray:
     bad = np.flatnonzero(~np.isfinite(values) | (values != np.round(values)))
     if bad.size:
-        raise DataFileError(f"{path}: {where(bad[0])}, {column_name}: label {values[bad[0]]} is not an integer "
+        raise DataFileError(f"{path}: {where(bad[0])}, {column_name}: not an integer "
                             "(labels must be integer class ids)")
     return values.astype(np.int64)

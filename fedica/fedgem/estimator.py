@@ -58,6 +58,13 @@ class FedGEM(BaseEstimator):
         typical separation) takes part in no merge; None: off.
     count_cap_factor : float or None, default=10.0
         The server counts at most this multiple of the median site size for one site.
+    component_cap_factor : float or None, default=3.0
+        A site declaring more than this multiple of the median number of local clusters (or a
+        component of less than half the uniform weight at that cap) is not admitted; None: off.
+    max_hostile_fraction : float, default=0.25
+        The share of sites that may be hostile: a global cluster is counted only when more
+        sites than that support it or it carries a typical site's cluster mass (0: every
+        cluster counts).
     participation : float, default=1.0
         Share of the sites asked in each round.
     min_clients : int, default=2
@@ -94,7 +101,7 @@ class FedGEM(BaseEstimator):
 
     def __init__(self, rounds=10, local_steps=1, upsilon="auto", upsilon_grid=(0.1, 0.5, 1.0, 5.0, 10.0, 50.0),
                  upsilon_criterion="likelihood", guard_factor=1.5, n_init=3, silhouette_sample=1000, radius_outlier_factor=10.0,
-                 count_cap_factor=10.0, participation=1.0, min_clients=2, max_local_clusters=10, random_state=0):
+                 count_cap_factor=10.0, component_cap_factor=3.0, max_hostile_fraction=0.25, participation=1.0, min_clients=2, max_local_clusters=10, random_state=0):
         self.rounds = rounds
         self.local_steps = local_steps
         self.upsilon = upsilon
@@ -105,6 +112,8 @@ class FedGEM(BaseEstimator):
         self.silhouette_sample = silhouette_sample
         self.radius_outlier_factor = radius_outlier_factor
         self.count_cap_factor = count_cap_factor
+        self.component_cap_factor = component_cap_factor
+        self.max_hostile_fraction = max_hostile_fraction
         self.participation = participation
         self.min_clients = min_clients
         self.max_local_clusters = max_local_clusters
@@ -133,6 +142,7 @@ class FedGEM(BaseEstimator):
             upsilon_criterion=self.upsilon_criterion,
             guard_factor=self.guard_factor, n_init=self.n_init, silhouette_sample=self.silhouette_sample,
             radius_outlier_factor=self.radius_outlier_factor, count_cap_factor=self.count_cap_factor,
+            component_cap_factor=self.component_cap_factor, max_hostile_fraction=self.max_hostile_fraction,
             participation=self.participation, min_clients=self.min_clients, seed=seed)
         server = FedGEMServer(settings, evaluate=False)
         sites_state = [_Site(X, int(k)) for X, k in zip(data, self.n_local_clusters_)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,11 @@ from fedica.fedgem.selection import Candidate, bic, icl, merge_path
 from fedica.fedgem.trust import (
     ClientModel,
     Components,
+    Support,
+    admit_components,
     cap_counts,
+    clip_to_order_statistics,
+    cluster_support,
     final_radii,
     log_excluded,
     trusted_final_aggregation,
@@ -83,6 +88,8 @@ class FedGEMSettings:
     silhouette_sample: int = 1000
     radius_outlier_factor: float | None = 10.0
     count_cap_factor: float | None = 10.0
+    component_cap_factor: float | None = 3.0
+    max_hostile_fraction: float = 0.25
     participation: float = 1.0
     min_clients: int = 2
     seed: int = 0
@@ -128,12 +135,14 @@ class FedGEMServer:
     def __post_init__(self) -> None:
         self.dim: int | None = None
         self.final: Components | None = None
+        self.support: Support | None = None
         self.aggregation: FinalAggregation | None = None
         self.upsilon: float | None = None
         self.merges = 0
         self.tuning: dict[str, Any] | None = None
         self.evaluation: dict[str, float] = {}
         self.client_aris: dict[str, float] = {}
+        self.evaluated: dict[int, tuple] = {}
 
     # ------------------------------------------------------------------ the protocol
 
@@ -191,6 +200,8 @@ class FedGEMServer:
                 continue
             self.models[reply.partition_id] = ClientModel(n_points, weights, centroids, n_points)
             self.client_seconds += reported_seconds(reply)
+        for partition, reason in admit_components(self.models, self.settings.component_cap_factor):
+            self.reject(partition, "init", reason)
         self.require(len(self.models), "FedGEM initialisation")
         cap_counts(self.models, self.settings.count_cap_factor)
 
@@ -230,6 +241,7 @@ class FedGEMServer:
         # eps of the final components holds each one's drift from the centroids the server sent.
         self.final = self._collect(replies, "final", lambda reply, model, maximisers: uncertainty_radius(maximisers, model.centroids))
         self.require(len(self.final.partitions), "FedGEM final stage")
+        self.support = cluster_support(self.models, self.final, self.settings.max_hostile_fraction)
 
     def _tuning_candidates(self) -> tuple[dict[int, dict[str, np.ndarray]], list[FinalAggregation]]:
         """Each client's consensus model under every upsilon of the grid (paper appendix D.3)."""
@@ -246,20 +258,19 @@ class FedGEMServer:
         """The upsilon whose N_g-weighted mean client silhouette is best, under the K_hat guard."""
         start = time.perf_counter()
         grid = [float(u) for u in self.settings.upsilon_grid]
-        totals, weight_sum = np.zeros(len(grid)), np.zeros(len(grid))
+        rows, counts = [], []
         for reply in replies:
             try:
                 scores = require_array(reply.arrays, "silhouettes", (len(grid),), allow_nan=True)
+                if np.any(np.abs(scores[np.isfinite(scores)]) > 1.0):
+                    raise InvalidReply("'silhouettes' must lie in [-1, 1]")
             except InvalidReply as err:
                 self.reject(reply.partition_id, "silhouette", f"invalid reply: {err}")
                 continue
             self.client_seconds += reported_seconds(reply)
-            valid = np.isfinite(scores)
-            n_points = self.models[reply.partition_id].n_points
-            totals += np.where(valid, scores, 0.0) * n_points
-            weight_sum += np.where(valid, n_points, 0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            silhouettes = np.where(weight_sum > 0, totals / np.maximum(weight_sum, 1), np.nan)
+            rows.append(scores)
+            counts.append(self.models[reply.partition_id].n_points)
+        silhouettes = _weighted_mean(self._robust_profiles(np.array(rows).reshape(-1, len(grid))), self._tuning_weights(counts))
         k_hats = np.array([agg.k_hat for agg in aggregations])
         # The paper keeps k_hat "not significantly" above sqrt(sum_g K_g); guard_factor says how far is significant.
         guard = self.settings.guard_factor * math.sqrt(sum(m.n_components for m in self.models.values()))
@@ -284,12 +295,48 @@ class FedGEMServer:
             if finest is None or aggregation.k_hat > finest[0].aggregation.k_hat:
                 finest = (candidates[-1], excluded)
         trusted_weights = np.where(finest[1], 0.0, self.final.weights)
-        min_clusters = max(m.n_components for m in self.models.values())
+        min_clusters = self._fewest_clusters()
         path = merge_path(finest[0].aggregation, self.final.centers, self.final.owners, trusted_weights,
                           min_clusters=min_clusters)
         candidates += [Candidate(agg, finest[0].upsilon, merges) for merges, agg in enumerate(path, start=1)]
         self.server_seconds += time.perf_counter() - start
         return candidates
+
+    def _n_trim(self, n_replies: int) -> int:
+        """How many clients' scores are clipped at each end of a tuning score: as many as may be hostile."""
+        return int(math.floor(self.settings.max_hostile_fraction * n_replies))
+
+    def _tuning_weights(self, counts: Sequence[int]) -> np.ndarray:
+        """The clients' weights in the tuning: their counts, at most the median count (so no one client outweighs the rest)."""
+        counts = np.asarray(counts, dtype=float)
+        if self.settings.max_hostile_fraction <= 0:
+            return counts
+        return np.minimum(counts, np.median(counts))
+
+    def _robust_profiles(self, scores: np.ndarray) -> np.ndarray:
+        """The clients' silhouettes with each client's deviations from its own mean clipped to the other clients' range."""
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a client with no score at all keeps its NaNs
+            level = np.nanmean(scores, axis=1, keepdims=True)
+        return level + clip_to_order_statistics(scores - level, self._n_trim(scores.shape[0]))
+
+    def _robust_total(self, scores: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """The clients' summed scores per candidate, each client's change from the first candidate clipped per point.
+
+        A client's score of the first candidate is kept; its per-point changes from it are
+        clipped to the other clients' range (:func:`clip_to_order_statistics`) and weighted by
+        :meth:`_tuning_weights`, so that no client makes a candidate win by reporting a
+        likelihood that no honest client's data gives.
+        """
+        base = scores[:, :1]
+        per_point = (scores - base) / sizes[:, None]
+        return (base + clip_to_order_statistics(per_point, self._n_trim(len(sizes))) * self._tuning_weights(sizes)[:, None]).sum(axis=0)
+
+    def _fewest_clusters(self) -> int:
+        """A lower bound on K: the largest K_g once as many of the largest as hostile clients may be are set aside."""
+        local = sorted(m.n_components for m in self.models.values())
+        set_aside = int(math.floor(self.settings.max_hostile_fraction * len(local)))
+        return local[max(len(local) - 1 - set_aside, 0)]
 
     def _candidate_payloads(self, candidates: list[Candidate]) -> dict[int, dict[str, np.ndarray]]:
         """Every client receives every candidate's global model (the centres stacked, and each candidate's K_hat)."""
@@ -300,7 +347,7 @@ class FedGEMServer:
     def _choose_by_likelihood(self, candidates: list[Candidate], replies: list[Reply]) -> None:
         """The candidate with the smallest federated ICL (ties: fewer clusters, then the earlier candidate)."""
         start = time.perf_counter()
-        totals, entropies, n_points, counted = np.zeros(len(candidates)), np.zeros(len(candidates)), 0, 0
+        likelihoods, entropies, sizes, n_points = [], [], [], 0
         for reply in replies:
             try:
                 scores = require_array(reply.arrays, "log-likelihoods", (len(candidates),))
@@ -309,11 +356,13 @@ class FedGEMServer:
                 self.reject(reply.partition_id, "likelihood", f"invalid reply: {err}")
                 continue
             self.client_seconds += reported_seconds(reply)
-            totals += scores
-            entropies += entropy
+            likelihoods.append(scores)
+            entropies.append(entropy)
+            sizes.append(self.models[reply.partition_id].declared_points)
             n_points += self.models[reply.partition_id].n_points
-            counted += 1
-        self.require(counted, "FedGEM model selection")
+        self.require(len(sizes), "FedGEM model selection")
+        totals, entropies = (self._robust_total(np.array(scores), np.array(sizes, dtype=float))
+                             for scores in (likelihoods, entropies))
         k_hats = np.array([c.aggregation.k_hat for c in candidates])
         bics = bic(totals, k_hats, self.dim, n_points)
         scores = icl(totals, entropies, k_hats, self.dim, n_points)
@@ -337,35 +386,49 @@ class FedGEMServer:
 
     def _final_aggregation(self, upsilon: float) -> tuple[FinalAggregation, np.ndarray]:
         return trusted_final_aggregation(self.final, final_radii(self.models, self.final, upsilon),
-                                         self.settings.radius_outlier_factor)
+                                         self.settings.radius_outlier_factor, self.support)
 
     def _evaluate(self, replies: list[Reply]) -> None:
         """Local ARI (N_g-weighted), pooled global ARI and K_hat from the clients' contingency counts."""
-        aris, weights, triplets = [], [], []
-        has_labels = True
+        self.evaluated = {}
         for reply in replies:
             try:
-                true_values, pred_values, counts, local = self._evaluation_reply(reply)
+                self.evaluated[reply.partition_id] = self._evaluation_reply(reply)
             except InvalidReply as err:
                 self.reject(reply.partition_id, "evaluate", f"invalid reply: {err}")
-                continue
-            has_labels = has_labels and bool(reply.values.get("has-labels", True))
-            aris.append(local)
-            self.client_aris[str(reply.partition_id)] = local
-            weights.append(self.models[reply.partition_id].n_points)
-            triplets.append((true_values.astype(np.int64), pred_values.astype(np.int64), counts.astype(np.int64)))
-        if not triplets:
-            self.evaluation = {"local_ari": float("nan"), "global_ari": float("nan"), "k_hat": 0}
+        self._refuse_outsized_tests()
+        self.client_aris = {str(p): e[3] for p, e in self.evaluated.items()}
+        self.evaluation = self.evaluation_over(self.evaluated)
+
+    def _refuse_outsized_tests(self) -> None:
+        """Leave out clients whose test counts exceed ``count_cap_factor`` times the median client's (forged tables)."""
+        factor = self.settings.count_cap_factor
+        if factor is None or len(self.evaluated) < 3:
             return
-        true_all, pred_all, count_all = (np.concatenate(parts) for parts in zip(*triplets))
-        self.evaluation = {"k_hat": k_hat_from_predictions(pred_all, count_all)}
-        if has_labels:
-            self.evaluation["local_ari"] = weighted_local_ari(np.asarray(aris), np.asarray(weights))
-            self.evaluation["global_ari"] = ari_from_contingency(true_all, pred_all, count_all)
+        totals = {p: float(e[2].sum()) for p, e in self.evaluated.items()}
+        cap = factor * float(np.median(list(totals.values())))
+        for partition, total in totals.items():
+            if total > cap:
+                self.reject(partition, "evaluate", f"invalid reply: reports {int(total)} test points, more than "
+                                                   f"{factor:g} x the median client's {cap / factor:.0f}")
+                del self.evaluated[partition]
+
+    def evaluation_over(self, partitions) -> dict[str, float]:
+        """The evaluation metrics over the evaluated clients among ``partitions`` (say, the honest ones)."""
+        chosen = [p for p in partitions if p in self.evaluated]
+        if not chosen:
+            return {"local_ari": float("nan"), "global_ari": float("nan"), "k_hat": 0}
+        true_all, pred_all, count_all = (np.concatenate([self.evaluated[p][i] for p in chosen]) for i in range(3))
+        metrics = {"k_hat": k_hat_from_predictions(pred_all, count_all)}
+        if all(self.evaluated[p][4] for p in chosen):
+            metrics["local_ari"] = weighted_local_ari(np.array([self.evaluated[p][3] for p in chosen]),
+                                                      np.array([self.models[p].n_points for p in chosen]))
+            metrics["global_ari"] = ari_from_contingency(true_all, pred_all, count_all)
+        return metrics
 
     # ------------------------------------------------------------------ replies
 
-    def _evaluation_reply(self, reply: Reply) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    def _evaluation_reply(self, reply: Reply) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, bool]:
         """A client's contingency counts and local ARI, checked against what the server knows of it.
 
         The counts must be whole numbers, at most :data:`MAX_TEST_PER_TRAINING_POINT` times the
@@ -388,7 +451,8 @@ class FedGEMServer:
         local = reply.values.get("local-ari")
         if isinstance(local, bool) or not isinstance(local, (int, float)) or not -1.0 <= local <= 1.0:
             raise InvalidReply(f"'local-ari'={local!r} is not a number in [-1, 1]")
-        return true_values, pred_values, counts, float(local)
+        as_int = (true_values.astype(np.int64), pred_values.astype(np.int64), counts.astype(np.int64))
+        return (*as_int, float(local), bool(reply.values.get("has-labels", True)))
 
     def _round_radii(self, reply: Reply, model: ClientModel, maximisers: np.ndarray) -> np.ndarray:
         """A collaborative round's squared radii; recomputed on the server where the model allows."""
@@ -434,4 +498,14 @@ class FedGEMServer:
         if not partitions:
             return Components([], np.empty((0, self.dim or 0)), np.empty(0), np.empty(0, int), np.empty(0))
         return Components(partitions, np.vstack(centers), np.concatenate(eps), np.concatenate(owners), np.concatenate(weights))
+
+
+
+def _weighted_mean(scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The weighted mean of each column over the rows that have a score (NaN where none has)."""
+    valid = np.isfinite(scores)
+    totals = (np.where(valid, scores, 0.0) * weights[:, None]).sum(axis=0)
+    weight_sum = (valid * weights[:, None]).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(weight_sum > 0, totals / np.maximum(weight_sum, 1), np.nan)
 

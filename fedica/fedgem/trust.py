@@ -1,14 +1,17 @@
 """The server's trust rules: what FedGEM's server believes of a client's reply (docs/ALGORITHMS.md section 2.5).
 
 No client's declared count or radius is taken at face value: counts are capped at a multiple
-of the median declared count; components whose balls are outliers by a robust rule take part
-in no merge; in the final aggregation an untrusted component founds no global cluster.
+of the median declared count; a client declaring far more components than the others, or a
+component of negligible weight, is not admitted; components whose balls are outliers by a
+robust rule take part in no merge; in the final aggregation an untrusted component founds no
+global cluster, and neither does a cluster that too few clients and too little mass support.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -18,6 +21,11 @@ from fedica.fedgem.local import final_radius, min_centroid_distance
 from fedica.fedgem.merging import FinalAggregation, final_aggregation, server_step
 
 log = logging.getLogger("fedica.server")
+
+# A cluster that few clients support counts when it carries at least this share of the median
+# mass a client gives one of its clusters. Genuine clusters held by one small client are that
+# light: at 0.25 one of 10 seeds of section 6.2's client-imbalance workload lost one.
+SUPPORT_MASS_SHARE = 0.1
 
 
 @dataclass
@@ -68,6 +76,72 @@ def cap_counts(models: Mapping[int, ClientModel], factor: float | None) -> None:
             model.n_points = cap
 
 
+def component_cap(models: Mapping[int, ClientModel], factor: float | None) -> int | None:
+    """The most components one client may declare: ``factor`` times the median declared K_g (None: no cap)."""
+    if factor is None or not models:
+        return None
+    return max(2, math.ceil(factor * float(np.median([m.n_components for m in models.values()]))))
+
+
+def admit_components(models: dict[int, ClientModel], factor: float | None) -> list[tuple[int, str]]:
+    """Remove the clients whose declared components one client must not add; return them with the reason.
+
+    A client is refused when it declares more than :func:`component_cap` components, or a
+    component whose weight is below the uniform weight of a client at the cap (half of it):
+    tiny components cost their client nothing and could each found a global cluster
+    (docs/ALGORITHMS.md section 2.5).
+    """
+    cap = component_cap(models, factor)
+    if cap is None:
+        return []
+    refused = []
+    for partition, model in list(models.items()):
+        if model.n_components > cap:
+            refused.append((partition, f"declares {model.n_components} components; at most {cap} "
+                                       f"({factor:g} x the median K_g) are admitted"))
+        elif model.weights.min() < 0.5 / cap:
+            refused.append((partition, f"declares a component of weight {model.weights.min():.3g}, below the floor "
+                                       f"{0.5 / cap:.3g} (half the uniform weight of {cap} components)"))
+    for partition, _ in refused:
+        del models[partition]
+    return refused
+
+
+def support_quorum(n_clients: int, hostile_fraction: float) -> int:
+    """The clients a global cluster needs to be counted on their number alone: more than the hostile ones can be."""
+    return int(math.floor(hostile_fraction * n_clients)) + 1
+
+
+def unsupported_clusters(labels: np.ndarray, owners: np.ndarray, masses: np.ndarray, quorum: int,
+                         typical_mass: float) -> np.ndarray:
+    """Which global clusters too few clients and too little mass support.
+
+    If up to a fraction of the clients may be hostile, a cluster whose members come from no
+    more clients than that could be theirs alone; it is counted when more clients support it
+    (``quorum``) or when its mass reaches ``typical_mass``, the mass a typical client gives one
+    of its clusters (a genuine cluster held by few clients carries real data).
+
+    Parameters
+    ----------
+    labels : ndarray of shape (m,)
+        Global cluster of every component.
+    owners : ndarray of shape (m,)
+    masses : ndarray of shape (m,)
+        Each component's weight, counted with its client's count capped at the median.
+    quorum : int
+    typical_mass : float
+
+    Returns
+    -------
+    unsupported : ndarray of shape (k_hat,), dtype bool
+    """
+    k_hat = int(labels.max()) + 1 if labels.size else 0
+    supporters = np.zeros(k_hat, dtype=np.int64)
+    np.add.at(supporters, np.unique(np.c_[labels, owners], axis=0)[:, 0], 1)
+    mass = np.bincount(labels, weights=masses, minlength=k_hat)
+    return (supporters < quorum) & (mass < typical_mass)
+
+
 def outlying_radii(eps: np.ndarray, factor: float | None, scale: Callable[[], float]) -> np.ndarray:
     """Components whose ball is an outlier by a robust rule (``factor`` None: none).
 
@@ -107,8 +181,29 @@ def trusted_server_step(components: Components, factor: float | None) -> tuple[n
     return new_centers, step.n_super_clusters + int(excluded.sum()), excluded
 
 
+@dataclass(frozen=True)
+class Support:
+    """What a global cluster needs to be counted (:func:`unsupported_clusters`)."""
+
+    quorum: int
+    typical_mass: float
+    masses: np.ndarray   # (m,) each final component's weight, its client's count capped at the median
+
+
+def cluster_support(models: Mapping[int, ClientModel], final: Components, hostile_fraction: float) -> Support | None:
+    """The support rule of a run's final components; None when ``hostile_fraction`` is 0 (every cluster counts)."""
+    if hostile_fraction <= 0:
+        return None
+    median_points = float(np.median([m.n_points for m in models.values()]))
+    typical = SUPPORT_MASS_SHARE * float(np.median([min(m.n_points, median_points) / m.n_components for m in models.values()]))
+    masses = np.empty(final.centers.shape[0])
+    for partition, part in final.slices().items():
+        masses[part] = min(models[partition].n_points, median_points) * models[partition].weights
+    return Support(support_quorum(len(final.partitions), hostile_fraction), typical, masses)
+
+
 def trusted_final_aggregation(
-    final: Components, radii: np.ndarray, factor: float | None
+    final: Components, radii: np.ndarray, factor: float | None, support: Support | None = None
 ) -> tuple[FinalAggregation, np.ndarray]:
     """The final aggregation over the trusted components.
 
@@ -118,12 +213,22 @@ def trusted_final_aggregation(
     AND exceeds its own final radius (it moved further in one EM step than the tolerance it
     asks for: it did not converge with the federation, or it lies). An untrusted component
     founds no global cluster: it is mapped to the nearest global centroid of the others, so
-    that it can neither merge every cluster into one nor add clusters of its own.
+    that it can neither merge every cluster into one nor add clusters of its own. With a
+    ``support`` rule, the members of a cluster it does not count are treated the same way
+    (repeatedly, until every remaining cluster is supported).
     """
     scale = functools.cache(lambda: separation_scale(final))
     excluded = outlying_radii(radii, factor, scale) | (outlying_radii(final.eps, factor, scale) & (final.eps > radii))
-    keep = ~excluded
-    trusted = final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep])
+    while True:
+        keep = ~excluded
+        trusted = final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep])
+        if support is None:
+            break
+        weak = unsupported_clusters(trusted.labels, final.owners[keep], support.masses[keep], support.quorum,
+                                    support.typical_mass)
+        if not weak.any() or weak.all():
+            break
+        excluded[np.flatnonzero(keep)[weak[trusted.labels]]] = True
     labels = np.empty(final.centers.shape[0], dtype=np.int64)
     labels[keep] = trusted.labels
     if excluded.any():
@@ -147,3 +252,29 @@ def log_excluded(components: Components, excluded: np.ndarray, round_label: int 
         owners = sorted(set(components.owners[excluded].tolist()))
         log.warning("round %s: %d components with outlying radii (clients %s) took part in no merge",
                     round_label, int(excluded.sum()), owners)
+
+
+def clip_to_order_statistics(scores: np.ndarray, n_trim: int) -> np.ndarray:
+    """Clip each column of the clients' scores to its ``n_trim``-th smallest and largest values.
+
+    With at most ``n_trim`` hostile clients, every clipped score lies between two honest
+    ones: a hostile client can move a column's sum no further than an extreme honest client
+    could (a winsorised sum). NaN (no score) stays NaN and takes no part.
+
+    Parameters
+    ----------
+    scores : ndarray of shape (n_clients, n_candidates)
+    n_trim : int
+
+    Returns
+    -------
+    clipped : ndarray of shape (n_clients, n_candidates)
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    clipped = scores.copy()
+    for column in range(scores.shape[1]):
+        finite = np.sort(scores[np.isfinite(scores[:, column]), column])
+        trim = min(int(n_trim), (finite.size - 1) // 2)
+        if trim > 0:
+            clipped[:, column] = np.clip(scores[:, column], finite[trim], finite[-1 - trim])
+    return clipped

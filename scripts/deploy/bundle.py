@@ -6,7 +6,7 @@ import json
 import shlex
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata, util
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from .errors import DeploymentError
 APP_SUBPACKAGES = ("server", "clients", "scripts", "conf")
 APP_PUBLISHER = "fedica"
 APP_COMPONENTS = {"serverapp": "fedica.server.app:app", "clientapp": "fedica.clients.app:app"}
-APP_CONFIG = {"overrides": "", "out-dir": ""}
+APP_CONFIG = {"overrides": "", "out-dir": "", "node-partitions": ""}
 APP_DIR_NAME = "fedica-app"  # `flwr build` wants [A-Za-z][A-Za-z0-9-]*
 
 
@@ -26,12 +26,19 @@ def _toml_string(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def write_run_config(path: Path, overrides: Sequence[str], out_dir: Path) -> Path:
-    """The run config for ``flwr run -c <file>``: a file, so that no quoting of the overrides can break."""
+def write_run_config(path: Path, overrides: Sequence[str], out_dir: Path,
+                     node_partitions: Mapping[int, int] | None = None) -> Path:
+    """The run config for ``flwr run -c <file>``: a file, so that no quoting of the overrides can break.
+
+    ``node_partitions`` (node id to partition id, known to the launcher that started the
+    SuperNodes) binds every partition to its node, so that no other node can answer for it.
+    """
     text = (
         f"overrides = {_toml_string(' '.join(shlex.quote(o) for o in overrides))}\n"
         f"out-dir = {_toml_string(str(out_dir))}\n"
     )
+    if node_partitions:
+        text += f"node-partitions = {_toml_string(','.join(f'{n}:{p}' for n, p in node_partitions.items()))}\n"
     path.write_text(text)
     return path
 

@@ -81,9 +81,13 @@ def _superlink_setup(
 
 def _registration_lines(out_dir: Path, n_supernodes: int) -> list[str]:
     """Step 3 with ``engine.node_auth``: register each SuperNode's public key (writes ``keys/``)."""
-    lines = ["", "# 3. Still there: register every SuperNode's public key; a node with any other key is refused."]
+    lines = ["", "# 3. Still there: register every SuperNode's public key; a node with any other key is refused.",
+             "#    Keep Flower's answers: the last line binds each partition to its registered node in run_config.toml,",
+             "#    so that no other node (even one whose key someone else registers) can answer for a site."]
     keys = [make_node_key(out_dir / "keys", f"supernode-{i}") for i in range(n_supernodes)]
-    lines += [shlex.join(["flwr", "supernode", "register", str(public), CONNECTION]) for _, public in keys]
+    lines += [shlex.join(["flwr", "supernode", "register", str(public), CONNECTION, "--format", "json"])
+              + " > " + shlex.quote(str(public.with_suffix(".json"))) for _, public in keys]
+    lines.append(shlex.join(["python", "-m", "fedica.scripts.deploy.bind", str(out_dir)]))
     return lines
 
 

@@ -357,7 +357,9 @@ class LocalDeployment:
         out_dir.mkdir(parents=True, exist_ok=True)
         result_path = out_dir / RESULT_FILE
         result_path.unlink(missing_ok=True)
-        run_config = write_run_config(Path(tempfile.mkdtemp(prefix="run-", dir=self.temp)) / "run_config.toml", overrides, out_dir)
+        bound = {node: int(config["partition-id"]) for node, config in zip(self.node_ids, self.node_configs)}
+        run_config = write_run_config(Path(tempfile.mkdtemp(prefix="run-", dir=self.temp)) / "run_config.toml", overrides,
+                                      out_dir, bound)
         started = time.monotonic()
         run_id = self.submit(self.app_dir(), run_config)
         shutil.copyfile(run_config, self.log_dir / f"run-{run_id}.config.toml")

@@ -317,7 +317,7 @@ BAD_FILES = [
     # (file name, content, expected message parts)
     ("empty.csv", "", ["empty.csv", "empty"]),
     ("header_only.csv", "a,b,label\n", ["header_only.csv", "no data"]),
-    ("text.csv", "a,b,label\n1,2,0\n3,x,1\n", ["text.csv", "line 3", "column 1", "'b'", "not a number"]),
+    ("text.csv", "a,b,label\n1,2,0\n3,x,1\n", ["text.csv", "line 3", "column 1", "not a number"]),
     ("blank.csv", "1,2,0\n3,,1\n", ["blank.csv", "line 2", "column 1", "not a number"]),
     ("nan.csv", "a,b,label\n1,2,0\n3,4,1\nnan,5,0\n", ["nan.csv", "line 4", "column 0", "not finite"]),
     ("inf.csv", "1,2,0\n3,4,1\n5,-inf,0\n", ["inf.csv", "line 3", "column 1", "not finite"]),
@@ -337,6 +337,26 @@ def test_bad_csv_files_name_file_and_place(tmp_path, name, content, parts):
         load_client_file(path, label_column=2 if name != "few.csv" else -1, n_components=n_components)
     for part in parts:
         assert part in str(error.value)
+
+
+def test_file_errors_name_the_place_never_the_content(tmp_path):
+    secret = tmp_path / "shadow.csv"
+    secret.write_text("root:$6$saltsalt$hashhashhash:19000:0:99999:7:::\nalice:$6$abc$def:19000:0:99999:7:::\n")
+    with pytest.raises(DataFileError) as error:
+        load_client_file(secret, label_column="label")
+    assert "root:" not in str(error.value) and "$6$" not in str(error.value) and "alice" not in str(error.value)
+    assert "shadow.csv" in str(error.value)
+
+
+def test_a_directory_or_a_symbolic_link_is_not_read(tmp_path):
+    data = tmp_path / "data.csv"
+    data.write_text("1,2,0\n3,4,1\n5,6,0\n7,8,1\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(data)
+    with pytest.raises(DataFileError, match="link.csv: is a symbolic link"):
+        load_client_file(link, label_column=2)
+    with pytest.raises(DataFileError, match="is a directory"):
+        load_client_file(tmp_path, label_column=2)
 
 
 def test_bad_numpy_files(tmp_path):

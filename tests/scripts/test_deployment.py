@@ -38,7 +38,9 @@ from fedica.scripts.deploy import (
     make_node_key,
     run_deployment,
 )
+from fedica.scripts.deploy import bind
 from fedica.scripts.engines import run_inprocess
+from fedica.server.app import parse_node_partitions
 from fedica.server.records import unpack
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
@@ -246,6 +248,26 @@ def test_print_commands_for_separate_machines(tmp_path, capsys):
     assert (tmp_path / "keys" / "supernode-2.pub").exists() and (tmp_path / "app" / "fedica-app" / "pyproject.toml").exists()
     sent = compose(shlex.split(tomllib.loads((tmp_path / "run_config.toml").read_text())["overrides"]))
     assert sent["scenario"]["n_clients"] == 3 and sent["engine"]["node_auth"] is True and sent["engine"]["superlink_port"] == 9443
+    # Step 3 keeps Flower's answers and binds each partition to its registered node.
+    assert all(c.endswith(f"supernode-{i}.json") for i, c in enumerate(registrations))
+    binder = [c for c in commands if "fedica.scripts.deploy.bind" in c]
+    assert len(binder) == 1
+    for i, node in enumerate((5551, 7772, 3333)):
+        (tmp_path / "keys" / f"supernode-{i}.json").write_text(json.dumps({"success": True, "node-id": node}))
+    assert bind.main([str(tmp_path)]) == 0
+    run_config = tomllib.loads((tmp_path / "run_config.toml").read_text())
+    assert parse_node_partitions(run_config["node-partitions"]) == {5551: 0, 7772: 1, 3333: 2}
+    assert run_config["overrides"] and run_config["out-dir"]
+
+
+def test_binding_refuses_missing_or_forged_registrations(tmp_path, capsys):
+    (tmp_path / "run_config.toml").write_text('overrides = ""\n')
+    assert bind.main([str(tmp_path)]) == 1
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "supernode-0.json").write_text("root:x:0:0")
+    assert bind.main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "run step 3's register commands first" in err and "not Flower's answer" in err and "root:x" not in err
 
 
 # ---------------------------------------------------------------- the deployments (background threads)
@@ -289,7 +311,8 @@ def _tls_job(root):
         "rfica": config_overrides(compose(["engine=deployment"] + RFICA + _engine_overrides(options))),
         "failing": ["algorithm=rfica", "engine=deployment", "scenario.n_clients=0"],
     }
-    intruder_port = _free_ports(1)
+    intruder_port = _free_ports(2)
+    spoofer_port = intruder_port + 1
 
     def job():
         out = {}
@@ -298,6 +321,13 @@ def _tls_job(root):
             key, _ = make_node_key(root / "intruder-key", "intruder")
             # It claims to be site 0: admitted, it would change both results.
             intruder = d.start_supernode(3, {"partition-id": 0, "num-partitions": 3}, private_key=key, port=intruder_port, name="intruder")
+            # Flower 1.42 lets anyone who reaches the port register a key (its Control API shares the port); this
+            # one is admitted and claims site 0 too: the run's binding of partitions to nodes must leave it out.
+            spoofer_key, spoofer_public = make_node_key(root / "spoofer-key", "spoofer")
+            d.register_node_keys([spoofer_public])
+            spoofer = d.start_supernode(4, {"partition-id": 0, "num-partitions": 3}, private_key=spoofer_key,
+                                        port=spoofer_port, name="spoofer")
+            out["spoofer_id"] = d.await_supernode(spoofer, time.monotonic() + 120)
             with ThreadPoolExecutor(max_workers=len(runs)) as pool:
                 futures = {name: pool.submit(d.run, overrides, root / "tls" / name) for name, overrides in runs.items()}
             for name, future in futures.items():
@@ -361,7 +391,6 @@ def _silent_job(root):
 
             _wait_for(lambda: launcher() is not None, 60, "the SuperNode's flower-superexec never started")
             os.kill(launcher(), signal.SIGSTOP)
-            out["silent_node"] = d.node_ids[SILENT]
             out["recorder"] = _ProcessRecorder(d)
 
         out["result"] = run_deployment(cfg, on_ready=freeze_launcher)
@@ -415,6 +444,13 @@ def deployments(tmp_path_factory):
         yield {name: pool.submit(_timed(job)) for name, job in jobs.items()}
 
 
+def _spoofer_left_out(result, outcome):
+    """The result without the book entry of the TLS job's spoofing node (the in-process run has none)."""
+    spoofer = f"node-{outcome['spoofer_id']}"
+    clients = {**result["clients"], "rejected": [r for r in result["clients"]["rejected"] if r["client"] != spoofer]}
+    return {**result, "clients": clients}
+
+
 def _outcome(deployments, name):
     outcome = deployments[name].result(timeout=900)
     print(f"deployment job {name!r} took {outcome['seconds']:.1f} s")
@@ -426,7 +462,7 @@ def test_rfica_deployment_equals_inprocess(deployments):
     outcome = _outcome(deployments, "tls")
     result = outcome["rfica"]
     assert result["engine"] == "deployment" and result["deployment"]["status"] == "finished:completed"
-    _same_numbers(_inprocess(RFICA), result)
+    _same_numbers(_inprocess(RFICA), _spoofer_left_out(result, outcome))
     run_id = result["deployment"]["run_id"]
     logs = {p.name for p in Path(result["deployment"]["log_dir"]).iterdir()}
     assert {"superlink.log", "supernode-0.log", "supernode-2.log", f"run-{run_id}.config.toml", f"run-{run_id}.serverapp.log"} <= logs
@@ -436,8 +472,10 @@ def test_rfica_deployment_equals_inprocess(deployments):
 def test_fedgem_deployment_with_tls_and_node_auth_equals_inprocess(deployments):
     outcome = _outcome(deployments, "tls")
     result = outcome["fedgem"]
-    assert result["clients"] == {"expected": 3, "answered": 3, "rejected": []}
-    _same_numbers(_inprocess(FEDGEM), result)
+    spoofer = {"client": f"node-{outcome['spoofer_id']}", "round": "connect", "reason": "not one of the run's nodes; it is never asked"}
+    assert result["clients"] == {"expected": 3, "answered": 3, "rejected": [spoofer]}
+    assert outcome["rfica"]["clients"]["rejected"] == [spoofer]
+    _same_numbers(_inprocess(FEDGEM), _spoofer_left_out(result, outcome))
     assert json.loads((Path(result["deployment"]["log_dir"]).parent / "fedgem" / "result.json").read_text())["metrics"] == result["metrics"]
     assert outcome["left"] == []
 
@@ -448,7 +486,7 @@ def test_a_supernode_with_an_unregistered_key_is_refused(deployments):
     assert outcome["intruder_exit"] != 0
     assert "Failed to activate SuperNode" in outcome["intruder_log"]
     assert "SuperNode ID" not in outcome["intruder_log"]
-    assert sorted(int(n["node-id"]) for n in outcome["nodes"]) == sorted(outcome["node_ids"])
+    assert sorted(int(n["node-id"]) for n in outcome["nodes"]) == sorted(outcome["node_ids"] + [outcome["spoofer_id"]])
 
 
 @pytest.mark.deployment
@@ -487,7 +525,8 @@ def test_rfica_completes_after_the_timeout_without_a_silent_node(deployments):
     result = outcome["result"]
     assert result["clients"]["answered"] == 2
     [rejected] = result["clients"]["rejected"]
-    assert rejected["client"] == f"node-{outcome['silent_node']}" and rejected["round"] == 1
+    # The launcher bound every partition to its node, so the books name the silent client, not only its node.
+    assert rejected["client"] == SILENT and rejected["round"] == 1
     assert re.fullmatch(rf"no reply within {SILENT_TIMEOUT}(\.0)? s", rejected["reason"])
     assert result["timings"]["total"] >= SILENT_TIMEOUT
     assert result["rfica"]["client_partitions"] == [0, 1]

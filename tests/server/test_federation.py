@@ -249,3 +249,30 @@ def test_files_without_labels_let_each_client_choose_its_k(tmp_path):
     result = run_inprocess(cfg)
     assert result["fedgem"]["local_clusters"] == truth
     assert result["metrics"]["fedgem"]["k_hat"] == 5
+
+
+def test_flower_simulation_clients_read_the_files_the_config_names(tmp_path):
+    rng = np.random.default_rng(0)
+    paths = []
+    for site in range(3):
+        labels = np.arange(60) % 2
+        points = np.c_[rng.standard_normal((60, 2)) + 8 * labels[:, None], labels]
+        paths.append(tmp_path / f"site{site}.csv")
+        np.savetxt(paths[-1], points, delimiter=",", fmt="%.6f")
+    overrides = ["algorithm=fedgem", "scenario=files", f"scenario.paths=[{','.join(map(str, paths))}]",
+                 "scenario.label_column=-1", "baselines=false", "algorithm.rounds=3"]
+    simulated = run_engine(compose_config(overrides + ["engine=simulation"]))
+    assert simulated["clients"]["answered"] == 3 and simulated["metrics"]["fedgem"]["k_hat"] == 2
+
+
+def test_a_supernode_reads_only_its_own_data_path(monkeypatch, tmp_path):
+    from fedica.clients.app import LOCAL_ENGINE_VARIABLE, _site_scenario
+
+    cfg = {"scenario": {"name": "files", "paths": ["/etc/shadow", "/etc/passwd"]}}
+    monkeypatch.delenv(LOCAL_ENGINE_VARIABLE, raising=False)
+    with pytest.raises(ValueError, match="no 'data-path' in its node config, and it reads no file the server names"):
+        _site_scenario(cfg, 1, Context(1, 2, {"partition-id": 1, "num-partitions": 2}, RecordDict(), {}))
+    own = _site_scenario(cfg, 1, Context(1, 2, {"partition-id": 1, "data-path": "/site/b.csv"}, RecordDict(), {}))
+    assert own["paths"][1] == "/site/b.csv"
+    monkeypatch.setenv(LOCAL_ENGINE_VARIABLE, "1")  # fedica's own local engines
+    assert _site_scenario(cfg, 1, Context(1, 2, {"partition-id": 1}, RecordDict(), {}))["paths"][1] == "/etc/passwd"

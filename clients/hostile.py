@@ -1,0 +1,131 @@
+"""Hostile clients for robustness runs: what each ``attack`` kind sends instead of an honest reply.
+
+A hostile client computes its honest reply (where the attack needs one) and replaces part of
+it (:mod:`fedica.attacks` holds the replacements). The server is never told which clients are
+hostile; only the result records it. Handlers here take and return what the ClientApp's task
+handlers do: the message's arrays and values in, the reply's arrays and values out.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from fedica import attacks
+from fedica.config import client_count
+from fedica.data.scenarios import ica_scenario_truth, scenario_client_data
+from fedica.fedgem.local import uncertainty_radius
+from fedica.protocol import (
+    GEM_EVALUATE,
+    GEM_FINAL,
+    GEM_INIT,
+    GEM_LIKELIHOOD,
+    GEM_ROUND,
+    GEM_SILHOUETTE,
+    RFICA_FIT,
+)
+
+Arrays = dict[str, np.ndarray]
+Values = dict[str, Any]
+Handler = Callable[[Arrays, Values, int, Any], tuple[Arrays, Values]]
+
+
+def hostile_kind(cfg: Mapping[str, Any], partition_id: int) -> str | None:
+    """The attack this client of fedica's own scenario runs, or None for an honest client."""
+    attack = cfg["attack"]
+    if attack["kind"] == "none" or attack["fraction"] == 0:
+        return None
+    hostile = attacks.hostile_mask(client_count(cfg["scenario"]), attack["fraction"], seed=cfg["seed"])
+    return attack["kind"] if hostile[partition_id] else None
+
+
+def split_components_count(cfg: Mapping[str, Any]) -> int:
+    """How many components a ``split_components`` client declares."""
+    return planted_centroids(json.dumps(cfg["scenario"], sort_keys=True), int(cfg["seed"])).shape[0]
+
+
+@functools.lru_cache(maxsize=8)
+def planted_centroids(scenario_json: str, seed: int) -> np.ndarray:
+    """The centroids a ``split_components`` client plants: copies of the true class means (the worst case)."""
+    scenario = json.loads(scenario_json)
+    clients = [scenario_client_data(scenario, g, seed) for g in range(client_count(scenario))]
+    if any(c.y_train is None for c in clients):
+        raise ValueError("attack split_components needs a scenario with known labels")
+    X = np.concatenate([c.X_train for c in clients])
+    y = np.concatenate([c.y_train for c in clients])
+    means = np.stack([X[y == label].mean(axis=0) for label in np.unique(y)])
+    return attacks.split_components_centroids(means, attacks.attack_rng(seed, 0, zlib.crc32(b"split")))
+
+
+def attack_reply(kind: str, task: str, honest: Handler, arrays: Arrays, values: Values, partition_id: int,
+                 context: Any, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """A hostile client's reply to ``task``: its honest reply, replaced where ``kind`` attacks it."""
+    if kind == attacks.SPOOF_PARTITION:
+        hostile = attacks.hostile_mask(client_count(cfg["scenario"]), cfg["attack"]["fraction"], seed=cfg["seed"])
+        reply_arrays, reply_values = honest(arrays, values, partition_id, context)
+        return reply_arrays, {**reply_values,
+                              "partition-id": attacks.spoofed_partition(partition_id, hostile.size, hostile)}
+    if kind == "split_components" and task in (GEM_INIT, GEM_ROUND, GEM_FINAL):
+        return _split_components(task, arrays, honest(arrays, values, partition_id, context), cfg)
+    reply_arrays, reply_values = honest(arrays, values, partition_id, context)
+    if kind in attacks.ICA_ATTACKS and task == RFICA_FIT:
+        # The worst case: the attacker knows A* (on the user's files, where nobody does, its own estimate).
+        truth = ica_scenario_truth(cfg["scenario"], int(cfg["seed"]))
+        truth = reply_arrays["mixing"] if truth is None else truth
+        estimate = attacks.hostile_ica_estimate(kind, truth, attacks.attack_rng(cfg["seed"], partition_id))
+        return {**reply_arrays, "mixing": estimate}, reply_values
+    rng = attacks.attack_rng(cfg["seed"], partition_id, _stage(values))
+    if kind in attacks.GEM_ATTACKS and task in (GEM_ROUND, GEM_FINAL):
+        radii = reply_arrays.get("radii", np.zeros(reply_arrays["maximisers"].shape[0]))
+        maximisers, radii, n_points = attacks.hostile_gem_reply(kind, reply_arrays["maximisers"], radii,
+                                                                reply_values["n-points"], rng)
+        replaced = {**reply_arrays, "maximisers": maximisers}
+        if "radii" in reply_arrays:
+            replaced["radii"] = radii
+        return replaced, {**reply_values, "n-points": n_points}
+    if kind == "poison_tuning":
+        return _poison_tuning(task, arrays, reply_arrays, reply_values)
+    if kind == "fake_evaluation" and task == GEM_EVALUATE:
+        ids = np.asarray(arrays["global-ids"])
+        true_values, pred_values, counts = attacks.fake_contingency(ids, int(reply_values["n-points"]))
+        return ({"true-values": true_values, "pred-values": pred_values, "counts": counts},
+                {**reply_values, "local-ari": 1.0})
+    return reply_arrays, reply_values
+
+
+def _split_components(task: str, arrays: Arrays, honest_reply: tuple[Arrays, Values],
+                      cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """Declare the planted centroids at initialisation, and send them back as maximisers every round."""
+    planted = planted_centroids(json.dumps(cfg["scenario"], sort_keys=True), int(cfg["seed"]))
+    _, reply_values = honest_reply
+    if task == GEM_INIT:
+        return {"centroids": planted, "weights": np.full(planted.shape[0], 1.0 / planted.shape[0])}, reply_values
+    reply_arrays = {"maximisers": planted}
+    if task == GEM_ROUND:
+        # Consistent radii, so that the server's recomputation finds nothing to correct.
+        reply_arrays["radii"] = uncertainty_radius(planted, np.asarray(arrays["centroids"], dtype=np.float64))
+    return reply_arrays, reply_values
+
+
+def _poison_tuning(task: str, arrays: Arrays, reply_arrays: Arrays, reply_values: Values) -> tuple[Arrays, Values]:
+    """Claim ten times the client's count everywhere, and scores that favour the coarsest model."""
+    if "n-points" in reply_values:
+        reply_values = {**reply_values, "n-points": attacks.POISON_COUNT_FACTOR * int(reply_values["n-points"])}
+    if task == GEM_SILHOUETTE:
+        reply_arrays = {**reply_arrays, "silhouettes": attacks.poisoned_silhouettes(reply_arrays["silhouettes"].size)}
+    elif task == GEM_LIKELIHOOD:
+        scores, entropies = attacks.poisoned_likelihoods(reply_arrays["log-likelihoods"], reply_arrays["entropies"],
+                                                         np.asarray(arrays["sizes"]), reply_values["n-points"])
+        reply_arrays = {**reply_arrays, "log-likelihoods": scores, "entropies": entropies}
+    return reply_arrays, reply_values
+
+
+def _stage(values: Mapping[str, Any]) -> int:
+    """The protocol stage as a number: the round, or a fixed code for a named stage (fresh junk every stage)."""
+    label = str(values.get("server-round", "0"))
+    return int(label) if label.isdigit() else zlib.crc32(label.encode())
