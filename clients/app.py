@@ -25,12 +25,17 @@ from flwr.clientapp import ClientApp
 
 from fedica.data.common import ClientData
 from fedica.data.scenarios import ica_scenario_data, scenario_client_data
+from fedica.evaluation import afcl, ffcm
 from fedica.fedgem import client as gem_client
 from fedica.fedgem.local import estimate_n_components
 from fedica.protocol import (
+    AFCL_INIT,
+    AFCL_ROUND,
     CATEGORY,
     ERROR_KEY,
     EVALUATE,
+    FFCM_INIT,
+    FFCM_ROUND,
     GEM_EVALUATE,
     GEM_FINAL,
     GEM_INIT,
@@ -155,6 +160,7 @@ def _client_app(source) -> ClientApp:
         GEM_SILHOUETTE: lambda a, v, p, c: _gem_silhouette(source, a, v, p, c),
         GEM_LIKELIHOOD: lambda a, v, p, c: _gem_likelihood(source, a, v, p, c),
         GEM_EVALUATE: lambda a, v, p, c: _gem_evaluate(source, a, v, p, c),
+        **{task: _comparator(task, answer, source) for task, answer in _COMPARATORS.items()},
     }
     for task, handler in tasks.items():
         register = client_app.evaluate if CATEGORY[task] == EVALUATE else client_app.train
@@ -263,6 +269,22 @@ def _gem_evaluate(source, arrays, values, partition_id, context):
     data = source.gem_data(values, partition_id, context)
     centroids = _received_centroids(arrays, data, context)
     return gem_client.evaluate(data.X_test, data.y_test, centroids, arrays["global-ids"], data.X_train.shape[0])
+
+
+# ---------------------------------------------------------------- comparators (FFCM, AFCL)
+
+
+_COMPARATORS = {FFCM_INIT: ffcm.client_reply, FFCM_ROUND: ffcm.client_reply,
+                AFCL_INIT: afcl.client_reply, AFCL_ROUND: afcl.client_reply}
+
+
+def _comparator(task: str, answer, source) -> Handler:
+    """A comparator's client side, on the client's training data (its test data never leaves it)."""
+    def handle(arrays, values, partition_id, context):
+        data = source.gem_data(values, partition_id, context)
+        return answer(task, data.X_train, data.n_components, arrays, values, partition_id)
+
+    return handle
 
 
 app = _client_app(ScenarioSource())

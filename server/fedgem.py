@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from fedica.server.comparators import flower_driver
 from fedica.server.federation import Federation
 from fedica.server.strategy import ProtocolStrategy
 from flwr.app import Array, ArrayRecord, MetricRecord
@@ -147,7 +148,7 @@ def run_fedgem(federation: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]
     if cfg["baselines"] and cfg["scenario"]["name"] != "files":
         start = time.perf_counter()
         baseline_metrics, baseline_timings = run_baselines(cfg["scenario"], cfg["baseline_methods"], seed=int(cfg["seed"]),
-                                                           n_init=alg["n_init"])
+                                                           n_init=alg["n_init"], driver=flower_driver(federation))
         log.info("baselines %s in %.2f s", list(baseline_metrics), time.perf_counter() - start)
         result_metrics.update(baseline_metrics)
         timings.update(baseline_timings)

@@ -276,3 +276,30 @@ def test_a_supernode_reads_only_its_own_data_path(monkeypatch, tmp_path):
     assert own["paths"][1] == "/site/b.csv"
     monkeypatch.setenv(LOCAL_ENGINE_VARIABLE, "1")  # fedica's own local engines
     assert _site_scenario(cfg, 1, Context(1, 2, {"partition-id": 1}, RecordDict(), {}))["paths"][1] == "/etc/passwd"
+
+
+COMPARATORS = SEPARATED_BLOBS + ["baseline_methods=[ffcm-avg1,ffcm-avg2,afcl]"]
+
+
+@pytest.fixture(scope="module")
+def comparators_inprocess():
+    return run_inprocess(compose_config(COMPARATORS))
+
+
+def test_federated_comparators_exchange_their_messages_with_the_clients_as_in_memory(comparators_inprocess):
+    from fedica.evaluation.baselines import run_baselines
+
+    cfg = compose_config(COMPARATORS)
+    in_memory, _ = run_baselines(cfg["scenario"], cfg["baseline_methods"], seed=cfg["seed"], n_init=cfg["algorithm"]["n_init"])
+    for method in ("ffcm-avg1", "ffcm-avg2", "afcl"):
+        over_grid = comparators_inprocess["metrics"][method]
+        assert {k: over_grid[k] for k in in_memory[method]} == pytest.approx(in_memory[method], nan_ok=True), method
+        assert comparators_inprocess["timings"][method] > 0
+    assert comparators_inprocess["metrics"]["ffcm-avg2"]["global_ari"] > 0.95
+    assert comparators_inprocess["metrics"]["afcl"]["residual_bytes"] > 0
+
+
+def test_federated_comparators_run_on_flowers_simulation(comparators_inprocess):
+    simulated = run_engine(compose_config(COMPARATORS + ["engine=simulation"]))
+    for method in ("ffcm-avg1", "ffcm-avg2", "afcl"):
+        assert simulated["metrics"][method] == pytest.approx(comparators_inprocess["metrics"][method], nan_ok=True), method
