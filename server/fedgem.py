@@ -13,8 +13,9 @@ from fedica.server.federation import Federation
 from fedica.server.strategy import ProtocolStrategy
 from flwr.app import Array, ArrayRecord, MetricRecord
 
-from fedica.data.scenarios import true_n_clusters
-from fedica.evaluation.baselines import run_baselines
+from fedica.data.scenarios import scenario_client_data, true_n_clusters
+from fedica.evaluation.baselines import evaluate_clustering, run_baselines
+from fedica.fedgem.local import assign_labels
 from fedica.fedgem.server import FedGEMServer, FedGEMSettings
 from fedica.protocol import GEM_EVALUATE, GEM_FINAL, GEM_ROUND, GEM_SILHOUETTE, Request
 
@@ -114,6 +115,22 @@ class FedGEMStrategy(ProtocolStrategy):
         return self.server.history
 
 
+def scenario_silhouettes(cfg: Mapping[str, Any], server: FedGEMServer) -> dict[str, float]:
+    """FedGEM's silhouettes (pooled and per client), scored exactly as the comparators'.
+
+    A silhouette needs the points, which never leave a client: for a simulated scenario the
+    server regenerates the clients' test data (as for the comparators) and labels it with each
+    client's consensus model, as the client itself does in the evaluation stage.
+    """
+    payloads = server.consensus_payloads()
+    partitions = sorted(payloads)
+    clients = [scenario_client_data(cfg["scenario"], p, int(cfg["seed"])) for p in partitions]
+    labels = [payloads[p]["global-ids"][assign_labels(c.X_test, payloads[p]["centroids"])]
+              for p, c in zip(partitions, clients)]
+    scores = evaluate_clustering(clients, labels)
+    return {key: scores[key] for key in ("silhouette", "local_silhouette")}
+
+
 def run_fedgem(federation: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]:
     """fedica's FedGEM run over a federation: the strategy, then the result's sections (and the baselines).
 
@@ -142,6 +159,8 @@ def run_fedgem(federation: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]
     true_k = true_n_clusters(cfg["scenario"])
     if true_k is not None:
         fedgem_metrics["k_true"] = true_k
+    if cfg["scenario"]["name"] != "files":
+        fedgem_metrics.update(scenario_silhouettes(cfg, server))
     result_metrics = {"fedgem": fedgem_metrics}
     timings = {"fedgem": server.client_seconds + server.server_seconds, "fedgem_clients_sum": server.client_seconds,
                "fedgem_server": server.server_seconds}

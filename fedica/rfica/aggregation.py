@@ -5,8 +5,9 @@ simple-median comparators from the same replies (docs/ALGORITHMS.md section 1).
 
 from __future__ import annotations
 
+import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -116,6 +117,9 @@ class RfIcaAggregate:
         ``labels[k, i]`` = cluster (output column) of column ``i`` of client ``k``.
     inertia : float
         k-means objective (sum of squared distances to the centroids).
+    method_seconds : dict of str to float
+        Each method's own server time (``rf-ica``, ``f-ica``, ``simple-mean``, ``simple-median``):
+        the shared normalisation, benchmark choice and sign alignment, plus its own step.
     """
 
     rf_ica: np.ndarray
@@ -125,6 +129,7 @@ class RfIcaAggregate:
     benchmark: int
     labels: np.ndarray
     inertia: float
+    method_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def rf_ica_aggregate(
@@ -169,6 +174,7 @@ def rf_ica_aggregate(
     n_clients, r, _ = stack.shape
     sizes = _as_sample_sizes(n_samples, n_clients)
     kmeans_restarts = check_int(kmeans_restarts, "kmeans_restarts", minimum=1)
+    started = time.perf_counter()
     unit = _normalise_estimates(stack)
     seed = sklearn_seed(np.random.default_rng(random_state))
 
@@ -180,7 +186,9 @@ def rf_ica_aggregate(
     else:
         k0 = check_index(benchmark, "benchmark", n_clients)
     aligned = align_signs(unit, k0)
+    shared = time.perf_counter() - started
 
+    started = time.perf_counter()
     kmeans = _kmeans_columns(aligned, kmeans_restarts, seed)
     # Relabel clusters so that cluster j is the one matched to benchmark column j.
     centroids = kmeans.cluster_centers_
@@ -192,6 +200,8 @@ def rf_ica_aggregate(
     relabel[cluster_of_column] = np.arange(r)
     labels = relabel[kmeans.labels_]
 
+    clustering = time.perf_counter() - started
+    started = time.perf_counter()
     columns = _columns(aligned)
     # A cluster can only be empty when there are fewer distinct columns than r; keep its centroid.
     rf_ica = np.column_stack(
@@ -202,15 +212,23 @@ def rf_ica_aggregate(
             for cluster in range(r)
         ]
     )
+    medians = time.perf_counter() - started
+    started = time.perf_counter()
     simple_median = np.column_stack([geometric_median(aligned[:, :, i], tol=gm_tol) for i in range(r)])
+    column_medians = time.perf_counter() - started
+    started = time.perf_counter()
+    simple_mean = aligned.mean(axis=0)
+    mean = time.perf_counter() - started
     return RfIcaAggregate(
         rf_ica=rf_ica,
         f_ica=centroids.T.copy(),
-        simple_mean=aligned.mean(axis=0),
+        simple_mean=simple_mean,
         simple_median=simple_median,
         benchmark=int(k0),
         labels=labels.reshape(n_clients, r),
         inertia=float(kmeans.inertia_),
+        method_seconds={"rf-ica": shared + clustering + medians, "f-ica": shared + clustering,
+                        "simple-mean": shared + mean, "simple-median": shared + column_medians},
     )
 
 

@@ -495,3 +495,14 @@ def test_error_rejects_bad_input():
         ica_error(np.eye(3), np.eye(4))
     with pytest.raises(ValueError, match="finite"):
         ica_error(np.full((2, 2), np.nan), np.eye(2))
+
+
+def test_every_aggregation_method_reports_its_own_server_time():
+    from fedica.rfica.aggregation import rf_ica_aggregate
+
+    rng = np.random.default_rng(0)
+    estimates = rng.standard_normal((40, 5, 5))
+    seconds = rf_ica_aggregate(estimates, np.full(40, 100), random_state=0).method_seconds
+    assert set(seconds) == {"rf-ica", "f-ica", "simple-mean", "simple-median"}
+    # RF-ICA is F-ICA's clustering plus the geometric medians; the simple mean needs no clustering.
+    assert seconds["rf-ica"] > seconds["f-ica"] > seconds["simple-mean"] > 0
