@@ -289,6 +289,7 @@ def validate_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     check(_Checker(cfg["scenario"], "scenario."))
     _ALGORITHM_CHECKS[algorithm](_Checker(cfg["algorithm"], "algorithm."))
     n_clients = client_count(cfg["scenario"])
+    _check_affordable(_Checker(cfg["scenario"], "scenario."), n_clients)
     _ENGINE_CHECKS[engine](_Checker(cfg["engine"], "engine."), n_clients)
 
     attack = _Checker(cfg["attack"], "attack.")
@@ -415,6 +416,38 @@ def _check_signals(sc: _Checker) -> None:
     sc.boolean("orthogonal")
 
 
+# The largest federations fedica's engines hold (every client has a context and its data in one
+# process of the in-process engine), and the largest number of blobs clusters it places.
+MAX_CLIENTS = 100_000
+MAX_CLUSTERS = 10_000
+# A generated scenario may take at most this share of the machine's memory.
+MEMORY_SHARE = 0.5
+
+
+def _check_affordable(sc: _Checker, n_clients: int) -> None:
+    """Refuse a scenario no engine here can hold before anything starts (instead of a MemoryError or a hang)."""
+    if n_clients > MAX_CLIENTS:
+        sc.fail("n_clients", f"{n_clients} clients are more than fedica's engines hold (at most {MAX_CLIENTS})")
+    name = sc.get("name")
+    values = {"ica_paper": lambda: n_clients * sc.get("n_normal") * sc.get("r"),
+              "signals": lambda: n_clients * sc.get("n_samples") * sc.get("r"),
+              "blobs": lambda: (sc.get("n_train") + sc.get("n_test")) * sc.get("dim")}.get(name)
+    if values is None:
+        return
+    needed, available = 8 * values(), MEMORY_SHARE * _physical_memory()
+    if needed > available:
+        key = {"ica_paper": "n_normal", "signals": "n_samples", "blobs": "n_train"}[name]
+        sc.fail(key, f"the scenario's data would take {needed / 2**30:.1f} GiB, more than half of this machine's "
+                     f"memory ({available / 2**30:.1f} GiB)")
+
+
+def _physical_memory() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # not POSIX: no limit known, none imposed
+        return math.inf
+
+
 def _check_ica_paper(sc: _Checker) -> None:
     n_clients = sc.integer("n_clients", minimum=1)
     r = sc.integer("r", minimum=2)
@@ -439,7 +472,7 @@ def _check_k_range(sc: _Checker, n_classes: int) -> tuple[int, int]:
 
 def _check_blobs(sc: _Checker) -> None:
     n_clients = sc.integer("n_clients", minimum=1)
-    n_clusters = sc.integer("n_clusters", minimum=3)
+    n_clusters = sc.integer("n_clusters", minimum=3, maximum=MAX_CLUSTERS)
     sc.integer("dim", minimum=1)
     sc.number("r_min", low=0, low_open=True)
     sc.choice("setting", SETTINGS)
@@ -452,6 +485,8 @@ def _check_blobs(sc: _Checker) -> None:
         sc.fail("n_train", f"must be >= 25 * n_clients * k_min = {25 * n_clients * k_min} so that every client has more points than clusters")
     if n_clients * k_max < n_clusters:
         sc.fail("n_clients", f"too few clients to hold all {n_clusters} clusters with K_g <= k_max")
+    if n_train < n_clusters:
+        sc.fail("n_train", f"must be >= n_clusters ({n_clusters}): every cluster needs training points")
 
 
 def _check_real(n_classes: int):

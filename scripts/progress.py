@@ -18,7 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from fedica.results import RESULT_FILE
+from fedica.results import RESULT_FILE, is_complete_result
 
 PROGRESS_FILE = ".progress.json"
 
@@ -63,8 +63,8 @@ class SweepProgress(Callback):
 
 
 def _count_complete(sweep_dir: Path) -> int:
-    # result.json is written atomically (temporary file, then rename), so its presence means complete.
-    return sum(1 for _ in sweep_dir.glob(f"*/{RESULT_FILE}"))
+    # The same test as the one that lets a resumed run skip its folder: a corrupt result.json is not a result.
+    return sum(1 for path in sweep_dir.glob(f"*/{RESULT_FILE}") if is_complete_result(path))
 
 
 def _duration(seconds: float) -> str:

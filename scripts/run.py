@@ -69,5 +69,15 @@ def main(cfg: DictConfig) -> None:
         print(f"result: {path}")
 
 
+def cli() -> None:
+    """The ``fedica-run`` command: :func:`main`, and Ctrl-C (or SIGINT) ends in one line, not a traceback."""
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("fedica-run: interrupted; completed runs keep their result.json, and the same command resumes a sweep",
+              file=sys.stderr)
+        sys.exit(130)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

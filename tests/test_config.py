@@ -420,3 +420,15 @@ def test_a_misspelt_or_directory_data_path_stops_the_run_before_it_starts(tmp_pa
     # In a deployment each SuperNode reads its own data-path, which need not exist on the launcher's machine.
     validate_config(compose_config(["algorithm=fedgem", "scenario=files", "engine=deployment",
                                     f"scenario.paths=[{good},{missing}]", "scenario.n_components=2"]))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["scenario.n_clients=10000000"], "scenario.n_clients=10000000: 10000000 clients are more than fedica's engines hold"),
+    (["scenario.n_clients=100000", "scenario.n_normal=100000"], "scenario.n_normal=100000: the scenario's data would take"),
+    (["algorithm=fedgem", "scenario.n_clusters=100000"], "scenario.n_clusters=100000: must be <= 10000"),
+    (["algorithm=fedgem", "scenario.n_clusters=3000"], "scenario.n_train=2500: must be >= n_clusters (3000)"),
+])
+def test_unaffordable_scenarios_are_refused_before_anything_starts(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        validate_config(compose_config(overrides))
+    assert str(error.value).startswith(message), str(error.value)

@@ -287,4 +287,9 @@ def _integer_labels(path: Path, values: np.ndarray, where, column_name: str) -> 
     if bad.size:
         raise DataFileError(f"{path}: {where(bad[0])}, {column_name}: not an integer "
                             "(labels must be integer class ids)")
+    # Labels are read as doubles: beyond 2**53 two different ids could read as one.
+    huge = np.flatnonzero(np.abs(values) > 2.0**53)
+    if huge.size:
+        raise DataFileError(f"{path}: {where(huge[0])}, {column_name}: a label beyond 2**53 "
+                            "(class ids this large cannot be told apart; renumber them)")
     return values.astype(np.int64)

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedica.results import PARTIAL_RESULT_FILE, write_json_atomic
+
 from .bundle import _toml_string, build_app, write_run_config
 from .errors import DeploymentError, RunFailed
 from .options import CONNECTION, DeploymentOptions, check_ports_free
@@ -373,6 +375,7 @@ class LocalDeployment:
             raise DeploymentError(f"run {run_id} completed but wrote no {result_path}; see {log_path}")
         result = json.loads(result_path.read_text())
         result["deployment"] = {"run_id": run_id, "status": status, "log_dir": str(self.log_dir)}
+        write_json_atomic(result_path, result)  # the file says what the returned result says
         return result
 
 
@@ -423,7 +426,25 @@ def run_deployment(
     options = DeploymentOptions.from_engine(cfg["engine"])
     overrides = config_overrides(cfg)
     out_dir = resolve_out_dir(options)
-    with _sigterm_raises_interrupt(), LocalDeployment(options, deployment_node_configs(cfg), out_dir / "deployment") as deployment:
-        if on_ready is not None:
-            on_ready(deployment)
-        return deployment.run(overrides, out_dir)
+    try:
+        with _sigterm_raises_interrupt(), LocalDeployment(options, deployment_node_configs(cfg), out_dir / "deployment") as deployment:
+            if on_ready is not None:
+                on_ready(deployment)
+            return deployment.run(overrides, out_dir)
+    except KeyboardInterrupt:
+        mark_interrupted(out_dir)
+        raise
+
+
+def mark_interrupted(out_dir: Path) -> Path:
+    """Say in ``partial_result.json`` that the run was interrupted (what the ServerApp saw last, e.g. its
+    SuperNodes going away as they were stopped, is kept as ``last_status``); written if the ServerApp wrote none."""
+    path = Path(out_dir) / PARTIAL_RESULT_FILE
+    try:
+        partial = json.loads(path.read_text())
+    except (OSError, ValueError):
+        partial = {}
+    if "status" in partial:
+        partial["last_status"] = partial["status"]
+    partial["status"] = "interrupted (Ctrl-C or SIGTERM): every process of the deployment was stopped"
+    return write_json_atomic(path, partial)

@@ -378,3 +378,10 @@ def test_bad_numpy_files(tmp_path):
     with pytest.raises(DataFileError, match="noX.npz.*'X'"):
         load_client_file(tmp_path / "noX.npz", n_components=2)
     assert issubclass(DataFileError, ValueError)
+
+
+def test_labels_too_large_to_tell_apart_are_refused(tmp_path):
+    path = tmp_path / "huge.csv"
+    path.write_text("1,2,0\n3,4,1\n5,6,18446744073709551616\n7,8,1\n")
+    with pytest.raises(DataFileError, match=r"huge.csv: line 3, column 2: a label beyond 2\*\*53"):
+        load_client_file(path, label_column=2)

@@ -430,8 +430,10 @@ def _interrupt_job(root):
         finally:
             # Should the test fail on the way, no process of it may outlive it.
             deploy.terminate([deploy.ManagedProcess("fedica-deploy", launcher, stderr_path)], 5.0)
+        partial = out_dir / "partial_result.json"
         return {"code": code, "stderr": stderr_path.read_text(), "pids": pids, "left": _still_running(pids),
-                "ports_free": _ports_free(options, 2)}
+                "ports_free": _ports_free(options, 2),
+                "partial": json.loads(partial.read_text()) if partial.exists() else None}
 
     return job
 
@@ -476,7 +478,8 @@ def test_fedgem_deployment_with_tls_and_node_auth_equals_inprocess(deployments):
     assert result["clients"] == {"expected": 3, "answered": 3, "rejected": [spoofer]}
     assert outcome["rfica"]["clients"]["rejected"] == [spoofer]
     _same_numbers(_inprocess(FEDGEM), _spoofer_left_out(result, outcome))
-    assert json.loads((Path(result["deployment"]["log_dir"]).parent / "fedgem" / "result.json").read_text())["metrics"] == result["metrics"]
+    written = json.loads((Path(result["deployment"]["log_dir"]).parent / "fedgem" / "result.json").read_text())
+    assert written["metrics"] == result["metrics"] and written["deployment"] == result["deployment"]
     assert outcome["left"] == []
 
 
@@ -540,6 +543,8 @@ def test_ctrl_c_stops_every_process(deployments):
     outcome = _outcome(deployments, "interrupt")
     assert outcome["code"] == 130, outcome["stderr"][-3000:]
     assert "interrupted" in outcome["stderr"]
+    # The partial result says so too (not what the ServerApp saw as its SuperNodes were stopped).
+    assert outcome["partial"]["status"].startswith("interrupted"), outcome["partial"]
     assert len(outcome["pids"]) >= 5  # SuperLink, 2 SuperNodes and their helpers were running
     assert outcome["left"] == []
     assert outcome["ports_free"]

@@ -4,8 +4,10 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,7 +42,7 @@ def test_is_complete_result(tmp_path):
 
 @pytest.mark.parametrize(
     "experiment, size",
-    [("rfica_fig1_k", 100), ("rfica_fig1_ratio", 180), ("rfica_init", 360), ("fedgem_sensitivity", 360), ("fedgem_tables", 100)],
+    [("rfica_fig1_k", 100), ("rfica_fig1_ratio", 180), ("rfica_init", 360), ("fedgem_sensitivity", 360), ("fedgem_tables", 60), ("fedgem_attacks", 63), ("rfica_attacks", 36)],
 )
 def test_sweep_size_counts_every_run(experiment, size):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -130,3 +132,29 @@ def test_fedica_run_help_says_what_fedica_is_and_how_to_run_it():
     hydra_help = _fedica_run("--hydra-help")
     assert hydra_help.returncode == 0, hydra_help.stderr
     assert "--hydra-help" in hydra_help.stdout and "--multirun" in hydra_help.stdout
+
+
+def test_ctrl_c_in_a_sweep_ends_in_one_line_and_keeps_the_completed_runs(tmp_path):
+    script = Path(sys.executable).with_name("fedica-run")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "fedica"]
+    sweep = subprocess.Popen([*command, "-m", "+experiment=fedgem_k_selection", "seed=range(4)", "+workload=s62_nominal",
+                              f"hydra.sweep.dir={tmp_path}"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("*/result.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    sweep.send_signal(signal.SIGINT)
+    _, stderr = sweep.communicate(timeout=120)
+    assert sweep.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("fedica-run: interrupted; completed runs keep their result.json")
+    assert list(tmp_path.glob("*/result.json"))
+
+
+def test_the_progress_line_does_not_count_a_corrupt_result(tmp_path):
+    from fedica.scripts.progress import _count_complete
+
+    for name, text in (("a", '{"metrics": {}, "timings": {}}'), ("b", '{"metrics": '), ("c", "[]")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(text)
+    assert _count_complete(tmp_path) == 1
