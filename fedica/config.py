@@ -35,7 +35,12 @@ from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
-from fedica.attacks import GEM_ATTACKS, GEM_PROTOCOL_ATTACKS, ICA_ATTACKS, SPOOF_PARTITION
+from fedica.attacks import (
+    GEM_ATTACKS,
+    GEM_PROTOCOL_ATTACKS,
+    ICA_ATTACKS,
+    SPOOF_PARTITION,
+)
 from fedica.data.blobs import SETTINGS
 from fedica.data.files import AUTO_COMPONENTS, DataFileError
 from fedica.data.scenarios import ICA_SCENARIOS, SCENARIO_NAMES, ica_scenario_data
@@ -58,7 +63,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 SECTIONS = ("algorithm", "scenario", "engine", "attack")
 # conf/config.yaml's keys, in its order.
 TOP_LEVEL_KEYS = (
-    "seed", "min_clients", "round_timeout", "node_wait_timeout", "baselines", "baseline_methods", "log_level",
+    "seed", "min_clients", "round_timeout", "node_wait_timeout", "min_nodes", "baselines", "baseline_methods",
+    "log_level",
     *SECTIONS,
 )
 # Optional top-level keys that conf/experiment/*.yaml add: scripts/plot.py reads ``plot``; a
@@ -298,6 +304,8 @@ def validate_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
     if top.integer("min_clients") > n_clients:
         top.fail("min_clients", f"must be <= the number of clients ({n_clients})")
+    if top.get("min_nodes") is not None and not top.integer("min_nodes", minimum=top.get("min_clients")) <= n_clients:
+        top.fail("min_nodes", f"must be <= the number of clients ({n_clients}), or null (all of them)")
     if "plot" in cfg:
         _check_plot(cfg)
     if "workload" in cfg and not (isinstance(cfg["workload"], str) and cfg["workload"]):

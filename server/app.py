@@ -65,7 +65,8 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
     expected = client_count(cfg["scenario"])
     federation = Federation(
         grid, expected=expected, min_clients=int(cfg["min_clients"]), round_timeout=float(cfg["round_timeout"]),
-        node_wait_timeout=float(cfg["node_wait_timeout"]), common_values={"cfg": config_to_json(cfg)},
+        node_wait_timeout=float(cfg["node_wait_timeout"]), min_nodes=cfg.get("min_nodes"),
+        common_values={"cfg": config_to_json(cfg)},
         hostile_partitions=hostile_clients(expected, cfg["attack"], seed=int(cfg["seed"])),
         bound_partitions=None if bound_partitions is None else dict(bound_partitions))
     header = {

@@ -29,6 +29,9 @@ from fedica.protocol import (
 
 log = logging.getLogger("fedica.server")
 
+# While it waits for its nodes, the server says how many have connected this often (seconds).
+NODE_WAIT_REPORT_SECONDS = 5.0
+
 
 @dataclass
 class Federation:
@@ -45,6 +48,8 @@ class Federation:
         Seconds to wait for the replies of one exchange.
     node_wait_timeout : float
         Seconds to wait for ``expected`` nodes to connect.
+    min_nodes : int, optional
+        Fewest nodes to go on with once the wait is over; None: all ``expected``.
     common_values : dict
         Values sent with every message (fedica's own ClientApp reads its scenario from ``cfg``).
     bound_partitions : dict of int to int, optional
@@ -61,6 +66,7 @@ class Federation:
     min_clients: int = 2
     round_timeout: float = 600.0
     node_wait_timeout: float = 120.0
+    min_nodes: int | None = None
     common_values: dict[str, Any] = field(default_factory=dict)
     rejected: list[dict[str, Any]] = field(default_factory=list)
     partition_of: dict[int, int] = field(default_factory=dict)
@@ -85,19 +91,30 @@ class Federation:
         Returns
         -------
         node_ids : list of int
-            The connected nodes; fewer than expected after the timeout is logged, and
-            too few for ``min_clients`` raises :class:`NotEnoughClients`.
+            The connected nodes. Fewer than ``min_nodes`` (default: all expected) when the wait
+            is over raises :class:`NotEnoughClients`; fewer than expected but enough is logged.
         """
-        deadline = time.monotonic() + float(self.node_wait_timeout)
+        started = time.monotonic()
+        deadline, said = started + float(self.node_wait_timeout), started
         while True:
             connected = sorted(self.grid.get_node_ids())
             nodes = [n for n in connected if self.bound_partitions is None or n in self.bound_partitions]
             if len(nodes) >= self.expected or time.monotonic() > deadline:
                 break
+            if time.monotonic() - said >= NODE_WAIT_REPORT_SECONDS:
+                said = time.monotonic()
+                log.info("waiting for nodes: %d of %d connected (%.0f of %.0f s)", len(nodes), self.expected,
+                         said - started, self.node_wait_timeout)
             time.sleep(0.1)
+        needed = self.expected if self.min_nodes is None else int(self.min_nodes)
+        if len(nodes) < needed:
+            raise NotEnoughClients(
+                f"only {len(nodes)} of the scenario's {self.expected} clients connected within {self.node_wait_timeout:.0f} s; "
+                f"start one node per client (flwr run: --federation-config \"num-supernodes={self.expected}\"), "
+                f"or allow fewer with min_nodes={len(nodes)}")
         if len(nodes) < self.expected:
-            log.warning("only %d of %d nodes connected within %.0f s; going on with them",
-                        len(nodes), self.expected, self.node_wait_timeout)
+            log.warning("only %d of %d nodes connected within %.0f s; going on with them (min_nodes=%d)",
+                        len(nodes), self.expected, self.node_wait_timeout, needed)
         for node in sorted(set(connected) - set(nodes)):
             self.reject_node(node, "connect", "not one of the run's nodes; it is never asked")
         if len(nodes) < self.min_clients:

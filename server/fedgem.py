@@ -167,7 +167,8 @@ def run_fedgem(federation: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]
     if cfg["baselines"] and cfg["scenario"]["name"] != "files":
         start = time.perf_counter()
         baseline_metrics, baseline_timings = run_baselines(cfg["scenario"], cfg["baseline_methods"], seed=int(cfg["seed"]),
-                                                           n_init=alg["n_init"], driver=flower_driver(federation))
+                                                           n_init=alg["n_init"], driver=flower_driver(federation),
+                                                           partitions=server.final.partitions)
         log.info("baselines %s in %.2f s", list(baseline_metrics), time.perf_counter() - start)
         result_metrics.update(baseline_metrics)
         timings.update(baseline_timings)

@@ -175,7 +175,7 @@ def _fedica_run(tmp_path, *overrides):
          "scenario.n_client: unknown key; scenario 'ica_paper' has keys n_clients, r, corrupt_ratio, n_normal, "
          "n_corrupt, sparsity, orthogonal (did you mean scenario.n_clients?)"),
         (["+algoritm=fedgem"],
-         "algoritm: unknown key; the top level has keys seed, min_clients, round_timeout, node_wait_timeout, "
+         "algoritm: unknown key; the top level has keys seed, min_clients, round_timeout, node_wait_timeout, min_nodes, "
          "baselines, baseline_methods, log_level, algorithm, scenario, engine, attack, plot, workload (did you mean algorithm?)"),
         (["algorithm=fedgem", "+algorithm.kmeans_restarts=3"], "algorithm.kmeans_restarts: unknown key; algorithm 'fedgem' has keys"),
         (["engine=inprocess", "+engine.host=0.0.0.0"], "engine.host: unknown key; engine 'inprocess' has no keys besides name"),

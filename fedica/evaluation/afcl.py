@@ -454,7 +454,8 @@ def afcl_protocol(state: AFCLState):
 
 def afcl(clients: Sequence[ClientData], *, learning_rate: float = 1e-3, beta: float = 7.0, rounds: int = 20,
          merge_tol: float = 1e-3, db_tol: float = 1e-4, rival_rate: float = 0.0, min_clients: int = 1,
-         random_state=None, driver: ProtocolDriver | None = None) -> BaselineResult:
+         random_state=None, driver: ProtocolDriver | None = None,
+         partitions: Sequence[int] | None = None) -> BaselineResult:
     """AFCL with unknown K, run in memory over the clients (see the module docstring).
 
     Parameters
@@ -470,6 +471,8 @@ def afcl(clients: Sequence[ClientData], *, learning_rate: float = 1e-3, beta: fl
     driver : callable, optional
         ``driver(protocol)`` answers the protocol's requests over some transport (Flower's, in
         ``fedica.server.comparators``); None: the clients' data, in memory.
+    partitions : sequence of int, optional
+        The partition id of each client (default: its position in ``clients``).
 
     Returns
     -------
@@ -483,7 +486,7 @@ def afcl(clients: Sequence[ClientData], *, learning_rate: float = 1e-3, beta: fl
     _check_clients(clients, "afcl")
     state = AFCLState(learning_rate=learning_rate, beta=beta, rounds=rounds, merge_tol=merge_tol, db_tol=db_tol,
                       rival_rate=rival_rate, seed=run_seed(random_state), min_clients=min_clients)
-    run_protocol(afcl_protocol(state), clients, client_reply, driver)
+    run_protocol(afcl_protocol(state), clients, client_reply, driver, partitions)
     return afcl_result(state, clients)
 
 

@@ -380,7 +380,8 @@ def ffcm_protocol(state: FFCMState):
 
 def ffcm(clients: Sequence[ClientData], n_clusters: int, *, variant: str = "avg1", m: float = 2.0, rounds: int = 20,
          local_iterations: int = 10, tol: float = 1e-4, n_init: int = 3, min_clients: int = 1,
-         random_state=None, driver: ProtocolDriver | None = None) -> BaselineResult:
+         random_state=None, driver: ProtocolDriver | None = None,
+         partitions: Sequence[int] | None = None) -> BaselineResult:
     """FFCM-avg1 or FFCM-avg2 with known K, run in memory over the clients (see the module docstring).
 
     Parameters
@@ -406,6 +407,8 @@ def ffcm(clients: Sequence[ClientData], n_clusters: int, *, variant: str = "avg1
     driver : callable, optional
         ``driver(protocol)`` answers the protocol's requests over some transport (Flower's, in
         ``fedica.server.comparators``); None: the clients' data, in memory.
+    partitions : sequence of int, optional
+        The partition id of each client (default: its position in ``clients``).
 
     Returns
     -------
@@ -416,7 +419,7 @@ def ffcm(clients: Sequence[ClientData], n_clusters: int, *, variant: str = "avg1
     _check_clients(clients, f"ffcm-{variant}")
     state = FFCMState(n_clusters=int(n_clusters), variant=variant, m=m, rounds=rounds, local_iterations=local_iterations,
                       tol=tol, n_init=n_init, seed=run_seed(random_state), min_clients=min_clients)
-    run_protocol(ffcm_protocol(state), clients, client_reply, driver)
+    run_protocol(ffcm_protocol(state), clients, client_reply, driver, partitions)
     return ffcm_result(state, clients)
 
 

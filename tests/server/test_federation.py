@@ -303,3 +303,21 @@ def test_federated_comparators_run_on_flowers_simulation(comparators_inprocess):
     simulated = run_engine(compose_config(COMPARATORS + ["engine=simulation"]))
     for method in ("ffcm-avg1", "ffcm-avg2", "afcl"):
         assert simulated["metrics"][method] == pytest.approx(comparators_inprocess["metrics"][method], nan_ok=True), method
+
+
+def test_a_run_with_fewer_nodes_than_clients_stops_unless_allowed():
+    from fedica.clients.app import app
+    from fedica.scripts.engines import InProcessGrid
+    from fedica.server.app import run_federation
+
+    cfg = compose_config(SEPARATED_BLOBS + ["node_wait_timeout=0.5", "baseline_methods=[k-fed,ffcm-avg2]"])
+    three_of_five = [{"partition-id": p, "num-partitions": 5} for p in (0, 1, 3)]
+    with pytest.raises(NotEnoughClients, match=r"only 3 of the scenario's 5 clients connected.*min_nodes=3"):
+        run_federation(InProcessGrid(app, three_of_five), cfg)
+    result = run_federation(InProcessGrid(app, three_of_five), {**cfg, "min_nodes": 3})
+    assert result["fedgem"]["client_mapping"].keys() == {"0", "1", "3"}
+    # The comparators see exactly the clients that took part.
+    from fedica.evaluation.baselines import run_baselines
+    expected, _ = run_baselines(cfg["scenario"], ["k-fed", "ffcm-avg2"], seed=cfg["seed"], partitions=[0, 1, 3])
+    for method in ("k-fed", "ffcm-avg2"):
+        assert {k: result["metrics"][method][k] for k in expected[method]} == pytest.approx(expected[method], nan_ok=True)
