@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedica.server.federation import Federation
-from fedica.server.fedgem import run_fedgem
+from fedica.server.fedgem import run_fedgem, write_site_labels
 from fedica.server.records import config_to_json
 from fedica.server.rfica import run_rfica
 from flwr.app import Context
@@ -97,6 +97,9 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
 def write_result(out_dir: str | os.PathLike, result: Mapping[str, Any], *, name: str = RESULT_FILE) -> Path:
     """Write ``result.json`` (atomically; or ``name``) and ``summary.txt`` into ``out_dir``."""
     out_dir = Path(out_dir)
+    labels = write_site_labels(result, out_dir) if name == RESULT_FILE else []
+    if labels:
+        result = {**result, "fedgem": {**result["fedgem"], "labels_files": labels}}
     path = write_json_atomic(out_dir / name, result)
     (out_dir / SUMMARY_FILE).write_text(format_summary(result) + "\n")
     return path

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,7 @@ from fedica.server.federation import Federation
 from fedica.server.strategy import ProtocolStrategy
 from flwr.app import Array, ArrayRecord, MetricRecord
 
+from fedica.data.files import read_rows
 from fedica.data.scenarios import scenario_client_data, true_n_clusters
 from fedica.evaluation.baselines import evaluate_clustering, run_baselines
 from fedica.fedgem.local import assign_labels
@@ -131,6 +134,32 @@ def scenario_silhouettes(cfg: Mapping[str, Any], server: FedGEMServer) -> dict[s
     return {key: scores[key] for key in ("silhouette", "local_silhouette")}
 
 
+def write_site_labels(result: Mapping[str, Any], out_dir: str | os.PathLike) -> list[str]:
+    """Every site's rows labelled with its consensus model: ``labels_site<g>.csv`` (``row,cluster``) in ``out_dir``.
+
+    For a FedGEM run on ``scenario=files``: ``row`` counts the file's data rows from 0 (a header is
+    not a row), ``cluster`` is the global cluster id, as in ``fedgem.global_centroids``; each site's
+    rows go to the nearest of its consensus centroids, as the site itself labels its points. The
+    files are read here, so only where every site's file is on this machine (not a deployment,
+    whose sites keep their files and labels). Returns the files written (none for other runs).
+    """
+    scenario = result["scenario"]
+    if result["algorithm"] != "fedgem" or scenario["name"] != "files" or result["engine"] == "deployment":
+        return []
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    centroids = np.asarray(result["fedgem"]["global_centroids"], dtype=np.float64)
+    written = []
+    for partition, global_ids in sorted(result["fedgem"]["client_mapping"].items(), key=lambda item: int(item[0])):
+        global_ids = np.asarray(global_ids, dtype=np.int64)
+        X = read_rows(scenario["paths"][int(partition)], label_column=scenario.get("label_column"))
+        clusters = global_ids[assign_labels(X, centroids[global_ids])]
+        path = out_dir / f"labels_site{partition}.csv"
+        np.savetxt(path, np.c_[np.arange(X.shape[0]), clusters], fmt="%d", delimiter=",", header="row,cluster", comments="")
+        written.append(str(path))
+    return written
+
+
 def run_fedgem(federation: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]:
     """fedica's FedGEM run over a federation: the strategy, then the result's sections (and the baselines).
 
@@ -161,6 +190,7 @@ def run_fedgem(federation: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]
         fedgem_metrics["k_true"] = true_k
     if cfg["scenario"]["name"] != "files":
         fedgem_metrics.update(scenario_silhouettes(cfg, server))
+
     result_metrics = {"fedgem": fedgem_metrics}
     timings = {"fedgem": server.client_seconds + server.server_seconds, "fedgem_clients_sum": server.client_seconds,
                "fedgem_server": server.server_seconds}

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 from fedica.server.federation import Federation
+from fedica.server.records import run_output_dir
 from fedica.server.strategy import ProtocolStrategy
 from flwr.app import Array, ArrayRecord
 
@@ -118,7 +119,7 @@ def run_rfica(federation: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]:
         "hostile_clients": federation.hostile_partitions,
     }
     if sc.get("write_sources"):
-        rfica["sources_files"] = write_site_sources(sc, strategy.components_, seed, _run_output_dir())
+        rfica["sources_files"] = write_site_sources(sc, strategy.components_, seed, run_output_dir())
     return {
         "metrics": metrics,
         "clients": federation.clients_record(len(state.estimates)),
@@ -160,17 +161,3 @@ def write_site_sources(scenario: Mapping[str, Any], unmixing: np.ndarray, seed: 
         written.append(str(path.resolve()))
     log.info("wrote the recovered sources of %d sites to %s", len(written), out_dir.resolve())
     return written
-
-
-def _run_output_dir() -> Path:
-    """Where result.json goes: Hydra's run folder under fedica-run, else ``$FEDICA_OUT``, else the working folder."""
-    fallback = Path(os.environ.get("FEDICA_OUT") or ".")
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if not HydraConfig.initialized():
-            return fallback
-        return Path(HydraConfig.get().runtime.output_dir or fallback)
-    except Exception as err:  # noqa: BLE001 - Hydra's compose API (flwr run) sets no run folder
-        log.debug("no Hydra run folder (%s); sources go to %s", err, fallback)
-        return fallback

@@ -133,6 +133,11 @@ def load_ica_file(path, *, label_column: int | str | None = None, delimiter: str
     return X
 
 
+def read_rows(path, *, label_column: int | str | None = None, delimiter: str = ",") -> np.ndarray:
+    """Every data row of a site's file, in the file's order, without its label column (shape (n, d))."""
+    return _read_any(Path(path), label_column, delimiter)[0]
+
+
 def _read_any(path: Path, label_column, delimiter: str):
     """Points and labels of a data file, by suffix; a missing or empty file is an error."""
     if path.is_symlink():

@@ -321,3 +321,24 @@ def test_a_run_with_fewer_nodes_than_clients_stops_unless_allowed():
     expected, _ = run_baselines(cfg["scenario"], ["k-fed", "ffcm-avg2"], seed=cfg["seed"], partitions=[0, 1, 3])
     for method in ("k-fed", "ffcm-avg2"):
         assert {k: result["metrics"][method][k] for k in expected[method]} == pytest.approx(expected[method], nan_ok=True)
+
+
+def test_a_files_run_writes_every_sites_row_labels_next_to_its_result(tmp_path):
+    rng = np.random.default_rng(1)
+    paths = []
+    for site in range(3):
+        labels = np.arange(40) % 2
+        points = np.c_[rng.standard_normal((40, 2)) + 9 * labels[:, None], labels]
+        paths.append(tmp_path / f"site{site}.csv")
+        np.savetxt(paths[-1], points, delimiter=",", fmt="%.6f", header="x,y,label", comments="")
+    cfg = compose_config(["engine=inprocess", "algorithm=fedgem", "scenario=files",
+                          f"scenario.paths=[{','.join(map(str, paths))}]", "scenario.label_column=label", "algorithm.rounds=3"])
+    result = run_inprocess(cfg)
+    written = json.loads(write_result(tmp_path / "out", result).read_text())["fedgem"]["labels_files"]
+    assert written == [str(tmp_path / "out" / f"labels_site{g}.csv") for g in range(3)]
+    for site, path in enumerate(written):
+        rows = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.int64)
+        truth = np.loadtxt(paths[site], delimiter=",", skiprows=1)[:, 2].astype(np.int64)
+        assert rows[:, 0].tolist() == list(range(40))
+        # Two global clusters, and the site's rows split exactly along its true labels.
+        assert len(set(rows[:, 1])) == 2 and len({(t, c) for t, c in zip(truth, rows[:, 1])}) == 2
