@@ -93,9 +93,15 @@ def format_summary(result: Mapping[str, Any]) -> str:
         row.append(_format_number(timings.get(method)))
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    attack = result.get("config", {}).get("attack") or {}
+    attack_note = ""
+    if attack.get("kind", "none") != "none":
+        section = result.get(result.get("algorithm", ""), {}) or {}
+        attack_note = (f", attack {attack['kind']} at {attack.get('fraction', 0):.0%}: hostile clients "
+                       f"{section.get('hostile_clients', '?')}")
     lines = [
         f"{result.get('algorithm', '?')} on {result.get('scenario', {}).get('name', '?')} "
-        f"(engine {result.get('engine', '?')}, seed {result.get('seed', '?')})"
+        f"(engine {result.get('engine', '?')}, seed {result.get('seed', '?')}{attack_note})"
     ]
     for i, row in enumerate(rows):
         lines.append("  ".join(cell.ljust(w) if j == 0 else cell.rjust(w) for j, (cell, w) in enumerate(zip(row, widths))))
@@ -111,7 +117,7 @@ def format_summary(result: Mapping[str, Any]) -> str:
         lines.append(f"  rejected client {item['client']} (round {item['round']}): {item['reason']}")
     if len(rejected) > 10:
         lines.append(f"  ... and {len(rejected) - 10} more (see result.json)")
-    lines.append(f"wall time: {_format_number(timings.get('total'))} s")
+    lines.append(f"run time: {_format_number(timings.get('total'))} s (the federation's run; not the engine's start-up)")
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ import logging
 import os
 import shlex
 import time
+import warnings
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +26,7 @@ from fedica.server.records import config_to_json
 from fedica.server.rfica import run_rfica
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
+from sklearn.exceptions import ConvergenceWarning
 
 from fedica.attacks import hostile_clients
 from fedica.config import client_count, validate_config
@@ -78,20 +80,43 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
         "versions": versions(),
         "history": federation.history,
     }
-    try:
-        partial = _RUNNERS[cfg["algorithm"]["name"]](federation, cfg)
-    except NotEnoughClients as err:
-        # Nothing already computed is lost: the caller writes this as partial_result.json.
-        err.partial = {
-            **header,
-            "status": f"stopped: {err}",
-            "clients": federation.clients_record(0),
-            "participation": federation.participation,
-            "timings": {"total": time.perf_counter() - start},
-        }
-        raise
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        try:
+            partial = _RUNNERS[cfg["algorithm"]["name"]](federation, cfg)
+        except NotEnoughClients as err:
+            # Nothing already computed is lost: the caller writes this as partial_result.json.
+            err.partial = {
+                **header,
+                "status": f"stopped: {err}",
+                "clients": federation.clients_record(0),
+                "participation": federation.participation,
+                "timings": {"total": time.perf_counter() - start},
+                "warnings": count_warnings(caught),
+            }
+            raise
     partial["timings"]["total"] = time.perf_counter() - start
-    return {**header, **partial}
+    return {**header, **partial, "warnings": count_warnings(caught)}
+
+
+# Warnings that ordinary runs raise and that say nothing about the result: counted in result.json,
+# not shown (an EM or k-means start that stops at its iteration limit is still scored like any other).
+EXPECTED_WARNINGS = (ConvergenceWarning,)
+
+
+def count_warnings(caught: list[warnings.WarningMessage]) -> dict[str, int]:
+    """How often each warning was raised during the run (``Category: first line``); unexpected ones are logged once."""
+    counts: dict[str, int] = {}
+    for warning in caught:
+        key = f"{warning.category.__name__}: {str(warning.message).splitlines()[0] if str(warning.message) else ''}"
+        if key not in counts and not issubclass(warning.category, EXPECTED_WARNINGS):
+            log.warning("%s (%s:%d)", key, warning.filename, warning.lineno)
+        counts[key] = counts.get(key, 0) + 1
+    expected = sum(n for w, n in counts.items() if w.split(":")[0] in {c.__name__ for c in EXPECTED_WARNINGS})
+    if expected:
+        log.info("%d expected warnings (%s) counted in result.json's warnings", expected,
+                 ", ".join(c.__name__ for c in EXPECTED_WARNINGS))
+    return counts
 
 
 def write_result(out_dir: str | os.PathLike, result: Mapping[str, Any], *, name: str = RESULT_FILE) -> Path:
@@ -135,7 +160,7 @@ def main(grid: Grid, context: Context) -> None:
         write_result(out_dir, err.partial, name=PARTIAL_RESULT_FILE)
         raise
     path = write_result(out_dir, result)
-    log.warning("%s\nresult: %s", format_summary(result), path.resolve())
+    log.info("%s\nresult: %s", format_summary(result), path.resolve())
 
 
 def parse_node_partitions(text: str) -> dict[int, int] | None:

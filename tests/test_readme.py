@@ -25,7 +25,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_readme_run_command_is_an_installed_console_script():
     pyproject = ROOT.joinpath("pyproject.toml").read_text()
-    assert 'fedica-run = "fedica.scripts.run:main"' in pyproject
+    assert 'fedica-run = "fedica.scripts.run:cli"' in pyproject
 
 
 def _python_blocks():

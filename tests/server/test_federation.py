@@ -342,3 +342,15 @@ def test_a_files_run_writes_every_sites_row_labels_next_to_its_result(tmp_path):
         assert rows[:, 0].tolist() == list(range(40))
         # Two global clusters, and the site's rows split exactly along its true labels.
         assert len(set(rows[:, 1])) == 2 and len({(t, c) for t, c in zip(truth, rows[:, 1])}) == 2
+
+
+def test_expected_warnings_are_counted_in_the_result_not_shown():
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        result = run_inprocess(compose_config(["engine=inprocess", "algorithm=fedgem", "+workload=waveform", "baseline_methods=[dp-gmm]"]))
+    assert not [w for w in shown if issubclass(w.category, ConvergenceWarning)]
+    assert any(key.startswith("ConvergenceWarning: ") and count >= 1 for key, count in result["warnings"].items())
