@@ -80,8 +80,8 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
         "versions": versions(),
         "history": federation.history,
     }
+    # Recorded under the filters in force (ResourceWarnings, say, stay ignored), so that none reaches the terminal.
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")
         try:
             partial = _RUNNERS[cfg["algorithm"]["name"]](federation, cfg)
         except NotEnoughClients as err:

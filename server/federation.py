@@ -29,8 +29,10 @@ from fedica.protocol import (
 
 log = logging.getLogger("fedica.server")
 
-# While it waits for its nodes, the server says how many have connected this often (seconds).
-NODE_WAIT_REPORT_SECONDS = 5.0
+# While it waits for its nodes or for a stage's replies, the server says how far it is this often (seconds).
+PROGRESS_SECONDS = 5.0
+# How often the server asks for replies when the Grid does not say (Flower's own HttpGrid waits 3 s).
+PULL_SECONDS = 0.5
 
 
 @dataclass
@@ -101,7 +103,7 @@ class Federation:
             nodes = [n for n in connected if self.bound_partitions is None or n in self.bound_partitions]
             if len(nodes) >= self.expected or time.monotonic() > deadline:
                 break
-            if time.monotonic() - said >= NODE_WAIT_REPORT_SECONDS:
+            if time.monotonic() - said >= PROGRESS_SECONDS:
                 said = time.monotonic()
                 log.info("waiting for nodes: %d of %d connected (%.0f of %.0f s)", len(nodes), self.expected,
                          said - started, self.node_wait_timeout)
@@ -168,8 +170,30 @@ class Federation:
     def exchange(self, request: Request) -> list[Reply]:
         """Send a request's messages, wait for the replies and decode them."""
         sent = self.messages(request)
-        received = list(self.grid.send_and_receive(sent, timeout=float(self.round_timeout)))
+        received = self.send_and_receive(sent, f"{request.task} {request.round_label}", timeout=float(self.round_timeout))
         return self.replies(request, sent, received)
+
+    def send_and_receive(self, messages: list[Message], stage: str, *, timeout: float) -> list[Message]:
+        """Flower's push-then-pull of ``Grid.send_and_receive``, saying every few seconds how many replies are in.
+
+        Written out (rather than calling the Grid's) only to report progress while a stage waits.
+        """
+        pending = set(self.grid.push_messages(messages))
+        total, started = len(pending), time.monotonic()
+        said, interval = started, float(getattr(self.grid, "pull_interval", PULL_SECONDS))
+        received: list[Message] = []
+        while pending:
+            replies = list(self.grid.pull_messages(pending))
+            received.extend(replies)
+            pending.difference_update(m.metadata.reply_to_message_id for m in replies)
+            now = time.monotonic()
+            if not pending or now - started >= timeout:
+                break
+            if now - said >= PROGRESS_SECONDS:
+                said = now
+                log.info("%s: %d of %d replies after %.0f s", stage, total - len(pending), total, now - started)
+            time.sleep(interval)
+        return received
 
     def reject_node(self, node: int, round_label: int | str, reason: str) -> None:
         """Record (and log) a reply that was left out, naming its client if known."""

@@ -108,7 +108,8 @@ class ProtocolStrategy(Strategy):
             category = CATEGORY[self._request.task]
             messages = list(self.configure_train(stage, ArrayRecord(), ConfigRecord(), grid) if category == TRAIN
                             else self.configure_evaluate(stage, ArrayRecord(), ConfigRecord(), grid))
-            received = grid.send_and_receive(messages, timeout=timeout)
+            received = self.federation.send_and_receive(messages, f"{self._request.task} {self._request.round_label}",
+                                                        timeout=timeout)
             if category == TRAIN:
                 arrays, metrics = self.aggregate_train(stage, received)
                 if metrics is not None:

@@ -354,3 +354,36 @@ def test_expected_warnings_are_counted_in_the_result_not_shown():
         result = run_inprocess(compose_config(["engine=inprocess", "algorithm=fedgem", "+workload=waveform", "baseline_methods=[dp-gmm]"]))
     assert not [w for w in shown if issubclass(w.category, ConvergenceWarning)]
     assert any(key.startswith("ConvergenceWarning: ") and count >= 1 for key, count in result["warnings"].items())
+
+
+def test_a_waiting_stage_says_how_many_replies_are_in(monkeypatch, caplog):
+    import logging
+    import time as clock
+    from types import SimpleNamespace
+
+    from fedica.server import federation as books
+
+    class SlowGrid:
+        """Two of three replies arrive after 0.3 s, the last one never."""
+
+        pull_interval = 0.05
+
+        def __init__(self):
+            self.start = None
+
+        def push_messages(self, messages):
+            self.start = clock.monotonic()
+            return ["a", "b", "c"]
+
+        def pull_messages(self, ids):
+            if clock.monotonic() - self.start < 0.3:
+                return []
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in set(ids) & {"a", "b"}]
+
+    monkeypatch.setattr(books, "PROGRESS_SECONDS", 0.1)
+    federation = books.Federation(grid=SlowGrid(), expected=3)
+    with caplog.at_level(logging.INFO, logger="fedica.server"):
+        received = federation.send_and_receive([], "fedgem_round 4", timeout=0.8)
+    assert len(received) == 2
+    lines = [r.getMessage() for r in caplog.records if "replies after" in r.getMessage()]
+    assert lines[0].startswith("fedgem_round 4: 0 of 3 replies after") and lines[-1].startswith("fedgem_round 4: 2 of 3 replies after")
