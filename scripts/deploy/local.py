@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -328,6 +329,35 @@ class LocalDeployment:
                                 self.save_run_log(run_id))
             time.sleep(0.25)
 
+    @contextlib.contextmanager
+    def follow(self, run_id: int):
+        """While the block runs, echo the ServerApp's own progress lines (``flwr log --stream``) to fedica's log.
+
+        Without it a deployment's rounds show only in the run's log on the SuperLink machine. The
+        follower is stopped by its process id when the block ends.
+        """
+        follower = subprocess.Popen(
+            [flower_executable("flwr"), "log", str(run_id), CONNECTION, "--stream"], env=flower_environment(self.cli_home),
+            cwd=str(self.temp), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+
+        def echo() -> None:
+            for line in follower.stdout:
+                if "fedica.server]" in line or "fedica.baselines]" in line:
+                    log.info("run %d: %s", run_id, line.rstrip())
+
+        reader = threading.Thread(target=echo, daemon=True)
+        reader.start()
+        try:
+            yield
+        finally:
+            follower.terminate()
+            try:
+                follower.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                follower.kill()
+                follower.wait()
+            reader.join(timeout=5)
+
     def save_run_log(self, run_id: int) -> Path:
         """Write the run's log (the ServerApp's output, ``flwr log --show``) to ``run-<id>.serverapp.log``."""
         done = self.flwr("log", str(run_id), CONNECTION, "--show")
@@ -365,7 +395,8 @@ class LocalDeployment:
         started = time.monotonic()
         run_id = self.submit(self.app_dir(), run_config)
         shutil.copyfile(run_config, self.log_dir / f"run-{run_id}.config.toml")
-        entry = self.wait(run_id, timeout=timeout if timeout is not None else self.options.run_timeout, done_file=result_path)
+        with self.follow(run_id):
+            entry = self.wait(run_id, timeout=timeout if timeout is not None else self.options.run_timeout, done_file=result_path)
         status = str(entry.get("status"))
         log_path = self.save_run_log(run_id)
         log.info("run %d ended as %s after %.1f s", run_id, status, time.monotonic() - started)
