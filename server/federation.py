@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from fedica.server.records import MalformedMessage, pack, unpack
 from flwr.app import Message
 from flwr.serverapp import Grid
@@ -33,6 +34,22 @@ log = logging.getLogger("fedica.server")
 PROGRESS_SECONDS = 5.0
 # How often the server asks for replies when the Grid does not say (Flower's own HttpGrid waits 3 s).
 PULL_SECONDS = 0.5
+
+
+def message_sizes(request: Request, replies: list[Reply]) -> dict[str, float]:
+    """The numbers (array entries) one client receives and sends in an exchange, averaged over the clients.
+
+    What the protocol moves, independent of the transport's encoding: FedGEM's rounds move about
+    3 d K_g numbers per client (the paper's appendix B.5.2), RF-ICA's one exchange r^2 per client;
+    neither grows with a client's data.
+    """
+    def numbers(arrays: dict) -> int:
+        return int(sum(np.asarray(a).size for a in arrays.values()))
+
+    sent = [numbers(arrays) for arrays in (request.payloads or {}).values()]
+    received = [numbers(reply.arrays) for reply in replies]
+    return {"numbers_to_client": float(np.mean(sent)) if sent else 0.0,
+            "numbers_from_client": float(np.mean(received)) if received else 0.0}
 
 
 @dataclass
@@ -164,7 +181,7 @@ class Federation:
         replies = [reply for reply in replies if reply.partition_id not in self.contested]
         replies.sort(key=lambda reply: reply.partition_id)
         self.participation.append({"round": request.round_label, "task": request.task,
-                                   "clients": [r.partition_id for r in replies]})
+                                   "clients": [r.partition_id for r in replies], **message_sizes(request, replies)})
         return replies
 
     def exchange(self, request: Request) -> list[Reply]:

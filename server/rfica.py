@@ -117,6 +117,7 @@ def run_rfica(federation: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]:
         "corrupted_clients": None if poor is None else sorted(g for sites in poor.values() for g in sites),
         "poor_sites": poor,
         "hostile_clients": federation.hostile_partitions,
+        "participation": federation.participation,
     }
     if sc.get("write_sources"):
         rfica["sources_files"] = write_site_sources(sc, strategy.components_, seed, run_output_dir())

@@ -387,3 +387,22 @@ def test_a_waiting_stage_says_how_many_replies_are_in(monkeypatch, caplog):
     assert len(received) == 2
     lines = [r.getMessage() for r in caplog.records if "replies after" in r.getMessage()]
     assert lines[0].startswith("fedgem_round 4: 0 of 3 replies after") and lines[-1].startswith("fedgem_round 4: 2 of 3 replies after")
+
+
+@pytest.mark.parametrize("n_train", [1000, 4000])
+def test_what_a_client_sends_per_round_does_not_grow_with_its_data(n_train):
+    result = run_inprocess(compose_config(SEPARATED_BLOBS + [f"scenario.n_train={n_train}", "baselines=false"]))
+    d = 2
+    k_g = np.mean(list(result["fedgem"]["local_clusters"].values()))
+    rounds = [p for p in result["fedgem"]["participation"] if p["task"] == "fedgem_round"]
+    for exchange in rounds:
+        # Down: K_g centroids; up: K_g maximisers and K_g radii (FedGEM paper, appendix B.5.2: about 3 d K_g).
+        assert exchange["numbers_to_client"] == pytest.approx(d * k_g)
+        assert exchange["numbers_from_client"] == pytest.approx((d + 1) * k_g)
+        assert exchange["numbers_to_client"] + exchange["numbers_from_client"] <= 3 * d * k_g
+
+
+def test_an_rfica_client_sends_its_r_by_r_estimate_only():
+    result = run_inprocess(compose_config(SMALL_ICA))
+    [exchange] = result["rfica"]["participation"]
+    assert exchange["numbers_to_client"] == 0 and exchange["numbers_from_client"] == 4 * 4
