@@ -6,7 +6,7 @@ order, sign and scale, so every recovered source is matched to a true one (the s
 maximises the total |correlation|) and scaled to unit variance before it is drawn over the true one.
 
     python -m fedica.scripts.plot_signals                        # writes docs/figures/signals_sources.png
-    python -m fedica.scripts.plot_signals --seed 3 --site 5 --out /tmp/signals.png
+    python -m fedica.scripts.plot_signals --seed 3 --site 5 --out signals.png
 """
 
 from __future__ import annotations

@@ -6,22 +6,10 @@ written as a real federated protocol: :func:`afcl_protocol` is the server, a gen
 :func:`client_reply` is the whole client side; :func:`afcl` drives both in memory and labels the test points.
 
 Only the abstract of the paper was available; this follows the authors' MATLAB code
-(github.com/Yunfan-Zhang/AFCL: ``AFCL_main.m``, ``AFCL_client.m``, ``AFCL_server.m``), run synchronously
-(every client in every round; the paper's asynchrony is a participation pattern, not part of the updates):
-
-1. Initialisation: every client sends K_g k-means++ seeds drawn from its own points (so the server starts
-   with K_max = sum_g K_g seeds, the upper bound the FedGEM paper gives AFCL) and its per-feature min and
-   max; all later work is in the federation's min-max normalised units.
-2. Client step: every point goes to its nearest seed; the client sends, per point, its winner and the
-   weighted residual ``w * (x - m_winner)``, and per seed the centroid and mean distance to it of its points.
-3. Server step: a federated Davies-Bouldin index from the per-seed statistics; the run stops once it
-   changes by at most ``db_tol``. Otherwise the server rebuilds every point as ``x = r / w + m_winner`` and
-   runs one pass of frequency-sensitive competitive learning over them: the winner minimises
-   ``wins_l * ||x - m_l||^2``; the winner and its cooperating set (seeds no farther from it than x) move
-   toward x by ``balance_g * w`` per feature; optionally (``rival_rate`` > 0, not in the authors' code) the
-   nearest seed outside that set is pushed away as in RPCCL. Seeds that coincide to ``merge_tol`` in every
-   coordinate are merged, and the feature weights become proportional to ``1 / sum_h (D_j / D_h)^(1/beta)``,
-   D being the summed absolute residuals per feature, with a mean of ``learning_rate``.
+(github.com/Yunfan-Zhang/AFCL), run synchronously: an initialisation with K_g k-means++ seeds per client
+(K_max = sum_g K_g), then rounds of per-point residuals from the clients and competitive updates,
+seed merging and feature weighting on the server until a federated Davies-Bouldin index settles.
+docs/ALGORITHMS.md section 2.10.2 gives every step and every choice made where the sources are silent.
 
 Every round's upload therefore carries one d-vector per training point, from which the server recovers the
 client's data exactly: the privacy cost the FedGEM paper criticises. :func:`afcl` reports its size.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-import warnings
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,10 +33,12 @@ from fedica.fedgem.trust import (
     Support,
     admit_components,
     cap_counts,
-    clip_to_order_statistics,
     cluster_support,
     final_radii,
+    hostile_count,
     log_excluded,
+    robust_silhouettes,
+    robust_totals,
     trusted_final_aggregation,
     trusted_server_step,
 )
@@ -270,7 +271,8 @@ class FedGEMServer:
             self.client_seconds += reported_seconds(reply)
             rows.append(scores)
             counts.append(self.models[reply.partition_id].n_points)
-        silhouettes = _weighted_mean(self._robust_profiles(np.array(rows).reshape(-1, len(grid))), self._tuning_weights(counts))
+        silhouettes = robust_silhouettes(np.array(rows).reshape(-1, len(grid)), np.array(counts, dtype=float),
+                                         self.settings.max_hostile_fraction)
         k_hats = np.array([agg.k_hat for agg in aggregations])
         # The paper keeps k_hat "not significantly" above sqrt(sum_g K_g); guard_factor says how far is significant.
         guard = self.settings.guard_factor * math.sqrt(sum(m.n_components for m in self.models.values()))
@@ -302,40 +304,10 @@ class FedGEMServer:
         self.server_seconds += time.perf_counter() - start
         return candidates
 
-    def _n_trim(self, n_replies: int) -> int:
-        """How many clients' scores are clipped at each end of a tuning score: as many as may be hostile."""
-        return int(math.floor(self.settings.max_hostile_fraction * n_replies))
-
-    def _tuning_weights(self, counts: Sequence[int]) -> np.ndarray:
-        """The clients' weights in the tuning: their counts, at most the median count (so no one client outweighs the rest)."""
-        counts = np.asarray(counts, dtype=float)
-        if self.settings.max_hostile_fraction <= 0:
-            return counts
-        return np.minimum(counts, np.median(counts))
-
-    def _robust_profiles(self, scores: np.ndarray) -> np.ndarray:
-        """The clients' silhouettes with each client's deviations from its own mean clipped to the other clients' range."""
-        with np.errstate(invalid="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a client with no score at all keeps its NaNs
-            level = np.nanmean(scores, axis=1, keepdims=True)
-        return level + clip_to_order_statistics(scores - level, self._n_trim(scores.shape[0]))
-
-    def _robust_total(self, scores: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        """The clients' summed scores per candidate, each client's change from the first candidate clipped per point.
-
-        A client's score of the first candidate is kept; its per-point changes from it are
-        clipped to the other clients' range (:func:`clip_to_order_statistics`) and weighted by
-        :meth:`_tuning_weights`, so that no client makes a candidate win by reporting a
-        likelihood that no honest client's data gives.
-        """
-        base = scores[:, :1]
-        per_point = (scores - base) / sizes[:, None]
-        return (base + clip_to_order_statistics(per_point, self._n_trim(len(sizes))) * self._tuning_weights(sizes)[:, None]).sum(axis=0)
-
     def _fewest_clusters(self) -> int:
         """A lower bound on K: the largest K_g once as many of the largest as hostile clients may be are set aside."""
         local = sorted(m.n_components for m in self.models.values())
-        set_aside = int(math.floor(self.settings.max_hostile_fraction * len(local)))
+        set_aside = hostile_count(len(local), self.settings.max_hostile_fraction)
         return local[max(len(local) - 1 - set_aside, 0)]
 
     def _candidate_payloads(self, candidates: list[Candidate]) -> dict[int, dict[str, np.ndarray]]:
@@ -361,7 +333,7 @@ class FedGEMServer:
             sizes.append(self.models[reply.partition_id].declared_points)
             n_points += self.models[reply.partition_id].n_points
         self.require(len(sizes), "FedGEM model selection")
-        totals, entropies = (self._robust_total(np.array(scores), np.array(sizes, dtype=float))
+        totals, entropies = (robust_totals(np.array(scores), np.array(sizes, dtype=float), self.settings.max_hostile_fraction)
                              for scores in (likelihoods, entropies))
         k_hats = np.array([c.aggregation.k_hat for c in candidates])
         bics = bic(totals, k_hats, self.dim, n_points)
@@ -499,13 +471,4 @@ class FedGEMServer:
             return Components([], np.empty((0, self.dim or 0)), np.empty(0), np.empty(0, int), np.empty(0))
         return Components(partitions, np.vstack(centers), np.concatenate(eps), np.concatenate(owners), np.concatenate(weights))
 
-
-
-def _weighted_mean(scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The weighted mean of each column over the rows that have a score (NaN where none has)."""
-    valid = np.isfinite(scores)
-    totals = (np.where(valid, scores, 0.0) * weights[:, None]).sum(axis=0)
-    weight_sum = (valid * weights[:, None]).sum(axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(weight_sum > 0, totals / np.maximum(weight_sum, 1), np.nan)
 

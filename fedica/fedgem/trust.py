@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -107,9 +108,14 @@ def admit_components(models: dict[int, ClientModel], factor: float | None) -> li
     return refused
 
 
+def hostile_count(n_clients: int, hostile_fraction: float) -> int:
+    """How many of ``n_clients`` clients may be hostile under ``hostile_fraction``."""
+    return math.floor(hostile_fraction * n_clients)
+
+
 def support_quorum(n_clients: int, hostile_fraction: float) -> int:
     """The clients a global cluster needs to be counted on their number alone: more than the hostile ones can be."""
-    return int(math.floor(hostile_fraction * n_clients)) + 1
+    return hostile_count(n_clients, hostile_fraction) + 1
 
 
 def unsupported_clusters(labels: np.ndarray, owners: np.ndarray, masses: np.ndarray, quorum: int,
@@ -278,3 +284,61 @@ def clip_to_order_statistics(scores: np.ndarray, n_trim: int) -> np.ndarray:
         if trim > 0:
             clipped[:, column] = np.clip(scores[:, column], finite[trim], finite[-1 - trim])
     return clipped
+
+
+def tuning_weights(counts: np.ndarray, hostile_fraction: float) -> np.ndarray:
+    """The clients' weights in the tuning: their counts, at most the median count (so no one client outweighs the rest)."""
+    return counts if hostile_fraction <= 0 else np.minimum(counts, np.median(counts))
+
+
+def robust_silhouettes(scores: np.ndarray, counts: np.ndarray, hostile_fraction: float) -> np.ndarray:
+    """The federation's silhouette of each candidate: the clients' weighted mean, with each client's deviations
+    from its own mean clipped to the other clients' range.
+
+    Parameters
+    ----------
+    scores : ndarray of shape (n_clients, n_candidates)
+        NaN where a client has no score.
+    counts : ndarray of shape (n_clients,)
+    hostile_fraction : float
+
+    Returns
+    -------
+    silhouettes : ndarray of shape (n_candidates,)
+        NaN where no client has a score.
+    """
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a client with no score at all keeps its NaNs
+        level = np.nanmean(scores, axis=1, keepdims=True)
+    profiles = level + clip_to_order_statistics(scores - level, hostile_count(scores.shape[0], hostile_fraction))
+    weights = tuning_weights(counts, hostile_fraction)
+    valid = np.isfinite(profiles)
+    totals = (np.where(valid, profiles, 0.0) * weights[:, None]).sum(axis=0)
+    weight_sum = (valid * weights[:, None]).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(weight_sum > 0, totals / np.maximum(weight_sum, 1), np.nan)
+
+
+def robust_totals(scores: np.ndarray, sizes: np.ndarray, hostile_fraction: float) -> np.ndarray:
+    """The clients' summed scores per candidate, each client's change from the first candidate clipped per point.
+
+    A client's score of the first candidate is kept; its per-point changes from it are clipped
+    to the other clients' range (:func:`clip_to_order_statistics`) and weighted by
+    :func:`tuning_weights`, so that no client makes a candidate win by reporting a likelihood that
+    no honest client's data gives.
+
+    Parameters
+    ----------
+    scores : ndarray of shape (n_clients, n_candidates)
+    sizes : ndarray of shape (n_clients,)
+        Each client's declared number of points.
+    hostile_fraction : float
+
+    Returns
+    -------
+    totals : ndarray of shape (n_candidates,)
+    """
+    base = scores[:, :1]
+    per_point = (scores - base) / sizes[:, None]
+    clipped = clip_to_order_statistics(per_point, hostile_count(len(sizes), hostile_fraction))
+    return (base + clipped * tuning_weights(sizes, hostile_fraction)[:, None]).sum(axis=0)
