@@ -80,7 +80,7 @@ SECTION_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
         "fedgem": (
             "rounds", "local_steps", "upsilon", "upsilon_grid", "upsilon_criterion", "guard_factor", "n_init", "silhouette_sample",
             "radius_outlier_factor", "count_cap_factor", "component_cap_factor",
-            "max_hostile_fraction", "participation",
+            "max_hostile_fraction", "max_overlap_pairs", "participation",
         ),
     },
     "scenario": {
@@ -398,10 +398,11 @@ def _check_fedgem(alg: _Checker) -> None:
     alg.choice("upsilon_criterion", UPSILON_CRITERIA)
     if alg.get("radius_outlier_factor") is not None:
         alg.number("radius_outlier_factor", low=1, low_open=True)
-    if alg.get("count_cap_factor") is not None:
-        alg.number("count_cap_factor", low=1)
-    if alg.get("component_cap_factor") is not None:
-        alg.number("component_cap_factor", low=1)
+    for factor in ("component_cap_factor", "count_cap_factor"):
+        if alg.get(factor) is not None:
+            alg.number(factor, low=1)
+    if alg.get("max_overlap_pairs") is not None:
+        alg.integer("max_overlap_pairs", minimum=1)
     alg.number("max_hostile_fraction", low=0, high=0.5, high_open=True)
     alg.number("participation", low=0, high=1, low_open=True)
     alg.number("guard_factor", low=0, low_open=True)

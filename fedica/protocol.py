@@ -81,13 +81,18 @@ class Request:
     values: dict[str, Any] = field(default_factory=dict)
 
 
-class NotEnoughClients(RuntimeError):
-    """Fewer valid replies than ``min_clients``: the run cannot go on.
-
-    ``partial`` holds what the run had computed when it stopped (set by the caller that has it).
-    """
+class RunStopped(RuntimeError):
+    """The run cannot go on; ``partial`` holds what it had computed (set by the caller that has it)."""
 
     partial: dict[str, Any] | None = None
+
+
+class NotEnoughClients(RunStopped):
+    """Fewer valid replies than ``min_clients``: the run cannot go on."""
+
+
+class OverBudget(RunStopped):
+    """A server step needs more memory than its configured budget allows."""
 
 
 def reported_seconds(reply: Reply) -> float:

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedica.config import ConfigError, validate_config
-from fedica.protocol import NotEnoughClients
+from fedica.protocol import RunStopped
 from fedica.results import (
     PARTIAL_RESULT_FILE,
     RESULT_FILE,
@@ -57,7 +57,7 @@ def main(cfg: DictConfig) -> None:
         return
     try:
         result = run_engine(cfg_dict)
-    except NotEnoughClients as err:
+    except RunStopped as err:
         print(f"fedica-run: the run stopped: {err}", file=sys.stderr)
         if err.partial is not None:
             path = write_result(out_dir, err.partial, name=PARTIAL_RESULT_FILE)

@@ -30,7 +30,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from fedica.attacks import hostile_clients
 from fedica.config import client_count, validate_config
-from fedica.protocol import NotEnoughClients
+from fedica.protocol import RunStopped
 from fedica.results import (
     PARTIAL_RESULT_FILE,
     RESULT_FILE,
@@ -84,7 +84,7 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
     with warnings.catch_warnings(record=True) as caught:
         try:
             partial = _RUNNERS[cfg["algorithm"]["name"]](federation, cfg)
-        except NotEnoughClients as err:
+        except RunStopped as err:
             # Nothing already computed is lost: the caller writes this as partial_result.json.
             err.partial = {
                 **header,
@@ -156,7 +156,7 @@ def main(grid: Grid, context: Context) -> None:
     )
     try:
         result = run_federation(grid, cfg, bound_partitions=parse_node_partitions(str(context.run_config.get("node-partitions", ""))))
-    except NotEnoughClients as err:
+    except RunStopped as err:
         write_result(out_dir, err.partial, name=PARTIAL_RESULT_FILE)
         raise
     path = write_result(out_dir, result)

@@ -36,7 +36,8 @@ class FedGEMStrategy(ProtocolStrategy):
     Parameters
     ----------
     rounds, local_steps, upsilon, upsilon_grid, upsilon_criterion, guard_factor, n_init, silhouette_sample,
-    radius_outlier_factor, count_cap_factor, component_cap_factor, max_hostile_fraction, participation, random_state
+    radius_outlier_factor, count_cap_factor, component_cap_factor, max_hostile_fraction, max_overlap_pairs, participation,
+    random_state
         As for :class:`fedica.FedGEM`.
     evaluate : bool, default=False
         End with an evaluation stage: clients label their held-out points and report
@@ -60,7 +61,8 @@ class FedGEMStrategy(ProtocolStrategy):
                  upsilon_grid=(0.1, 0.5, 1.0, 5.0, 10.0, 50.0), upsilon_criterion: str = "likelihood", guard_factor: float = 1.5, n_init: int = 3,
                  silhouette_sample: int = 1000, radius_outlier_factor: float | None = 10.0,
                  count_cap_factor: float | None = 10.0, component_cap_factor: float | None = 3.0,
-                 max_hostile_fraction: float = 0.25, participation: float = 1.0, random_state: int = 0,
+                 max_hostile_fraction: float = 0.25, max_overlap_pairs: int | None = 20_000_000,
+                 participation: float = 1.0, random_state: int = 0,
                  evaluate: bool = False, **kwargs: Any):
         super().__init__(**kwargs)
         self.settings = FedGEMSettings(
@@ -68,6 +70,7 @@ class FedGEMStrategy(ProtocolStrategy):
             guard_factor=guard_factor, n_init=n_init, silhouette_sample=silhouette_sample,
             radius_outlier_factor=radius_outlier_factor, count_cap_factor=count_cap_factor,
             component_cap_factor=component_cap_factor, max_hostile_fraction=max_hostile_fraction,
+            max_overlap_pairs=max_overlap_pairs,
             participation=participation, min_clients=self.min_clients, seed=int(random_state))
         self.evaluate = bool(evaluate)
         self.server: FedGEMServer | None = None

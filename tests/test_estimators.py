@@ -76,6 +76,20 @@ def test_fedgem_estimates_each_sites_k_when_not_told():
     assert model.n_clusters_ == 6
 
 
+def test_fedgem_tunes_over_the_upsilons_within_the_pair_budget_and_stops_beyond_it():
+    from fedica.protocol import OverBudget
+
+    sites = [s.X_train for s in _blobs_sites(compose_config(BLOBS))]
+    model = fedica.FedGEM(max_overlap_pairs=40, random_state=0).fit(sites, 3)
+    skipped = model.tuning_["skipped"]
+    assert skipped and all("more than max_overlap_pairs=40" in why for why in skipped.values())
+    assert set(map(float, skipped)) | set(model.tuning_["grid"]) == set(model.upsilon_grid)
+    assert set(map(float, skipped)).isdisjoint(model.tuning_["grid"])
+    assert fedica.FedGEM(random_state=0).fit(sites, 3).n_clusters_ == model.n_clusters_ == 6
+    with pytest.raises(OverBudget, match="FedGEM round 1: about .* more than max_overlap_pairs=5"):
+        fedica.FedGEM(max_overlap_pairs=5, random_state=0).fit(sites, 3)
+
+
 def test_rfica_fit_equals_the_inprocess_federated_run():
     cfg = compose_config(ICA)
     result = run_inprocess(cfg)

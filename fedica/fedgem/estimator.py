@@ -65,6 +65,10 @@ class FedGEM(BaseEstimator):
         The share of sites that may be hostile: a global cluster is counted only when more
         sites than that support it or it carries a typical site's cluster mass (0: every
         cluster counts).
+    max_overlap_pairs : int or None, default=20_000_000
+        Memory budget of one server step: at most this many overlapping pairs of balls
+        (about 110 bytes each). A tuning candidate above it is left out (``tuning_["skipped"]``);
+        a round above it raises :class:`fedica.fedgem.overlaps.TooManyOverlaps`. None: no budget.
     participation : float, default=1.0
         Share of the sites asked in each round.
     min_clients : int, default=2
@@ -101,7 +105,8 @@ class FedGEM(BaseEstimator):
 
     def __init__(self, rounds=10, local_steps=1, upsilon="auto", upsilon_grid=(0.1, 0.5, 1.0, 5.0, 10.0, 50.0),
                  upsilon_criterion="likelihood", guard_factor=1.5, n_init=3, silhouette_sample=1000, radius_outlier_factor=10.0,
-                 count_cap_factor=10.0, component_cap_factor=3.0, max_hostile_fraction=0.25, participation=1.0, min_clients=2, max_local_clusters=10, random_state=0):
+                 count_cap_factor=10.0, component_cap_factor=3.0, max_hostile_fraction=0.25, max_overlap_pairs=20_000_000, participation=1.0, min_clients=2, max_local_clusters=10,
+                 random_state=0):
         self.rounds = rounds
         self.local_steps = local_steps
         self.upsilon = upsilon
@@ -114,6 +119,7 @@ class FedGEM(BaseEstimator):
         self.count_cap_factor = count_cap_factor
         self.component_cap_factor = component_cap_factor
         self.max_hostile_fraction = max_hostile_fraction
+        self.max_overlap_pairs = max_overlap_pairs
         self.participation = participation
         self.min_clients = min_clients
         self.max_local_clusters = max_local_clusters
@@ -143,6 +149,7 @@ class FedGEM(BaseEstimator):
             guard_factor=self.guard_factor, n_init=self.n_init, silhouette_sample=self.silhouette_sample,
             radius_outlier_factor=self.radius_outlier_factor, count_cap_factor=self.count_cap_factor,
             component_cap_factor=self.component_cap_factor, max_hostile_fraction=self.max_hostile_fraction,
+            max_overlap_pairs=self.max_overlap_pairs,
             participation=self.participation, min_clients=self.min_clients, seed=seed)
         server = FedGEMServer(settings, evaluate=False)
         sites_state = [_Site(X, int(k)) for X, k in zip(data, self.n_local_clusters_)]

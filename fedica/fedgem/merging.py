@@ -41,7 +41,7 @@ class ServerStep:
     n_super_clusters: int
 
 
-def server_step(centers, eps, owners, weights):
+def server_step(centers, eps, owners, weights, *, max_pairs=None):
     """One collaborative server step: super-clusters, then consensus.
 
     Parameters
@@ -54,6 +54,9 @@ def server_step(centers, eps, owners, weights):
         Client id of every component.
     weights : array-like of shape (m,)
         Positive weights ``N_g * pi_k``.
+    max_pairs : int or None, default=None
+        Memory budget on the overlapping pairs
+        (:class:`fedica.fedgem.overlaps.TooManyOverlaps` above it).
 
     Returns
     -------
@@ -61,7 +64,7 @@ def server_step(centers, eps, owners, weights):
     """
     centers = as_centers(centers)
     radii = np.sqrt(as_vector(eps, centers.shape[0], "eps"))
-    labels = super_clusters(centers, radii, owners)
+    labels = super_clusters(centers, radii, owners, max_pairs=max_pairs)
     new_centers = consensus_centers(centers, radii, weights, labels)
     n_super = int(labels.max()) + 1 if labels.size else 0
     return ServerStep(new_centers=new_centers, labels=labels, n_super_clusters=n_super)
@@ -86,7 +89,7 @@ class FinalAggregation:
     k_hat: int
 
 
-def final_aggregation(centers, eps_final, owners, weights):
+def final_aggregation(centers, eps_final, owners, weights, *, max_pairs=None):
     """Final merge: super-clusters on the final radii, then weighted means.
 
     Parameters
@@ -100,6 +103,9 @@ def final_aggregation(centers, eps_final, owners, weights):
         Client id of every component.
     weights : array-like of shape (m,)
         Positive weights ``N_g * pi_k``.
+    max_pairs : int or None, default=None
+        Memory budget on the overlapping pairs
+        (:class:`fedica.fedgem.overlaps.TooManyOverlaps` above it).
 
     Returns
     -------
@@ -109,7 +115,7 @@ def final_aggregation(centers, eps_final, owners, weights):
     m = centers.shape[0]
     radii = np.sqrt(as_vector(eps_final, m, "eps_final"))
     weights = as_vector(weights, m, "weights", positive=True)
-    labels = super_clusters(centers, radii, owners)
+    labels = super_clusters(centers, radii, owners, max_pairs=max_pairs)
     k_hat = int(labels.max()) + 1 if m else 0
     global_centroids = (
         _segment_sum(centers, labels, k_hat, weights)

@@ -26,6 +26,7 @@ from fedica.evaluation.metrics import (
 )
 from fedica.fedgem.local import uncertainty_radius
 from fedica.fedgem.merging import FinalAggregation
+from fedica.fedgem.overlaps import TooManyOverlaps
 from fedica.fedgem.selection import Candidate, bic, icl, merge_path
 from fedica.fedgem.trust import (
     ClientModel,
@@ -51,6 +52,7 @@ from fedica.protocol import (
     GEM_ROUND,
     GEM_SILHOUETTE,
     InvalidReply,
+    OverBudget,
     Reply,
     Request,
     majority_width,
@@ -91,6 +93,7 @@ class FedGEMSettings:
     count_cap_factor: float | None = 10.0
     component_cap_factor: float | None = 3.0
     max_hostile_fraction: float = 0.25
+    max_overlap_pairs: int | None = 20_000_000
     participation: float = 1.0
     min_clients: int = 2
     seed: int = 0
@@ -141,6 +144,8 @@ class FedGEMServer:
         self.upsilon: float | None = None
         self.merges = 0
         self.tuning: dict[str, Any] | None = None
+        self.tuned_grid: list[float] = []
+        self.skipped_upsilons: dict[float, str] = {}   # the grid's values over max_overlap_pairs, and why
         self.evaluation: dict[str, float] = {}
         self.client_aris: dict[str, float] = {}
         self.evaluated: dict[int, tuple] = {}
@@ -169,6 +174,8 @@ class FedGEMServer:
             candidates = self._likelihood_candidates()
             replies = yield Request(GEM_LIKELIHOOD, "likelihood", self._candidate_payloads(candidates))
             self._choose_by_likelihood(candidates, replies)
+        if self.skipped_upsilons:
+            self.tuning["skipped"] = {str(u): why for u, why in self.skipped_upsilons.items()}
         if self.evaluate:
             self._evaluate((yield Request(GEM_EVALUATE, "evaluate", self.consensus_payloads())))
 
@@ -220,7 +227,11 @@ class FedGEMServer:
         components = self._collect(replies, round_number, self._round_radii)
         self.require(len(components.partitions), f"FedGEM round {round_number}")
         start = time.perf_counter()
-        new_centers, n_super, excluded = trusted_server_step(components, self.settings.radius_outlier_factor)
+        try:
+            new_centers, n_super, excluded = trusted_server_step(components, self.settings.radius_outlier_factor,
+                                                                 self.settings.max_overlap_pairs)
+        except TooManyOverlaps as err:
+            raise OverBudget(f"FedGEM round {round_number}: {err}; raise algorithm.max_overlap_pairs") from err
         self.server_seconds += time.perf_counter() - start
         log_excluded(components, excluded, round_number)
         shifts = []
@@ -247,7 +258,7 @@ class FedGEMServer:
     def _tuning_candidates(self) -> tuple[dict[int, dict[str, np.ndarray]], list[FinalAggregation]]:
         """Each client's consensus model under every upsilon of the grid (paper appendix D.3)."""
         start = time.perf_counter()
-        aggregations = [self._final_aggregation(float(u))[0] for u in self.settings.upsilon_grid]
+        aggregations = [aggregation for _, aggregation, _ in self._grid_aggregations()]
         payloads = {
             p: {"candidates": np.stack([agg.global_centroids[agg.labels[part]] for agg in aggregations])}
             for p, part in self.final.slices().items()
@@ -258,7 +269,7 @@ class FedGEMServer:
     def _choose_upsilon(self, aggregations: list[FinalAggregation], replies: list[Reply]) -> None:
         """The upsilon whose N_g-weighted mean client silhouette is best, under the K_hat guard."""
         start = time.perf_counter()
-        grid = [float(u) for u in self.settings.upsilon_grid]
+        grid = self.tuned_grid
         rows, counts = [], []
         for reply in replies:
             try:
@@ -291,9 +302,8 @@ class FedGEMServer:
         """The grid's aggregations and the merge path from the finest of them (module fedica.fedgem.selection)."""
         start = time.perf_counter()
         candidates, finest = [], None
-        for upsilon in self.settings.upsilon_grid:
-            aggregation, excluded = self._final_aggregation(float(upsilon))
-            candidates.append(Candidate(aggregation, float(upsilon)))
+        for upsilon, aggregation, excluded in self._grid_aggregations():
+            candidates.append(Candidate(aggregation, upsilon))
             if finest is None or aggregation.k_hat > finest[0].aggregation.k_hat:
                 finest = (candidates[-1], excluded)
         trusted_weights = np.where(finest[1], 0.0, self.final.weights)
@@ -352,13 +362,30 @@ class FedGEMServer:
 
     def _aggregate(self) -> None:
         start = time.perf_counter()
-        self.aggregation, excluded = self._final_aggregation(self.upsilon)
+        try:
+            self.aggregation, excluded = self._final_aggregation(self.upsilon)
+        except TooManyOverlaps as err:
+            raise OverBudget(f"final aggregation at upsilon {self.upsilon:g}: {err}; lower upsilon or raise max_overlap_pairs") from err
         self.server_seconds += time.perf_counter() - start
         log_excluded(self.final, excluded, "final")
 
     def _final_aggregation(self, upsilon: float) -> tuple[FinalAggregation, np.ndarray]:
         return trusted_final_aggregation(self.final, final_radii(self.models, self.final, upsilon),
-                                         self.settings.radius_outlier_factor, self.support)
+                                         self.settings.radius_outlier_factor, self.support, self.settings.max_overlap_pairs)
+
+    def _grid_aggregations(self) -> list[tuple[float, FinalAggregation, np.ndarray]]:
+        """(upsilon, aggregation, excluded) for every upsilon of the grid whose overlaps fit ``max_overlap_pairs``."""
+        done = []
+        for upsilon in map(float, self.settings.upsilon_grid):
+            try:
+                done.append((upsilon, *self._final_aggregation(upsilon)))
+            except TooManyOverlaps as err:
+                self.skipped_upsilons[upsilon] = str(err)
+                log.warning("upsilon %g left out of the tuning: %s", upsilon, err)
+        if not done:
+            raise OverBudget("no upsilon of upsilon_grid fits max_overlap_pairs: lower upsilon_grid or raise max_overlap_pairs")
+        self.tuned_grid = [upsilon for upsilon, _, _ in done]
+        return done
 
     def _evaluate(self, replies: list[Reply]) -> None:
         """Local ARI (N_g-weighted), pooled global ARI and K_hat from the clients' contingency counts."""

@@ -12,8 +12,10 @@ from scipy.sparse.csgraph import connected_components
 from fedica.fedgem.overlaps import candidate_pairs
 from fedica.validation import as_centers, as_int_vector
 
-# Edges per chunk of the constrained union-find (see _constrained_union_find).
+# Edges per chunk of the constrained union-find (see _constrained_union_find), and the
+# size mostly settled chunks may grow to.
 _UNION_CHUNK = 2048
+_UNION_CHUNK_MAX = 2**17
 
 
 def _first_appearance_labels(keys):
@@ -43,7 +45,8 @@ def _constrained_union_find(n_nodes, edges, node_owner, *, chunk_size=_UNION_CHU
     neither scipy's ``DisjointSet`` nor ``connected_components`` can take into account.
     Path halving, and the set with more owners becomes the root.
 
-    Edges are taken ``chunk_size`` at a time. Before a chunk, the edges whose endpoints
+    Edges are taken ``chunk_size`` at a time (a chunk after a mostly settled one is up to
+    twice as large as it, at most ``_UNION_CHUNK_MAX``). Before a chunk, the edges whose endpoints
     already share a root, or whose roots already share an owner, are dropped in bulk:
     sets only grow, so the sequential process would skip those edges too, and the result
     does not depend on ``chunk_size``. With dense overlaps (every ball meets every other,
@@ -52,10 +55,19 @@ def _constrained_union_find(n_nodes, edges, node_owner, *, chunk_size=_UNION_CHU
     """
     parent = list(range(n_nodes))
     owner_sets = [{owner} for owner in node_owner.tolist()]
-    for start in range(0, edges.shape[0], chunk_size):
-        chunk = edges[start : start + chunk_size]
+    start, size = 0, chunk_size
+    while start < edges.shape[0]:
+        chunk = edges[start : start + size]
         if start:
-            chunk = _drop_settled_edges(chunk, _roots(parent), owner_sets, n_nodes)
+            live = _drop_settled_edges(chunk, _roots(parent), owner_sets, n_nodes)
+            # After a mostly settled chunk the next may be larger: few of its edges would
+            # reach the loop anyway, and every chunk costs one pass over all roots.
+            mostly_settled = 4 * live.shape[0] < chunk.shape[0]
+            start += size
+            size = min(2 * size, max(chunk_size, _UNION_CHUNK_MAX)) if mostly_settled else chunk_size
+            chunk = live
+        else:
+            start += size
         for i, j in zip(chunk[:, 0].tolist(), chunk[:, 1].tolist()):
             while parent[i] != i:
                 parent[i] = i = parent[parent[i]]
@@ -104,7 +116,7 @@ def _order_by_ratio(ratio):
     return order
 
 
-def super_clusters(centers, radii, owners):
+def super_clusters(centers, radii, owners, *, max_pairs=None):
     """Group components into super-clusters without ever joining two of one owner.
 
     Semantics: union-find over the overlapping pairs of :func:`candidate_pairs`, taken
@@ -125,6 +137,8 @@ def super_clusters(centers, radii, owners):
         Ball radii, non-negative.
     owners : array-like of shape (m,), int
         Client id of every component.
+    max_pairs : int or None, default=None
+        Memory budget on the overlapping pairs (see :func:`candidate_pairs`).
 
     Returns
     -------
@@ -135,7 +149,7 @@ def super_clusters(centers, radii, owners):
     centers = as_centers(centers)
     m = centers.shape[0]
     owners = as_int_vector(owners, m, "owners")
-    pairs, ratio = candidate_pairs(centers, radii, owners)
+    pairs, ratio = candidate_pairs(centers, radii, owners, max_pairs=max_pairs)
     if m == 0:
         return np.empty(0, dtype=np.int64)
 

@@ -169,8 +169,12 @@ def separation_scale(components: Components) -> float:
     return float(np.median([min_centroid_distance(components.centers[part]) for part in components.slices().values()]))
 
 
-def trusted_server_step(components: Components, factor: float | None) -> tuple[np.ndarray, int, np.ndarray]:
+def trusted_server_step(
+    components: Components, factor: float | None, max_pairs: int | None = None
+) -> tuple[np.ndarray, int, np.ndarray]:
     """A server step in which components with outlying radii take part in no merge and keep their maximiser.
+
+    ``max_pairs`` is the memory budget on overlapping pairs (:func:`fedica.fedgem.merging.server_step`).
 
     Returns
     -------
@@ -182,7 +186,8 @@ def trusted_server_step(components: Components, factor: float | None) -> tuple[n
     excluded = outlying_radii(components.eps, factor, lambda: separation_scale(components))
     keep = ~excluded
     new_centers = components.centers.copy()
-    step = server_step(components.centers[keep], components.eps[keep], components.owners[keep], components.weights[keep])
+    step = server_step(components.centers[keep], components.eps[keep], components.owners[keep], components.weights[keep],
+                       max_pairs=max_pairs)
     new_centers[keep] = step.new_centers
     return new_centers, step.n_super_clusters + int(excluded.sum()), excluded
 
@@ -209,7 +214,8 @@ def cluster_support(models: Mapping[int, ClientModel], final: Components, hostil
 
 
 def trusted_final_aggregation(
-    final: Components, radii: np.ndarray, factor: float | None, support: Support | None = None
+    final: Components, radii: np.ndarray, factor: float | None, support: Support | None = None,
+    max_pairs: int | None = None,
 ) -> tuple[FinalAggregation, np.ndarray]:
     """The final aggregation over the trusted components.
 
@@ -221,13 +227,15 @@ def trusted_final_aggregation(
     founds no global cluster: it is mapped to the nearest global centroid of the others, so
     that it can neither merge every cluster into one nor add clusters of its own. With a
     ``support`` rule, the members of a cluster it does not count are treated the same way
-    (repeatedly, until every remaining cluster is supported).
+    (repeatedly, until every remaining cluster is supported). ``max_pairs`` is the memory
+    budget on overlapping pairs (:func:`fedica.fedgem.merging.final_aggregation`).
     """
     scale = functools.cache(lambda: separation_scale(final))
     excluded = outlying_radii(radii, factor, scale) | (outlying_radii(final.eps, factor, scale) & (final.eps > radii))
     while True:
         keep = ~excluded
-        trusted = final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep])
+        trusted = final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep],
+                                    max_pairs=max_pairs)
         if support is None:
             break
         weak = unsupported_clusters(trusted.labels, final.owners[keep], support.masses[keep], support.quorum,
