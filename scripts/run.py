@@ -13,7 +13,9 @@ Examples
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -74,9 +76,27 @@ def cli() -> None:
     try:
         main()
     except KeyboardInterrupt:
+        _let_children_end()
         print("fedica-run: interrupted; completed runs keep their result.json, and the same command resumes a sweep",
               file=sys.stderr)
         sys.exit(130)
+
+
+def _let_children_end(seconds: float = 2.0) -> None:
+    """Reap the child processes Ctrl-C also reached, waiting at most ``seconds``.
+
+    submitit_local's job controllers are children in the terminal's process group: they print
+    their own interruption as they stop, and this wait lets them finish first, so that the
+    interrupted line is the last thing the user reads.
+    """
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)
 
 
 if __name__ == "__main__":
