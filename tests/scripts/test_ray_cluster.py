@@ -26,6 +26,7 @@ RAY = Path(sys.executable).with_name("ray")
 pytestmark = [
     pytest.mark.ray_cluster,
     pytest.mark.skipif(not RAY.is_file(), reason=f"ray is not installed next to this Python ({RAY} is missing)"),
+    pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="finding the processes Ray left needs Linux's /proc"),
 ]
 
 FEDGEM = ["algorithm=fedgem", "scenario=blobs", "scenario.n_clients=4", "scenario.n_train=800",
