@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,6 +43,7 @@ from fedica.protocol import (
     GEM_LIKELIHOOD,
     GEM_ROUND,
     GEM_SILHOUETTE,
+    RAY_NODE_KEY,
     RFICA_FIT,
 )
 from fedica.rfica import client as ica_client
@@ -187,6 +189,9 @@ def _responder(handler: Handler) -> Callable[[Message, Context], Message]:
             arrays, values = unpack(msg.content)
             reply_arrays, reply_values = handler(arrays, values, partition_id, context)
             reply_values.setdefault("partition-id", partition_id)  # a hostile client may claim another
+            node = _ray_node_id()
+            if node is not None:
+                reply_values.setdefault(RAY_NODE_KEY, node)
             return Message(pack(reply_arrays, reply_values), reply_to=msg)
         except Exception as err:  # noqa: BLE001 - any failure becomes a reply the server can log
             reason = f"{type(err).__name__}: {err}"
@@ -197,6 +202,18 @@ def _responder(handler: Handler) -> Callable[[Message, Context], Message]:
             return Message(pack({}, {"partition-id": partition_id, ERROR_KEY: reason}), reply_to=msg)
 
     return respond
+
+
+def _ray_node_id() -> str | None:
+    """The id of the Ray node this worker runs on, or None outside Ray.
+
+    A Ray worker has always imported ray, so a process that has not is not one (and the
+    in-process engine pays no import).
+    """
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
 
 
 def _partition_id(context: Context) -> int:

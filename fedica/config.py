@@ -98,7 +98,7 @@ SECTION_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
             "shutdown_grace", "out_dir",
         ),
         "inprocess": (),
-        "simulation": ("client_num_cpus",),
+        "simulation": ("client_num_cpus", "ray_address"),
     },
 }
 ATTACK_KEYS = ("kind", "fraction")
@@ -312,12 +312,15 @@ def validate_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if "workload" in cfg and not (isinstance(cfg["workload"], str) and cfg["workload"]):
         raise ConfigError(f"workload={cfg['workload']!r}: must be a non-empty label")
     if scenario == "files":
-        _check_files_engine(cfg["scenario"], algorithm, engine)
+        _check_files_engine(cfg["scenario"], algorithm, engine, cfg["engine"].get("ray_address"))
     return cfg
 
 
-def _check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str) -> None:
+def _check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str, ray_address: str | None) -> None:
     """The data files are there (and for RF-ICA readable, with one channel count) on local engines."""
+    if ray_address is not None:  # a cluster's workers are not this user's local clients (clients/app.py)
+        raise ConfigError(f"engine.ray_address={ray_address!r}: scenario=files runs on this machine's own Ray only; "
+                          "on several machines use engine=deployment, each SuperNode with its own data-path")
     if sc["write_sources"] and engine == "deployment":
         raise ConfigError("scenario.write_sources=true: sources are written only by engines that run every site "
                           "on this machine (inprocess, simulation); in a deployment each site holds its own data")

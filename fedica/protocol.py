@@ -12,6 +12,7 @@ Flower side (``fedica.server.records``) only converts it to and from Flower's re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from numbers import Integral
@@ -51,6 +52,10 @@ CATEGORY = {
 
 # Value of a reply whose client failed with a reason it could name (bad data, bad config).
 ERROR_KEY = "error"
+# Value of a reply computed in a Ray worker: the id of the Ray node it ran on (hex; for the books only).
+RAY_NODE_KEY = "ray-node-id"
+# Ray's node ids are 28 bytes in hex; anything else a client claims is not recorded.
+_RAY_NODE_ID = re.compile(r"[0-9a-f]{8,64}")
 
 
 def message_type(task: str) -> str:
@@ -99,6 +104,12 @@ def reported_seconds(reply: Reply) -> float:
     """The client's own timing of its work (``fit-seconds``), or 0 when it sent none or nonsense; for the books only."""
     seconds = reply.values.get("fit-seconds", 0.0)
     return float(seconds) if isinstance(seconds, (int, float)) and np.isfinite(seconds) and seconds >= 0 else 0.0
+
+
+def reported_ray_node(reply: Reply) -> str | None:
+    """The Ray node id the client says served it, or None when it sent none or anything but a hex id; for the books only."""
+    node = reply.values.get(RAY_NODE_KEY)
+    return node if isinstance(node, str) and _RAY_NODE_ID.fullmatch(node) else None
 
 
 def majority_width(replies: list[Reply], key: str) -> int | None:

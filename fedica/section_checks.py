@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any
 
 
@@ -94,8 +95,24 @@ def _check_real(n_classes: int):
     return check
 
 
+# HOST:PORT of a Ray cluster's head: a host name, an IPv4 address or a bracketed IPv6 address.
+RAY_ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
+
+
+def _check_ray_address(eng: Checker) -> str | None:
+    address = eng.get("ray_address")
+    if address is None or address == "auto":
+        return address
+    match = RAY_ADDRESS.fullmatch(address) if isinstance(address, str) else None
+    if match is None or not 1 <= int(match["port"]) <= 65535:
+        eng.fail("ray_address", "must be null (Ray starts locally), auto, or HOST:PORT of the Ray head (port 1..65535)")
+    return address
+
+
 def _check_simulation(eng: Checker, n_clients: int) -> None:
     cpus = eng.number("client_num_cpus", low=0, low_open=True)
+    if _check_ray_address(eng) is not None:
+        return  # the cluster's nodes, not this machine, hold the clients' CPUs
     # Ray places no client actor at all when one needs more CPUs than the machine has (Flower then hangs).
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cpus > available:

@@ -53,7 +53,7 @@ def run_inprocess(cfg: Mapping[str, Any], client_app: ClientApp | None = None) -
 
 
 def run_simulation_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Drive the federation with Flower's simulation runtime (Ray)."""
+    """Drive the federation with Flower's simulation runtime: on a local Ray, or the cluster ``engine.ray_address`` names."""
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -85,7 +85,7 @@ def run_simulation_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:
             num_supernodes=client_count(cfg["scenario"]),
             backend_config={
                 "client_resources": {"num_cpus": float(cfg["engine"].get("client_num_cpus", 1)), "num_gpus": 0.0},
-                "init_args": {"logging_level": "ERROR", "log_to_driver": False},
+                "init_args": {"logging_level": "ERROR", "log_to_driver": False, "address": ray_address(cfg["engine"])},
             },
         )
     flwr_log.setLevel(level)
@@ -94,6 +94,15 @@ def run_simulation_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if "result" not in outcome:
         raise RuntimeError("the Flower simulation ended without a result (see the log above)")
     return outcome["result"]
+
+
+def ray_address(engine: Mapping[str, Any]) -> str:
+    """The ``address`` Flower's Ray backend passes to ``ray.init``: the configured cluster, or a new local Ray.
+
+    ``"local"`` rather than no address: Ray would otherwise join a cluster that ``ray start`` left
+    running on this machine (or the one ``RAY_ADDRESS`` names), which ``ray_address=null`` does not ask for.
+    """
+    return engine.get("ray_address") or "local"
 
 
 class InProcessGrid(Grid):

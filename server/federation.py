@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from fedica.protocol import (
     Reply,
     Request,
     message_type,
+    reported_ray_node,
     require_int,
 )
 
@@ -50,6 +52,13 @@ def message_sizes(request: Request, replies: list[Reply]) -> dict[str, float]:
     received = [numbers(reply.arrays) for reply in replies]
     return {"numbers_to_client": float(np.mean(sent)) if sent else 0.0,
             "numbers_from_client": float(np.mean(received)) if received else 0.0}
+
+
+def ray_node_counts(replies: list[Reply]) -> dict[str, int]:
+    """How many of the replies each Ray node computed (by the node id the clients report); empty off Ray."""
+    nodes = Counter(reported_ray_node(reply) for reply in replies)
+    nodes.pop(None, None)
+    return dict(sorted(nodes.items()))
 
 
 @dataclass
@@ -181,7 +190,8 @@ class Federation:
         replies = [reply for reply in replies if reply.partition_id not in self.contested]
         replies.sort(key=lambda reply: reply.partition_id)
         self.participation.append({"round": request.round_label, "task": request.task,
-                                   "clients": [r.partition_id for r in replies], **message_sizes(request, replies)})
+                                   "clients": [r.partition_id for r in replies], **message_sizes(request, replies),
+                                   "ray_nodes": ray_node_counts(replies)})
         return replies
 
     def exchange(self, request: Request) -> list[Reply]:

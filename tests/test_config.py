@@ -276,6 +276,17 @@ def test_test_fraction_zero_is_refused_up_front():
         (["engine.client_num_cpus=-1"], "engine.client_num_cpus=-1: must be > 0"),
         (["engine.client_num_cpus=nan"], "engine.client_num_cpus=nan: must be a finite number"),
         (["engine.client_num_cpus=1000000"], "engine.client_num_cpus=1000000: must be <= the "),
+        (["engine.ray_address=localhost"], "engine.ray_address='localhost': must be null (Ray starts locally), auto, or "
+                                           "HOST:PORT of the Ray head (port 1..65535)"),
+        (["engine.ray_address='head:0'"], "engine.ray_address='head:0': must be null"),
+        (["engine.ray_address='head:65536'"], "engine.ray_address='head:65536': must be null"),
+        (["engine.ray_address=':6379'"], "engine.ray_address=':6379': must be null"),
+        (["engine.ray_address='a b:6379'"], "engine.ray_address='a b:6379': must be null"),
+        (["engine.ray_address=6379"], "engine.ray_address=6379: must be null"),
+        (["engine.ray_address=local"], "engine.ray_address='local': must be null"),
+        (["algorithm=fedgem", "scenario=files", "scenario.paths=[a.csv,b.csv]", "scenario.label_column=-1",
+          "engine.ray_address=auto"],
+         "engine.ray_address='auto': scenario=files runs on this machine's own Ray only"),
     ],
 )
 def test_engine_mistakes_are_one_line(overrides, message):
@@ -289,6 +300,10 @@ def test_good_deployment_options_pass():
     validate_config(compose_config(["engine=deployment", "engine.tls=true", "engine.node_auth=true",
                                     "engine.run_timeout=60", "engine.out_dir=outputs/deploy-check", "engine.host=0.0.0.0"]))
     validate_config(compose_config(["engine.client_num_cpus=0.5"]))
+    for address in ("auto", "10.0.0.5:6379", "ray-head.lan:6379", "'[fd00::1]:6379'"):
+        validate_config(compose_config([f"engine.ray_address={address}"]))
+    # The cluster's nodes, not this machine, hold a clustered run's CPUs.
+    validate_config(compose_config(["engine.ray_address=auto", "engine.client_num_cpus=1000"]))
 
 
 def test_scenario_must_fit_the_algorithm():

@@ -37,7 +37,8 @@ def _assert_same_numbers(a, b, path="result"):
     if isinstance(a, dict):
         assert set(a) == set(b), path
         for key in a:
-            if key in ("timings", "versions", "engine", "config") or key.startswith("fit"):
+            # ray_nodes says where the work ran (Ray's node ids), not what it computed.
+            if key in ("timings", "versions", "engine", "config", "ray_nodes") or key.startswith("fit"):
                 continue
             _assert_same_numbers(a[key], b[key], f"{path}.{key}")
     elif isinstance(a, (list, tuple)):
@@ -156,6 +157,22 @@ def test_malformed_rfica_replies_are_rejected_with_reasons():
     assert "dtype complex128" in reasons[5]
     assert all(r["round"] == 1 for r in result["clients"]["rejected"])
     assert np.isfinite(result["metrics"]["rf-ica"]["error"])
+
+
+def test_only_ray_node_ids_that_look_like_ray_s_are_recorded():
+    valid = "0123abcd" * 7  # a Ray node id is 28 bytes in hex
+    claims = {0: valid, 1: 12345, 2: "not-hex!", 3: "a" * 100_000, 4: "ABCDEF12", 5: "", 6: True, 7: valid}
+
+    def corrupt(partition, content):
+        return _replace(content, values={"ray-node-id": claims[partition]}) if partition in claims else None
+
+    result = run_inprocess(compose_config(SMALL_ICA + ["engine=inprocess"]), client_app=_corrupting_app(corrupt))
+    assert result["clients"] == {"expected": 10, "answered": 10, "rejected": []}
+    assert [p["ray_nodes"] for p in result["rfica"]["participation"]] == [{valid: 2}]
+
+
+def test_off_ray_no_ray_node_is_recorded(ica_inprocess):
+    assert [p["ray_nodes"] for p in ica_inprocess["rfica"]["participation"]] == [{}]
 
 
 def test_too_few_valid_replies_is_a_clear_error():
