@@ -70,7 +70,8 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
         node_wait_timeout=float(cfg["node_wait_timeout"]), min_nodes=cfg.get("min_nodes"),
         common_values={"cfg": config_to_json(cfg)},
         hostile_partitions=hostile_clients(expected, cfg["attack"], seed=int(cfg["seed"])),
-        bound_partitions=None if bound_partitions is None else dict(bound_partitions))
+        bound_partitions=None if bound_partitions is None else dict(bound_partitions),
+        scenario_name=str(cfg["scenario"].get("name", "")))
     header = {
         "algorithm": cfg["algorithm"]["name"],
         "scenario": dict(cfg["scenario"]),

@@ -18,6 +18,7 @@ import numpy as np
 from fedica.server.records import MalformedMessage, pack, unpack
 from flwr.app import Message
 from flwr.serverapp import Grid
+from flwr.superlink.grid import InMemoryGrid
 
 from fedica.protocol import (
     ERROR_KEY,
@@ -36,6 +37,8 @@ log = logging.getLogger("fedica.server")
 PROGRESS_SECONDS = 5.0
 # How often the server asks for replies when the Grid does not say (Flower's own HttpGrid waits 3 s).
 PULL_SECONDS = 0.5
+# Under Flower's simulation runtime, a node count unchanged this long (seconds) is the federation's size.
+SIMULATION_SETTLE_SECONDS = 1.0
 
 
 def message_sizes(request: Request, replies: list[Reply]) -> dict[str, float]:
@@ -80,6 +83,8 @@ class Federation:
         Fewest nodes to go on with once the wait is over; None: all ``expected``.
     common_values : dict
         Values sent with every message (fedica's own ClientApp reads its scenario from ``cfg``).
+    scenario_name : str
+        The scenario's name, for the message that a simulated federation does not fit it.
     bound_partitions : dict of int to int, optional
         The partition id of every node the run expects, from a source the nodes cannot forge
         (the in-process grid's node configs; in deployment the launcher's SuperNodes). Only
@@ -103,6 +108,7 @@ class Federation:
     # The clients an ``attack`` config made hostile: recorded in the result only, never used by the server.
     hostile_partitions: list[int] = field(default_factory=list)
     bound_partitions: dict[int, int] | None = None
+    scenario_name: str = ""
 
     def __post_init__(self) -> None:
         self.node_of: dict[int, int] = {}
@@ -116,25 +122,24 @@ class Federation:
     def connect(self) -> list[int]:
         """Wait until the expected number of nodes is connected (or the wait times out).
 
+        Under Flower's simulation runtime (``flwr run`` with a local SuperLink, or
+        ``run_simulation``) every SuperNode exists from the start, so a federation of the wrong
+        size is refused at once instead of after ``node_wait_timeout``.
+
         Returns
         -------
         node_ids : list of int
             The connected nodes. Fewer than ``min_nodes`` (default: all expected) when the wait
             is over raises :class:`NotEnoughClients`; fewer than expected but enough is logged.
         """
-        started = time.monotonic()
-        deadline, said = started + float(self.node_wait_timeout), started
-        while True:
-            connected = sorted(self.grid.get_node_ids())
-            nodes = [n for n in connected if self.bound_partitions is None or n in self.bound_partitions]
-            if len(nodes) >= self.expected or time.monotonic() > deadline:
-                break
-            if time.monotonic() - said >= PROGRESS_SECONDS:
-                said = time.monotonic()
-                log.info("waiting for nodes: %d of %d connected (%.0f of %.0f s)", len(nodes), self.expected,
-                         said - started, self.node_wait_timeout)
-            time.sleep(0.1)
+        deadline = time.monotonic() + float(self.node_wait_timeout)
         needed = self.expected if self.min_nodes is None else int(self.min_nodes)
+        if isinstance(self.grid, InMemoryGrid):
+            connected = self._simulated_nodes(deadline)
+            self._check_simulation_size(len(connected), needed)
+        else:
+            connected = self._wait_for_nodes(deadline)
+        nodes = [n for n in connected if self.bound_partitions is None or n in self.bound_partitions]
         if len(nodes) < needed:
             raise NotEnoughClients(
                 f"only {len(nodes)} of the scenario's {self.expected} clients connected within {self.node_wait_timeout:.0f} s; "
@@ -149,6 +154,45 @@ class Federation:
             raise NotEnoughClients(f"{len(nodes)} nodes connected; min_clients={self.min_clients}")
         self.nodes = nodes
         return nodes
+
+    def _wait_for_nodes(self, deadline: float) -> list[int]:
+        """The connected nodes once the run's are all there or at ``deadline`` (real SuperNodes connect over time)."""
+        started = said = time.monotonic()
+        while True:
+            connected = sorted(self.grid.get_node_ids())
+            nodes = [n for n in connected if self.bound_partitions is None or n in self.bound_partitions]
+            if len(nodes) >= self.expected or time.monotonic() > deadline:
+                return connected
+            if time.monotonic() - said >= PROGRESS_SECONDS:
+                said = time.monotonic()
+                log.info("waiting for nodes: %d of %d connected (%.0f of %.0f s)", len(nodes), self.expected,
+                         said - started, self.node_wait_timeout)
+            time.sleep(0.1)
+
+    def _simulated_nodes(self, deadline: float) -> list[int]:
+        """The simulation's SuperNodes, once their number has held still (or at ``deadline``).
+
+        Flower registers them all in one quick loop as the run starts, alongside the ServerApp,
+        so a count that has not changed for a moment is the federation's size.
+        """
+        nodes: list[int] = []
+        changed = time.monotonic()
+        while time.monotonic() <= deadline:
+            now_nodes = sorted(self.grid.get_node_ids())
+            if now_nodes != nodes:
+                nodes, changed = now_nodes, time.monotonic()
+            elif nodes and time.monotonic() - changed >= SIMULATION_SETTLE_SECONDS:
+                break
+            time.sleep(0.1)
+        return nodes
+
+    def _check_simulation_size(self, supernodes: int, needed: int) -> None:
+        """Refuse a simulated federation with too few (below ``needed``) or more SuperNodes than the scenario's clients."""
+        if needed <= supernodes <= self.expected:
+            return
+        message = (f"the simulation federation has {supernodes} SuperNodes but scenario {self.scenario_name or '(unnamed)'} "
+                   f"has {self.expected} clients: run flwr run with --federation-config num-supernodes={self.expected}")
+        raise NotEnoughClients(message) if supernodes < needed else ValueError(message)
 
     def messages(self, request: Request) -> list[Message]:
         """The Flower messages of a request: one per asked client that the SuperLink still has online."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -438,12 +439,39 @@ def _interrupt_job(root):
     return job
 
 
+class _Echoed(logging.Handler):
+    """What fedica's log shows of the runs: the launcher's echo of each ServerApp's own lines (``flwr log --stream``)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+    def of_run(self, run_id):
+        prefix = f"run {run_id}: "
+        return [line[len(prefix):] for line in self.lines if line.startswith(prefix)]
+
+
+ECHOED = _Echoed()
+
+
 @pytest.fixture(scope="module")
 def deployments(tmp_path_factory):
     root = tmp_path_factory.mktemp("deployments")
     jobs = {"killed": _killed_job(root), "tls": _tls_job(root), "silent": _silent_job(root), "interrupt": _interrupt_job(root)}
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        yield {name: pool.submit(_timed(job)) for name, job in jobs.items()}
+    # fedica-run and fedica-deploy log at INFO (configure_logging); these jobs call the launcher directly.
+    launcher_log = logging.getLogger("fedica.deploy")
+    level = launcher_log.level
+    launcher_log.addHandler(ECHOED)
+    launcher_log.setLevel(logging.INFO)
+    try:
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            yield {name: pool.submit(_timed(job)) for name, job in jobs.items()}
+    finally:
+        launcher_log.removeHandler(ECHOED)
+        launcher_log.setLevel(level)
 
 
 def _spoofer_left_out(result, outcome):
@@ -515,6 +543,9 @@ def test_fedgem_finishes_without_a_supernode_killed_mid_rounds(deployments):
     assert result["clients"]["answered"] == 2
     assert [h["clients"] for h in result["history"]] == [[0, 1, 2] if h["round"] < dropped_in else [0, 1] for h in result["history"]]
     assert sorted(result["fedgem"]["client_mapping"]) == ["0", "1"]
+    # The launcher showed the ServerApp's rounds as they went (issue 13, item 1).
+    echoed = ECHOED.of_run(result["deployment"]["run_id"])
+    assert any(re.search(r"INFO fedica\.server\] FedGEM round [12]/2: [23] clients", line) for line in echoed), echoed
     # The remaining clients' result is exactly FedGEM's when that client fails from the same round on.
     reference = _inprocess(FEDGEM, lost=(KILLED, [str(r) for r in range(dropped_in, 3)] + ["final"]))
     for key in ("metrics", "history", "fedgem"):
@@ -533,6 +564,9 @@ def test_rfica_completes_after_the_timeout_without_a_silent_node(deployments):
     assert re.fullmatch(rf"no reply within {SILENT_TIMEOUT}(\.0)? s", rejected["reason"])
     assert result["timings"]["total"] >= SILENT_TIMEOUT
     assert result["rfica"]["client_partitions"] == [0, 1]
+    # While the stage waited for the silent node, the launcher showed the ServerApp's progress lines (issue 13, item 1).
+    echoed = ECHOED.of_run(result["deployment"]["run_id"])
+    assert any(re.search(r"INFO fedica\.server\] \S+ 1: 2 of 3 replies after \d+ s$", line) for line in echoed), echoed
     reference = _inprocess(RFICA, lost=(SILENT, ["1"]))
     _same_numbers(reference["metrics"], result["metrics"], "metrics")
     assert outcome["left"] == [] and outcome["ports_free"]  # the frozen process was stopped too
