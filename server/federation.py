@@ -18,7 +18,6 @@ import numpy as np
 from fedica.server.records import MalformedMessage, pack, unpack
 from flwr.app import Message
 from flwr.serverapp import Grid
-from flwr.superlink.grid import InMemoryGrid
 
 from fedica.protocol import (
     ERROR_KEY,
@@ -132,6 +131,9 @@ class Federation:
             The connected nodes. Fewer than ``min_nodes`` (default: all expected) when the wait
             is over raises :class:`NotEnoughClients`; fewer than expected but enough is logged.
         """
+        # Imported here: flwr.superlink brings Alembic, whose import logs at INFO unless configure_logging ran first.
+        from flwr.superlink.grid import InMemoryGrid
+
         deadline = time.monotonic() + float(self.node_wait_timeout)
         needed = self.expected if self.min_nodes is None else int(self.min_nodes)
         if isinstance(self.grid, InMemoryGrid):

@@ -27,7 +27,7 @@ from fedica.evaluation.metrics import (
 from fedica.fedgem.local import uncertainty_radius
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.overlaps import TooManyOverlaps
-from fedica.fedgem.selection import Candidate, bic, icl, merge_path
+from fedica.fedgem.selection import Candidate, bic, icl, merge_path, path_sizes
 from fedica.fedgem.trust import (
     ClientModel,
     Components,
@@ -308,9 +308,10 @@ class FedGEMServer:
                 finest = (candidates[-1], excluded)
         trusted_weights = np.where(finest[1], 0.0, self.final.weights)
         min_clusters = self._fewest_clusters()
+        start_k = finest[0].aggregation.k_hat
         path = merge_path(finest[0].aggregation, self.final.centers, self.final.owners, trusted_weights,
-                          min_clusters=min_clusters)
-        candidates += [Candidate(agg, finest[0].upsilon, merges) for merges, agg in enumerate(path, start=1)]
+                          min_clusters=min_clusters, sizes=path_sizes(start_k, min_clusters))
+        candidates += [Candidate(agg, finest[0].upsilon, start_k - agg.k_hat) for agg in path]
         self.server_seconds += time.perf_counter() - start
         return candidates
 

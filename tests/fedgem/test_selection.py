@@ -8,7 +8,7 @@ from scipy.stats import multivariate_normal
 
 import fedica
 from fedica.fedgem.merging import FinalAggregation
-from fedica.fedgem.selection import bic, log_likelihoods, merge_path, relabel
+from fedica.fedgem.selection import MAX_PATH_CANDIDATES, bic, log_likelihoods, merge_path, path_sizes, relabel
 
 
 def _two_client_points(gap, rng, n=300):
@@ -68,6 +68,54 @@ def test_merge_path_never_joins_clusters_that_share_a_client(seed, n_clients, pe
                               for k in range(step.k_hat)])
         np.testing.assert_allclose(step.global_centroids, centroids, atol=1e-12)
         assert np.all(mass > 0)
+
+
+def _recomputed_merge_path(start, centers, owners, weights, min_clusters):
+    """The specification: every step recomputes all clusters' costs and shared clients."""
+    labels, clients, path = start.labels.copy(), np.unique(owners), []
+    while np.unique(labels).size > min_clusters:
+        ids = np.unique(labels)
+        index = np.searchsorted(ids, labels)
+        membership = np.zeros((ids.size, clients.size), dtype=bool)
+        membership[index, np.searchsorted(clients, owners)] = True
+        mass = np.bincount(index, weights=weights, minlength=ids.size)
+        sums = np.zeros((ids.size, centers.shape[1]))
+        np.add.at(sums, index, centers * weights[:, None])
+        centroids = sums / mass[:, None]
+        cost = mass[:, None] * mass / (mass[:, None] + mass) * ((centroids[:, None] - centroids) ** 2).sum(axis=2)
+        cost[(membership.astype(int) @ membership.T.astype(int)) > 0] = np.inf
+        a, b = np.unravel_index(np.argmin(cost), cost.shape)
+        if not np.isfinite(cost[a, b]):
+            break
+        labels[labels == ids[b]] = ids[a]
+        path.append(relabel(labels, centers, weights))
+    return path
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 7), st.integers(2, 4), st.booleans())
+def test_the_updated_merge_path_makes_the_merges_of_the_recomputed_one(seed, n_clients, per_client, integer):
+    rng = np.random.default_rng(seed)
+    owners = np.repeat(np.arange(n_clients), per_client)
+    centers = rng.standard_normal((owners.size, 2)) * 5
+    centers = np.round(centers) if integer else centers  # ties
+    weights = np.ones(owners.size) if integer else rng.uniform(1, 10, owners.size)
+    start = relabel(np.arange(owners.size), centers, weights)
+    expected = _recomputed_merge_path(start, centers, owners, weights, per_client)
+    path = merge_path(start, centers, owners, weights, min_clusters=per_client)
+    assert [p.labels.tolist() for p in path] == [p.labels.tolist() for p in expected]
+    sizes = {p.k_hat for p in expected[::2]}
+    assert [p.k_hat for p in merge_path(start, centers, owners, weights, min_clusters=per_client, sizes=sizes)] == \
+        [p.k_hat for p in expected if p.k_hat in sizes]
+
+
+def test_a_long_merge_path_is_sampled_at_geometric_cluster_counts_dense_at_the_small_ones():
+    assert path_sizes(20, 5) == set(range(5, 20))
+    sizes = sorted(path_sizes(1450, 30))
+    assert len(sizes) <= MAX_PATH_CANDIDATES and sizes[0] == 30 and sizes[-1] == 1449
+    assert sizes[: MAX_PATH_CANDIDATES // 2] == list(range(30, 30 + MAX_PATH_CANDIDATES // 2))
+    gaps = np.diff(sizes)
+    assert np.all(gaps[1:] >= gaps[:-1] - 1)  # spacing grows with the count (rounding aside)
 
 
 def test_relabel_numbers_clusters_by_first_appearance():
