@@ -298,7 +298,9 @@ def plot_server_scaling(report: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
-BENCHMARKS = ("fedgem_inprocess", "fedgem_simulation", "server_step", "rfica")
+BENCHMARKS = ("fedgem_inprocess", "fedgem_simulation", "server_step", "rfica", "scale")
+# ``scale`` takes about a quarter of an hour: it runs only when named.
+DEFAULT_BENCHMARKS = BENCHMARKS[:-1]
 
 DESCRIPTION = """\
 fedica's performance benchmarks. Each number is the median of --repeats runs; the numbers,
@@ -313,12 +315,16 @@ benchmarks (--only):
   server_step        FedGEM's server step alone at 1k to 100k components (d=10)
   rfica              one client's FastICA, the RF-ICA server aggregation at K=100 and
                      K=1000, and the whole RF-ICA simulation at K=100
+  scale              thousands of clients (only when named): FedGEM with G=1,000 in-process
+                     and through Flower's simulation, its server step at 1,000,000
+                     components, RF-ICA with K=10,000 sites (aggregation and whole run)
 
-The full set takes several minutes."""
+The default set (all but scale) takes several minutes."""
 
 EPILOG = """\
 examples:
-  fedica-bench                                      # all of them, into outputs/bench/run-<time>.json
+  fedica-bench                                      # all but scale, into outputs/bench/run-<time>.json
+  fedica-bench --only scale                         # thousands of clients (about 15 minutes)
   fedica-bench --only server_step --repeats 5
   fedica-bench --only rfica --repeats 1 --out rfica.json
   fedica-bench --repeats 5 --out benchmarks/results.json --force   # replace the committed results"""
@@ -389,6 +395,11 @@ def headline(report: dict[str, Any]) -> list[tuple[str, float, str]]:
         for key, label in labels.items():
             if key in report["rfica"]:
                 add(label, report["rfica"][key].get("median_s"), "s")
+    if "scale" in report:
+        from fedica.scripts.bench_scale import scale_headline
+
+        for name, value, unit in scale_headline(report["scale"]):
+            add(name, value, unit)
     return rows
 
 
@@ -415,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3, metavar="N",
                         help="repetitions per measurement, the median is reported (default: 3)")
     parser.add_argument("--only", action="append", choices=BENCHMARKS, metavar="NAME",
-                        help="run only this benchmark (repeatable): " + ", ".join(BENCHMARKS) + " (default: all)")
+                        help="run only this benchmark (repeatable): " + ", ".join(BENCHMARKS) + " (default: all but scale)")
     parser.add_argument("--figure", metavar="PNG",
                         help="also draw the server step's scaling to this PNG (needs the server_step benchmark)")
     return parser
@@ -430,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         path = output_path(args.out, args.force)
     except FileExistsError as err:
         parser.error(str(err))
-    chosen = args.only or list(BENCHMARKS)
+    chosen = args.only or list(DEFAULT_BENCHMARKS)
     report: dict[str, Any] = {"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     inprocess_wall = None
     for name in chosen:
@@ -442,6 +453,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             report[name] = bench_fedgem_simulation(1, inprocess_wall)
         elif name == "server_step":
             report[name] = bench_server_step(args.repeats)
+        elif name == "scale":
+            from fedica.scripts.bench_scale import bench_scale
+
+            report[name] = bench_scale(args.repeats)
         else:
             report[name] = bench_rfica(args.repeats)
         write_json_atomic(path, report)

@@ -31,6 +31,8 @@ __all__ = ["Candidate", "merge_path", "path_sizes", "log_likelihoods", "bic", "i
 # Merge-path candidates beyond which the path is sampled (path_sizes): the longest paths of the
 # paper's workloads here have 52 merges (digits), a federation of 1,000 clients over 1,400.
 MAX_PATH_CANDIDATES = 64
+# Centres of all path candidates together (the digits workload's whole path: about 1,900).
+MAX_PATH_CENTRES = 4096
 
 # Smallest variance a client's consensus model may have (relative to its data's spread), so
 # that a degenerate candidate cannot claim an infinite likelihood.
@@ -58,21 +60,23 @@ def relabel(labels: np.ndarray, centers: np.ndarray, weights: np.ndarray) -> Fin
     return FinalAggregation(dense, sums / mass[:, None], k_hat)
 
 
-def path_sizes(start_k: int, min_clusters: int, limit: int = MAX_PATH_CANDIDATES) -> set[int]:
+def path_sizes(start_k: int, min_clusters: int, limit: int = MAX_PATH_CANDIDATES,
+               max_centres: int = MAX_PATH_CENTRES) -> set[int]:
     """The cluster counts of a merge path from ``start_k`` that become candidates.
 
     Every count below ``start_k`` down to ``min_clusters`` while they are at most ``limit``;
     otherwise the ``limit // 2`` smallest (near the lower bound on K, where one merge changes
-    the model most) and about as many more spaced geometrically up to ``start_k - 1``. Every
-    candidate is scored by every client, so their number bounds the likelihood stage's
-    messages and the clients' work.
+    the model most) and about as many more spaced geometrically up to ``start_k - 1``. Then
+    the smallest counts are kept while their centres add up to at most ``max_centres``. Every
+    client scores every candidate (``n_g`` times its centres), so this bounds the likelihood
+    stage's messages and the clients' work.
     """
     counts = np.arange(min_clusters, start_k)
-    if counts.size <= limit:
-        return set(counts.tolist())
-    dense = counts[: limit // 2]
-    spread = np.round(np.geomspace(dense[-1] + 1, start_k - 1, limit - dense.size)).astype(int)
-    return set(dense.tolist()) | set(spread.tolist())
+    if counts.size > limit:
+        dense = counts[: limit // 2]
+        spread = np.round(np.geomspace(dense[-1] + 1, start_k - 1, limit - dense.size)).astype(int)
+        counts = np.union1d(dense, spread)
+    return set(counts[np.cumsum(counts) <= max_centres].tolist())
 
 
 def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray, weights: np.ndarray,

@@ -8,7 +8,7 @@ from scipy.stats import multivariate_normal
 
 import fedica
 from fedica.fedgem.merging import FinalAggregation
-from fedica.fedgem.selection import MAX_PATH_CANDIDATES, bic, log_likelihoods, merge_path, path_sizes, relabel
+from fedica.fedgem.selection import MAX_PATH_CANDIDATES, MAX_PATH_CENTRES, bic, log_likelihoods, merge_path, path_sizes, relabel
 
 
 def _two_client_points(gap, rng, n=300):
@@ -111,8 +111,10 @@ def test_the_updated_merge_path_makes_the_merges_of_the_recomputed_one(seed, n_c
 
 def test_a_long_merge_path_is_sampled_at_geometric_cluster_counts_dense_at_the_small_ones():
     assert path_sizes(20, 5) == set(range(5, 20))
-    sizes = sorted(path_sizes(1450, 30))
+    sizes = sorted(path_sizes(1450, 30, max_centres=10**9))
     assert len(sizes) <= MAX_PATH_CANDIDATES and sizes[0] == 30 and sizes[-1] == 1449
+    bounded = sorted(path_sizes(1450, 30))
+    assert bounded == sizes[: len(bounded)] and sum(bounded) <= MAX_PATH_CENTRES < sum(sizes[: len(bounded) + 1])
     assert sizes[: MAX_PATH_CANDIDATES // 2] == list(range(30, 30 + MAX_PATH_CANDIDATES // 2))
     gaps = np.diff(sizes)
     assert np.all(gaps[1:] >= gaps[:-1] - 1)  # spacing grows with the count (rounding aside)

@@ -151,3 +151,21 @@ def test_table_has_one_line_per_quantity_with_value_and_unit():
     assert "None" not in table and "overhead" not in table
     assert len(body) == len(lines) - 2
     assert bench.format_table({"machine": {}}) == "(no numbers)"
+
+
+def test_a_child_run_reports_its_wall_time_peak_memory_and_result():
+    from fedica.scripts.bench_scale import child_run, scale_headline
+
+    run = child_run(["algorithm=fedgem", "scenario=blobs", "engine=inprocess", "baselines=false", "log_level=WARNING",
+                     "algorithm.rounds=2"])
+    assert run["exit_status"] == 0 and run["wall_s"] > 0
+    assert run["metrics"]["fedgem"]["k_hat"] == 6
+    assert isinstance(run["peak_rss_gib"], float) and 0.05 < run["peak_rss_gib"] < 8 or "earlier child" in run["peak_rss_gib"]
+    failed = child_run(["algorithm=fedgem", "scenario=blobs", "algorithm.rounds=-1"])
+    assert failed["exit_status"] == 2 and "algorithm.rounds=-1" in failed["error"][0]
+    rows = scale_headline({"fedgem_G1000_inprocess": run})
+    assert ("scale: fedgem_G1000_inprocess, wall time", run["wall_s"], "s") in rows
+
+
+def test_the_scale_benchmark_runs_only_when_named():
+    assert "scale" in bench.BENCHMARKS and "scale" not in bench.DEFAULT_BENCHMARKS

@@ -1,0 +1,111 @@
+"""``fedica-bench --only scale``: federations of thousands of clients (issue 15's targets).
+
+Each whole run goes through ``fedica-run`` in a child process, so that its wall time includes
+everything a user waits for and its peak memory is the child's own (``ru_maxrss``):
+
+- FedGEM, G = 1,000 sites of 500 points, d = 10, K = 50, T = 10, ``upsilon: auto``, in-process
+  and through Flower's simulation engine;
+- FedGEM's server step alone at 1,000,000 components (100 per true cluster);
+- RF-ICA with K = 10,000 sites (r = 10): the server aggregation alone, and the whole in-process run.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FEDGEM_THOUSAND = [
+    "algorithm=fedgem", "scenario=blobs", "scenario.n_clients=1000", "scenario.n_clusters=50", "scenario.dim=10",
+    "scenario.r_min=4", "scenario.n_train=500000", "scenario.n_test=50000", "algorithm.rounds=10",
+    "baselines=false", "log_level=WARNING",
+]
+RFICA_TEN_THOUSAND = ["scenario.n_clients=10000", "scenario.r=10", "scenario.n_normal=1000", "scenario.n_corrupt=100",
+                      "baselines=true", "log_level=WARNING"]
+
+
+def child_run(overrides: list[str]) -> dict[str, Any]:
+    """One ``fedica-run`` in a child process: wall seconds, the child's peak memory, its result's headline."""
+    with tempfile.TemporaryDirectory() as folder:
+        command = [sys.executable, "-m", "fedica.scripts.run", *overrides, f"hydra.run.dir={folder}"]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        start = time.perf_counter()
+        finished = subprocess.run(command, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        result_file = Path(folder) / "result.json"
+        outcome: dict[str, Any] = {"overrides": overrides, "wall_s": wall, "exit_status": finished.returncode}
+        # ru_maxrss of children is the largest child so far: only a new maximum is this run's own.
+        outcome["peak_rss_gib"] = peak_kib / 2**20 if peak_kib > before else f"at most {before / 2**20:.2f} (an earlier child's)"
+        if not result_file.exists():
+            outcome["error"] = finished.stderr.strip().splitlines()[-1:] or ["no result"]
+            return outcome
+        result = json.loads(result_file.read_text())
+    outcome["metrics"] = result["metrics"]
+    outcome["timings"] = result["timings"]
+    tuning = (result.get("fedgem") or {}).get("upsilon_tuning") or {}
+    if tuning.get("skipped"):
+        outcome["upsilon_skipped"] = sorted(map(float, tuning["skipped"]))
+    return outcome
+
+
+def bench_server_step_million() -> dict[str, Any]:
+    """The server step at 1,000,000 components, 100 per true cluster (the fixed-density workload)."""
+    from fedica.fedgem.merging import server_step
+    from fedica.scripts.bench import _components
+
+    m = 1_000_000
+    centers, eps, owners, weights = _components(m, 10, n_true=m // 100, overlap=1.0)
+    tracemalloc.start()
+    start = time.perf_counter()
+    step = server_step(centers, eps, owners, weights)
+    seconds = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {"components": m, "seconds": seconds, "peak_mib": peak / 2**20, "super_clusters": step.n_super_clusters,
+            "note": "one repetition, timed under tracemalloc (which slows numpy's allocations a little)"}
+
+
+def bench_rfica_aggregation(k: int = 10_000, r: int = 10) -> dict[str, Any]:
+    """RF-ICA's server aggregation over ``k`` noisy, permuted, sign-flipped copies of one mixing matrix."""
+    from fedica.data.ica_paper import ica_true_mixing
+    from fedica.rfica.aggregation import rf_ica_aggregate
+
+    truth = ica_true_mixing(r=r, orthogonal=True, seed=0)
+    rng = np.random.default_rng(1)
+    estimates = np.stack([truth[:, rng.permutation(r)] * rng.choice([-1, 1], r) + rng.normal(scale=0.02, size=(r, r))
+                          for _ in range(k)])
+    start = time.perf_counter()
+    rf_ica_aggregate(estimates, np.full(k, 5000), random_state=0)
+    return {"sites": k, "r": r, "seconds": time.perf_counter() - start}
+
+
+def bench_scale(repeats: int) -> dict[str, Any]:
+    """All of the module docstring's measurements, once each (``repeats`` is not used: every run takes minutes)."""
+    del repeats
+    return {
+        "fedgem_G1000_inprocess": child_run(FEDGEM_THOUSAND + ["engine=inprocess"]),
+        "fedgem_G1000_simulation": child_run(FEDGEM_THOUSAND + ["engine=simulation"]),
+        "server_step_1M_components": bench_server_step_million(),
+        "rfica_K10000_aggregation": bench_rfica_aggregation(),
+        "rfica_K10000_inprocess": child_run(RFICA_TEN_THOUSAND + ["engine=inprocess"]),
+    }
+
+
+def scale_headline(scale: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    """The scale benchmark's headline numbers: (quantity, value, unit)."""
+    rows = []
+    for key in ("fedgem_G1000_inprocess", "fedgem_G1000_simulation", "rfica_K10000_inprocess"):
+        run = scale.get(key, {})
+        rows += [(f"scale: {key}, wall time", run.get("wall_s"), "s"), (f"scale: {key}, peak memory", run.get("peak_rss_gib"), "GiB")]
+    rows.append(("scale: server step, 1,000,000 components", scale.get("server_step_1M_components", {}).get("seconds"), "s"))
+    rows.append(("scale: RF-ICA aggregation, K=10,000", scale.get("rfica_K10000_aggregation", {}).get("seconds"), "s"))
+    return rows
