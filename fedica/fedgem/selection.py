@@ -19,6 +19,7 @@ with the global model). The silhouette of the clients' local labels sees neither
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,7 +81,7 @@ def path_sizes(start_k: int, min_clusters: int, limit: int = MAX_PATH_CANDIDATES
 
 
 def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray, weights: np.ndarray,
-               *, min_clusters: int, sizes: set[int] | None = None) -> list[FinalAggregation]:
+               *, min_clusters: int, sizes: set[int] | Callable[[int], set[int]] | None = None) -> list[FinalAggregation]:
     """Greedy merges from ``start`` down to ``min_clusters`` global clusters (or until no pair may merge).
 
     Each step joins the two clusters with the smallest Ward cost
@@ -97,8 +98,10 @@ def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray,
     owners : ndarray of shape (m,)
     weights : ndarray of shape (m,)
     min_clusters : int
-    sizes : set of int, optional
-        The cluster counts whose aggregation is returned (default: every step's).
+    sizes : set of int, or callable, optional
+        The cluster counts whose aggregation is returned (default: every step's); a callable
+        receives the count the path ended at (``min_clusters`` or where no pair may merge)
+        and returns them.
 
     Returns
     -------
@@ -120,7 +123,7 @@ def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray,
     partner = np.argmin(cost, axis=1)
     partner_cost = cost[np.arange(k), partner]
     merged_into = np.arange(k)
-    path, alive = [], k
+    merges, alive = [], k
     while alive > min_clusters:
         a = int(np.argmin(partner_cost))
         if not np.isfinite(partner_cost[a]):
@@ -142,7 +145,12 @@ def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray,
         partner[closer], partner_cost[closer] = a, row[closer]
         partner_cost[merged_into != np.arange(k)] = np.inf
         alive -= 1
-        if sizes is None or alive in sizes:
+        merges.append((a, b))
+    wanted = sizes(alive) if callable(sizes) else sizes
+    path, merged_into = [], np.arange(k)
+    for step, (a, b) in enumerate(merges, start=1):
+        merged_into[merged_into == b] = a
+        if wanted is None or k - step in wanted:
             path.append(relabel(ids[merged_into[cluster_of]], centers, weights))
     return path
 

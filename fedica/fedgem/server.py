@@ -310,7 +310,7 @@ class FedGEMServer:
         min_clusters = self._fewest_clusters()
         start_k = finest[0].aggregation.k_hat
         path = merge_path(finest[0].aggregation, self.final.centers, self.final.owners, trusted_weights,
-                          min_clusters=min_clusters, sizes=path_sizes(start_k, min_clusters))
+                          min_clusters=min_clusters, sizes=lambda end: path_sizes(start_k, end))
         candidates += [Candidate(agg, finest[0].upsilon, start_k - agg.k_hat) for agg in path]
         self.server_seconds += time.perf_counter() - start
         return candidates

@@ -107,6 +107,10 @@ def test_the_updated_merge_path_makes_the_merges_of_the_recomputed_one(seed, n_c
     sizes = {p.k_hat for p in expected[::2]}
     assert [p.k_hat for p in merge_path(start, centers, owners, weights, min_clusters=per_client, sizes=sizes)] == \
         [p.k_hat for p in expected if p.k_hat in sizes]
+    ends = []
+    chosen = merge_path(start, centers, owners, weights, min_clusters=per_client, sizes=lambda end: ends.append(end) or {end})
+    assert ends == [expected[-1].k_hat if expected else owners.size]
+    assert [p.labels.tolist() for p in chosen] == [p.labels.tolist() for p in expected[-1:]]
 
 
 def test_a_long_merge_path_is_sampled_at_geometric_cluster_counts_dense_at_the_small_ones():
