@@ -406,7 +406,7 @@ def _interrupt_job(root):
     """fedica-deploy as a command, interrupted (SIGINT, as Ctrl-C) while its run is going."""
     options = _options(n_nodes=2)
     out_dir = root / "interrupt"
-    command = [sys.executable, "-m", "fedica.scripts.deploy", "scenario.n_clients=2", "scenario.n_normal=2000", "scenario.r=3",
+    command = [sys.executable, "-m", "fedica.scripts.deploy", "scenario.n_clients=2", "scenario.n_normal=200000", "scenario.r=3",
                "--superlink-port", str(options.superlink_port), "--supernode-port", str(options.supernode_port),
                "--out-dir", str(out_dir)]
 

@@ -137,7 +137,7 @@ def test_fedica_run_help_says_what_fedica_is_and_how_to_run_it():
 def test_ctrl_c_in_a_sweep_ends_in_one_line_and_keeps_the_completed_runs(tmp_path):
     script = Path(sys.executable).with_name("fedica-run")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "fedica"]
-    sweep = subprocess.Popen([*command, "-m", "+experiment=fedgem_k_selection", "seed=range(4)", "+workload=s62_nominal",
+    sweep = subprocess.Popen([*command, "-m", "+experiment=fedgem_k_selection", "seed=range(8)", "+workload=s62_nominal",
                               f"hydra.sweep.dir={tmp_path}"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
