@@ -193,13 +193,22 @@ def _sigterm_raises_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _swallow(signum: int, frame: Any) -> None:
+    """A signal handler that does nothing."""
+
+
 @contextlib.contextmanager
 def _uninterruptible() -> Iterator[None]:
-    """A second Ctrl-C must not cut the shutdown short (main thread only)."""
+    """A second Ctrl-C must not cut the shutdown short (main thread only).
+
+    The signals are swallowed by a handler rather than ignored: an ignored signal stays ignored
+    in every process started meanwhile (by another thread, say), which could then never be
+    interrupted; a handler does not survive ``exec``.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, _swallow) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
