@@ -406,7 +406,10 @@ def _interrupt_job(root):
     """fedica-deploy as a command, interrupted (SIGINT, as Ctrl-C) while its run is going."""
     options = _options(n_nodes=2)
     out_dir = root / "interrupt"
-    command = [sys.executable, "-m", "fedica.scripts.deploy", "scenario.n_clients=2", "scenario.n_normal=200000", "scenario.r=3",
+    # As from a terminal: a SIGINT that this test's own parent ignores (a background job's) must not be inherited.
+    with_default_sigint = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                           "os.execv(sys.argv[1], sys.argv[1:])"]
+    command = [*with_default_sigint, sys.executable, "-m", "fedica.scripts.deploy", "scenario.n_clients=2", "scenario.n_normal=200000", "scenario.r=3",
                "--superlink-port", str(options.superlink_port), "--supernode-port", str(options.supernode_port),
                "--out-dir", str(out_dir)]
 

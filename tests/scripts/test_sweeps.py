@@ -137,8 +137,11 @@ def test_fedica_run_help_says_what_fedica_is_and_how_to_run_it():
 def test_ctrl_c_in_a_sweep_ends_in_one_line_and_keeps_the_completed_runs(tmp_path):
     script = Path(sys.executable).with_name("fedica-run")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "fedica"]
-    sweep = subprocess.Popen([*command, "-m", "+experiment=fedgem_k_selection", "seed=range(8)", "+workload=s62_nominal",
-                              f"hydra.sweep.dir={tmp_path}"],
+    # As from a terminal: a SIGINT that this test's own parent ignores (a background job's) must not be inherited.
+    with_default_sigint = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                           "os.execv(sys.argv[1], sys.argv[1:])"]
+    sweep = subprocess.Popen([*with_default_sigint, *command, "-m", "+experiment=fedgem_k_selection", "seed=range(8)",
+                              "+workload=s62_nominal", f"hydra.sweep.dir={tmp_path}"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("*/result.json")) and time.monotonic() < deadline:
