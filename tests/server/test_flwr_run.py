@@ -155,7 +155,10 @@ def flwr_env(tmp_path):
         pytest.skip("finding the local SuperLink by its port reads /proc (Linux)")
     port = _free_port()
     ray_tmp = tempfile.mkdtemp(prefix="fedica-ray-")  # short: Ray's socket paths have a length limit
-    env = {**processes.flower_environment(tmp_path / "flwr-home"), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
+    # What earlier tests left in this process's environment (fedica's engine switch, Ray's and Python's settings) stays out.
+    inherited = {k: v for k, v in processes.flower_environment(tmp_path / "flwr-home").items()
+                 if not k.startswith(("FEDICA_", "RAY_", "HYDRA_", "PYTHONPATH", "PYTHONHOME"))}
+    env = {**inherited, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
            "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()), "RAY_TMPDIR": ray_tmp, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
     try:
         yield env
