@@ -350,11 +350,8 @@ def _check_ica_channels(sc: Mapping[str, Any]) -> None:
 
 
 def _check_local_files(paths: Sequence[str]) -> None:
-    """Every client's file exists here, so that a misspelt path stops the run before it starts.
-
-    Only for the engines that run every client on this machine: in a deployment each SuperNode
-    reads its own ``data-path``, which may live on another machine.
-    """
+    """Every client's file exists here, so that a misspelt path stops the run before it starts (local engines
+    only: in a deployment each SuperNode reads its own ``data-path``, maybe on another machine)."""
     for index, path in enumerate(paths):
         location = Path(path)
         if location.is_dir():

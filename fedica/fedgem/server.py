@@ -144,7 +144,6 @@ class FedGEMServer:
         self.upsilon: float | None = None
         self.merges = 0
         self.tuning: dict[str, Any] | None = None
-        self.tuned_grid: list[float] = []
         self.skipped_upsilons: dict[float, str] = {}   # the grid's values over max_overlap_pairs, and why
         self.evaluation: dict[str, float] = {}
         self.client_aris: dict[str, float] = {}
@@ -269,7 +268,7 @@ class FedGEMServer:
     def _choose_upsilon(self, aggregations: list[FinalAggregation], replies: list[Reply]) -> None:
         """The upsilon whose N_g-weighted mean client silhouette is best, under the K_hat guard."""
         start = time.perf_counter()
-        grid = self.tuned_grid
+        grid = [u for u in map(float, self.settings.upsilon_grid) if u not in self.skipped_upsilons]
         rows, counts = [], []
         for reply in replies:
             try:
@@ -385,7 +384,6 @@ class FedGEMServer:
                 log.warning("upsilon %g left out of the tuning: %s", upsilon, err)
         if not done:
             raise OverBudget("no upsilon of upsilon_grid fits max_overlap_pairs: lower upsilon_grid or raise max_overlap_pairs")
-        self.tuned_grid = [upsilon for upsilon, _, _ in done]
         return done
 
     def _evaluate(self, replies: list[Reply]) -> None:

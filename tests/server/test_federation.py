@@ -268,14 +268,20 @@ def test_files_without_labels_let_each_client_choose_its_k(tmp_path):
     assert result["metrics"]["fedgem"]["k_hat"] == 5
 
 
-def test_flower_simulation_clients_read_the_files_the_config_names(tmp_path):
-    rng = np.random.default_rng(0)
+def _two_cluster_sites(folder, *, seed, rows, shift, **savetxt):
+    """Three CSV sites of ``rows`` 2-d points in two clusters ``shift`` apart, the label in the last column."""
+    rng = np.random.default_rng(seed)
     paths = []
     for site in range(3):
-        labels = np.arange(60) % 2
-        points = np.c_[rng.standard_normal((60, 2)) + 8 * labels[:, None], labels]
-        paths.append(tmp_path / f"site{site}.csv")
-        np.savetxt(paths[-1], points, delimiter=",", fmt="%.6f")
+        labels = np.arange(rows) % 2
+        points = np.c_[rng.standard_normal((rows, 2)) + shift * labels[:, None], labels]
+        paths.append(folder / f"site{site}.csv")
+        np.savetxt(paths[-1], points, delimiter=",", fmt="%.6f", **savetxt)
+    return paths
+
+
+def test_flower_simulation_clients_read_the_files_the_config_names(tmp_path):
+    paths = _two_cluster_sites(tmp_path, seed=0, rows=60, shift=8)
     overrides = ["algorithm=fedgem", "scenario=files", f"scenario.paths=[{','.join(map(str, paths))}]",
                  "scenario.label_column=-1", "baselines=false", "algorithm.rounds=3"]
     simulated = run_engine(compose_config(overrides + ["engine=simulation"]))
@@ -341,13 +347,7 @@ def test_a_run_with_fewer_nodes_than_clients_stops_unless_allowed():
 
 
 def test_a_files_run_writes_every_sites_row_labels_next_to_its_result(tmp_path):
-    rng = np.random.default_rng(1)
-    paths = []
-    for site in range(3):
-        labels = np.arange(40) % 2
-        points = np.c_[rng.standard_normal((40, 2)) + 9 * labels[:, None], labels]
-        paths.append(tmp_path / f"site{site}.csv")
-        np.savetxt(paths[-1], points, delimiter=",", fmt="%.6f", header="x,y,label", comments="")
+    paths = _two_cluster_sites(tmp_path, seed=1, rows=40, shift=9, header="x,y,label", comments="")
     cfg = compose_config(["engine=inprocess", "algorithm=fedgem", "scenario=files",
                           f"scenario.paths=[{','.join(map(str, paths))}]", "scenario.label_column=label", "algorithm.rounds=3"])
     result = run_inprocess(cfg)
