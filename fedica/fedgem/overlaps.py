@@ -22,8 +22,14 @@ _LEAF_SIZE = 64
 
 
 # Radii below rmax * 2**-52 are indistinguishable from zero next to the largest ball;
-# grouping them in one radius class bounds the number of classes.
-_SMALLEST_RADIUS_CLASS = -52
+# they share the last radius class, which bounds the number of classes.
+_SMALLEST_RADIUS = 2.0**-52
+
+
+# A radius class holds the radii within this factor below its largest one. Within a class
+# every query searches 2 r_j, at most (2 / (1 + 1/4))^d times the volume needed; 4 measured
+# best at 10^6 components (d = 10), where classes within a factor 2 cost 1.6x the time.
+_RADIUS_CLASS_FACTOR = 4.0
 
 
 # Up to this many components all pairs are compared directly (measured faster than the
@@ -82,14 +88,18 @@ def estimated_overlapping_pairs(centers, radii, owners, *, n_samples=_ESTIMATE_S
 
 
 def _radius_classes(radii):
-    """Class id per radius: floor(log2 r), radii within a factor 2 share a class."""
-    rmax = radii.max()
-    if rmax == 0:
-        return np.zeros(radii.shape[0], dtype=np.int64)
-    floor_class = int(np.floor(np.log2(rmax))) + _SMALLEST_RADIUS_CLASS
-    classes = np.full(radii.shape[0], floor_class, dtype=np.int64)
-    positive = radii > 0
-    classes[positive] = np.maximum(np.floor(np.log2(radii[positive])), floor_class)
+    """Class id per radius (m,), 0 for the largest radii: a class starts at the largest radius
+    not yet classed and holds every radius above that divided by ``_RADIUS_CLASS_FACTOR``."""
+    order = np.argsort(-radii, kind="stable")
+    descending = -radii[order]
+    classes = np.empty(radii.shape[0], dtype=np.int64)
+    tiny = radii.max() * _SMALLEST_RADIUS
+    start, class_id = 0, 0
+    while start < order.shape[0]:
+        top = -descending[start]
+        stop = order.shape[0] if top <= tiny else int(np.searchsorted(descending, -top / _RADIUS_CLASS_FACTOR))
+        classes[order[start:stop]] = class_id
+        start, class_id = stop, class_id + 1
     return classes
 
 
@@ -103,35 +113,38 @@ def _flatten_neighbours(neighbour_lists):
 
 
 def _pairs_by_kd_tree(centers, radii):
-    """Pairs (p, 2) that may overlap, each exactly once, via per-radius-class KD-trees.
+    """Pairs (p, 2) that may overlap, each exactly once, via KD-trees per radius class.
 
-    A pair is kept from the end with the larger radius (ties: the larger index), which
-    always finds it (its query radius reaches ``r_i + r_j``), so no pair needs
-    de-duplicating afterwards.
+    A pair is looked up from its end with the larger radius ``r_j`` (ties: the larger index),
+    which always finds it, so no pair needs de-duplicating afterwards: at most two queries
+    per component, one in its own class's tree (radius ``2 r_j``) and one in the tree of all
+    smaller classes (radius ``r_j`` plus their largest radius).
     """
-    class_of = np.unique(_radius_classes(radii), return_inverse=True)[1].reshape(-1)
-    by_class = np.argsort(class_of, kind="stable")
-    members = np.split(by_class, np.cumsum(np.bincount(class_of))[:-1])
-    class_rmax = [radii[rows].max() for rows in members]
-    trees = [cKDTree(centers[rows], leafsize=_LEAF_SIZE) for rows in members]
-
-    # Loop over pairs of radius classes (at most 53 classes, independent of m); each
-    # query is vectorised inside scipy. The member with the larger radius finds the pair.
+    # Queries and tree data in spatial order (a KD-tree's own leaf order) keep each query's
+    # walk in cache: at 10^6 components in 10 dimensions the queries ran 3.5x faster.
+    spatial = cKDTree(centers, leafsize=_LEAF_SIZE, balanced_tree=False).indices
+    centers, radii = centers[spatial], radii[spatial]
+    class_of = _radius_classes(radii)
     found = []
-    for b, rows in enumerate(members):
-        for a in range(b + 1):
-            query_radius = radii[rows] + np.minimum(radii[rows], class_rmax[a])
-            hits = trees[a].query_ball_point(
+    for class_id in range(int(class_of.max()) + 1):
+        rows, smaller = np.flatnonzero(class_of == class_id), np.flatnonzero(class_of > class_id)
+        hits = cKDTree(centers[rows], leafsize=_LEAF_SIZE).query_ball_point(
+            centers[rows], 2 * radii[rows] * (1 + _QUERY_SLACK), return_sorted=False, workers=-1
+        )
+        query_index, neighbour = _flatten_neighbours(hits)
+        query, other = rows[query_index], rows[neighbour]
+        larger = (radii[query] > radii[other]) | ((radii[query] == radii[other]) & (query > other))
+        found.append((query[larger], other[larger]))
+        if smaller.size:
+            query_radius = radii[rows] + radii[smaller].max()
+            hits = cKDTree(centers[smaller], leafsize=_LEAF_SIZE).query_ball_point(
                 centers[rows], query_radius * (1 + _QUERY_SLACK), return_sorted=False, workers=-1
             )
             query_index, neighbour = _flatten_neighbours(hits)
-            query, other = rows[query_index], members[a][neighbour]
-            if a == b:
-                # Both ends of a same-class pair may find it: keep the larger-radius end's.
-                larger = (radii[query] > radii[other]) | ((radii[query] == radii[other]) & (query > other))
-                query, other = query[larger], other[larger]
-            found.append((query, other))
-    return np.concatenate([q for q, _ in found]), np.concatenate([o for _, o in found])
+            found.append((rows[query_index], smaller[neighbour]))
+    first = np.concatenate([query for query, _ in found])
+    second = np.concatenate([other for _, other in found])
+    return spatial[first], spatial[second]
 
 
 def _overlaps_by_brute_force(centers, radii, owners):
@@ -184,12 +197,12 @@ def candidate_pairs(centers, radii, owners, *, algorithm="auto", max_pairs=None)
     as one ball is large, which happens in early rounds. Instead the pair is looked for
     from its member with the larger radius, ``j``: every other member ``i`` has
     ``r_i <= r_j``, so it lies within ``r_j + r_i <= 2 r_j`` of ``c_j``. To tighten
-    that further the components are split into radius classes (``floor(log2 r)``:
-    radii within a factor 2) with one :class:`scipy.spatial.cKDTree` each, and a point
-    of class ``b`` queries the tree of every class ``a <= b`` with
-    ``query_ball_point`` and the per-point radius ``r_j + min(r_j, largest radius of
-    class a)``. A large ball thus only costs its own queries, and small balls never
-    search with a large radius. The queries run on all cores (``workers=-1``).
+    that further the components are split into radius classes (each holding the radii
+    within a factor 4 below its largest), and a point queries its own class's
+    :class:`scipy.spatial.cKDTree` with ``2 r_j`` and one tree of all smaller classes with
+    ``r_j`` plus their largest radius. A large ball thus costs only its own two queries, and
+    small balls never search with a large radius. The queries run on all cores
+    (``workers=-1``), in spatial order.
     ``query_ball_point`` is used rather than ``query_pairs`` because it takes a radius
     per point and measured several times faster (d = 10). ``"auto"`` takes ``"brute"`` up to 1,000 components (measured
     crossover with d = 10) and ``"kd_tree"`` above. Both take the exact test on

@@ -12,7 +12,12 @@ from fedica.fedgem.consensus import (
     consensus_centers,
 )
 from fedica.fedgem.merging import final_aggregation, server_step
-from fedica.fedgem.overlaps import TooManyOverlaps, candidate_pairs, estimated_overlapping_pairs
+from fedica.fedgem.overlaps import (
+    TooManyOverlaps,
+    _radius_classes,
+    candidate_pairs,
+    estimated_overlapping_pairs,
+)
 from fedica.fedgem.superclusters import (
     _constrained_union_find,
     _first_appearance_labels,
@@ -147,6 +152,19 @@ def test_candidate_pairs_equal_brute_force_on_exact_ties(instance, algorithm):
     expected_pairs, expected_ratio = brute_force_pairs(centers, radii, owners)
     np.testing.assert_array_equal(pairs, expected_pairs)
     np.testing.assert_allclose(ratio, expected_ratio, rtol=1e-12)
+
+
+@FAST
+@given(st.lists(st.floats(0, 1e6) | st.just(0.0), min_size=1, max_size=60))
+def test_radius_classes_hold_radii_within_a_factor_four_below_their_largest(radii):
+    radii = np.array(radii)
+    classes = _radius_classes(radii)
+    largest = [radii[classes == c].max() for c in range(classes.max() + 1)]
+    assert set(classes.tolist()) == set(range(len(largest)))
+    assert all(b <= a / 4 for a, b in zip(largest, largest[1:]))  # classes descend, a factor 4 apart
+    for c, top in enumerate(largest):
+        members = radii[classes == c]
+        assert np.all((members > top / 4) | (top <= radii.max() * 2.0**-52))
 
 
 @pytest.mark.parametrize("overlap", [0.4, 2.0])
