@@ -12,12 +12,7 @@ from fedica.fedgem.consensus import (
     consensus_centers,
 )
 from fedica.fedgem.merging import final_aggregation, server_step
-from fedica.fedgem.overlaps import (
-    TooManyOverlaps,
-    _radius_classes,
-    candidate_pairs,
-    estimated_overlapping_pairs,
-)
+from fedica.fedgem.overlaps import candidate_pairs
 from fedica.fedgem.superclusters import (
     _constrained_union_find,
     _first_appearance_labels,
@@ -152,67 +147,6 @@ def test_candidate_pairs_equal_brute_force_on_exact_ties(instance, algorithm):
     expected_pairs, expected_ratio = brute_force_pairs(centers, radii, owners)
     np.testing.assert_array_equal(pairs, expected_pairs)
     np.testing.assert_allclose(ratio, expected_ratio, rtol=1e-12)
-
-
-@FAST
-@given(st.lists(st.floats(0, 1e6) | st.just(0.0), min_size=1, max_size=60))
-def test_radius_classes_hold_radii_within_a_factor_four_below_their_largest(radii):
-    radii = np.array(radii)
-    classes = _radius_classes(radii)
-    largest = [radii[classes == c].max() for c in range(classes.max() + 1)]
-    assert set(classes.tolist()) == set(range(len(largest)))
-    assert all(b <= a / 4 for a, b in zip(largest, largest[1:]))  # classes descend, a factor 4 apart
-    for c, top in enumerate(largest):
-        members = radii[classes == c]
-        assert np.all((members > top / 4) | (top <= radii.max() * 2.0**-52))
-
-
-@pytest.mark.parametrize("overlap", [0.4, 2.0])
-def test_kd_tree_and_brute_force_agree_in_ten_dimensions(overlap):
-    centers, radii, owners = _ten_dimensional_clusters(overlap=overlap)
-    tree_pairs, tree_ratio = candidate_pairs(centers, radii, owners, algorithm="kd_tree")
-    brute_pairs, brute_ratio = candidate_pairs(centers, radii, owners, algorithm="brute")
-    np.testing.assert_array_equal(tree_pairs, brute_pairs)
-    np.testing.assert_allclose(tree_ratio, brute_ratio, rtol=1e-14)
-    assert brute_pairs.shape[0] > (1000 if overlap > 1 else 0)
-
-
-def _ten_dimensional_clusters(seed=3, members=150, overlap=2.0):
-    rng = np.random.default_rng(seed)
-    truth = rng.normal(scale=10.0, size=(10, 10))
-    owners = np.repeat(np.arange(members), 10)
-    centers = truth[np.tile(np.arange(10), members)] + rng.normal(scale=0.1, size=(10 * members, 10))
-    return centers, overlap * 0.1 * rng.uniform(0.5, 1.5, size=10 * members), owners
-
-
-def test_the_sampled_estimate_of_overlapping_pairs_is_within_ten_percent():
-    centers, radii, owners = _ten_dimensional_clusters()
-    exact = candidate_pairs(centers, radii, owners)[0].shape[0]
-    assert exact > 40_000
-    assert abs(estimated_overlapping_pairs(centers, radii, owners, random_state=1) - exact) < 0.1 * exact
-
-
-def test_a_pair_budget_refuses_before_listing_and_changes_nothing_within_it():
-    centers, radii, owners = _ten_dimensional_clusters()
-    pairs, ratio = candidate_pairs(centers, radii, owners)
-    with pytest.raises(TooManyOverlaps, match=f"more than max_overlap_pairs={pairs.shape[0] // 2}"):
-        candidate_pairs(centers, radii, owners, max_pairs=pairs.shape[0] // 2)
-    with pytest.raises(TooManyOverlaps):
-        super_clusters(centers, radii, owners, max_pairs=pairs.shape[0] // 2)
-    budgeted, budgeted_ratio = candidate_pairs(centers, radii, owners, max_pairs=2 * pairs.shape[0])
-    np.testing.assert_array_equal(budgeted, pairs)
-    np.testing.assert_array_equal(budgeted_ratio, ratio)
-
-
-def test_candidate_pairs_validates_input():
-    with pytest.raises(ValueError, match="radii"):
-        candidate_pairs(np.zeros((3, 2)), np.array([1.0, -1.0, 1.0]), np.arange(3))
-    with pytest.raises(ValueError, match="owners"):
-        candidate_pairs(np.zeros((3, 2)), np.ones(3), np.array([0.5, 1.0, 2.0]))
-    with pytest.raises(ValueError, match="centers"):
-        candidate_pairs(np.zeros(3), np.ones(3), np.arange(3))
-    with pytest.raises(ValueError, match="algorithm"):
-        candidate_pairs(np.zeros((3, 2)), np.ones(3), np.arange(3), algorithm="ball_tree")
 
 
 # ------------------------------------------------------------------ super-clusters

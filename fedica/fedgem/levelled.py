@@ -1,0 +1,170 @@
+"""Super-clusters of densely overlapping balls without listing every overlapping pair.
+
+The constrained union-find (:mod:`fedica.fedgem.superclusters`) takes the overlapping pairs in
+increasing overlap ratio. Once the pairs up to some ratio ``t`` are taken, a later pair can only
+change the sets when its two ends lie in distinct sets that share no owner: a pair inside one set
+would find one root, and a pair between sets sharing an owner would be skipped (sets only grow,
+so both stay so). The pairs are therefore taken in levels of ratio, ``t_1 < t_2 < ... < 1``, and a
+level lists only the pairs that can still matter at its start: those with an end in a small set
+(fewer than ``_SMALL_SET`` members), and those between two large sets that share no owner and
+whose bounding balls come within reach. The pairs inside large sets, which are most of them when
+every ball of a true cluster meets every other (``K (G/2)^2`` with ``G`` clients), are never
+listed. The result is the same partition as the full list's, pair order and ties included.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+from fedica.fedgem.overlaps import (
+    TooManyOverlaps,
+    _larger_end_lookups,
+    _pair_distances,
+    _radius_classes,
+    sampled_overlaps,
+    spatial_order,
+)
+from fedica.fedgem.union import ConstrainedUnion
+
+# Sets with fewer members than this count as small: their pairs are listed at every level.
+_SMALL_SET = 32
+
+# The first level is expected to hold about this many pairs per component, and each further
+# level this many times the pairs of the one before (from the sampled ratios).
+_FIRST_LEVEL_PAIRS_PER_COMPONENT = 4
+_LEVEL_GROWTH = 4
+
+# Levels pay when the overlapping pairs are many per component; the sample must hold enough
+# overlapping pairs for their ratio quantiles to mean something.
+_MIN_PAIRS_PER_COMPONENT = 16
+_MIN_SAMPLED_HITS = 64
+
+
+def ratio_levels(centers, radii, owners):
+    """The ratio thresholds ``t_1 < ... < 1`` of the levels, or None where levels do not pay.
+
+    Parameters
+    ----------
+    centers : ndarray of shape (m, d)
+    radii : ndarray of shape (m,)
+    owners : ndarray of shape (m,), int
+
+    Returns
+    -------
+    levels : list of float or None
+        From the overlap ratios of a random sample of pairs: ``t_l`` is the quantile at which
+        ``4 * 4^(l-1)`` pairs per component are expected, the last is 1.
+    sample : fedica.fedgem.overlaps.SampledOverlaps
+        The sample (it also bounds what every level lists, :func:`levelled_labels`).
+    """
+    m = centers.shape[0]
+    sample = sampled_overlaps(centers, radii, owners)
+    expected = sample.pairs_per_hit * sample.ratio.shape[0]
+    if sample.ratio.shape[0] < _MIN_SAMPLED_HITS or expected < _MIN_PAIRS_PER_COMPONENT * m:
+        return None, sample
+    share = _FIRST_LEVEL_PAIRS_PER_COMPONENT * m / expected
+    shares = []
+    while share < 1:
+        shares.append(share)
+        share *= _LEVEL_GROWTH
+    thresholds = np.unique(np.quantile(sample.ratio, shares)).tolist()
+    return [t for t in thresholds if t < 1] + [1.0], sample
+
+
+def levelled_labels(centers, radii, owner_code, levels, *, sample=None, max_pairs=None):
+    """Roots (m,) of the constrained union-find over all overlapping pairs, level by level.
+
+    Parameters
+    ----------
+    centers : ndarray of shape (m, d)
+    radii : ndarray of shape (m,)
+    owner_code : ndarray of shape (m,), int
+        Owners numbered ``0..n_owners-1``.
+    levels : list of float
+        Increasing ratio thresholds, the last 1 (:func:`ratio_levels`).
+    sample : fedica.fedgem.overlaps.SampledOverlaps or None, default=None
+        Random overlapping pairs, from which every level's pairs between distinct sets are
+        estimated before they are listed (needed with ``max_pairs``).
+    max_pairs : int or None, default=None
+        Memory budget: :class:`fedica.fedgem.overlaps.TooManyOverlaps` when a level is
+        expected to list more pairs than this.
+
+    Returns
+    -------
+    ndarray of shape (m,), int
+        The root of every component's set.
+    """
+    m = centers.shape[0]
+    # The geometry runs in spatial order (cache); the pairs' order and ties use the original rows.
+    spatial = spatial_order(centers)
+    local_centers, local_radii = centers[spatial], radii[spatial]
+    classes = _radius_classes(local_radii)
+    union = ConstrainedUnion(owner_code)
+    previous = -1.0
+    for threshold in levels:
+        roots = union.roots()
+        if max_pairs is not None:
+            in_level = (sample.ratio > previous) & (sample.ratio <= threshold)
+            expected = sample.pairs_per_hit * np.count_nonzero(in_level & (roots[sample.first] != roots[sample.second]))
+            if expected > max_pairs:
+                raise TooManyOverlaps(
+                    f"about {expected:.3g} pairs of the {m} balls with overlap ratios in ({max(previous, 0):.3g},"
+                    f" {threshold:.3g}] join distinct sets, more than max_overlap_pairs={max_pairs} (about 110 bytes each)"
+                )
+        first, second = _live_candidates(
+            local_centers, threshold * local_radii, classes, roots[spatial], union
+        )
+        first, second = spatial[first], spatial[second]
+        keep = (owner_code[first] != owner_code[second]) & (roots[first] != roots[second])
+        key = np.unique(np.minimum(first[keep], second[keep]) * m + np.maximum(first[keep], second[keep]))
+        first, second = np.divmod(key, m)
+        distance = _pair_distances(centers, first, second)
+        radius_sum = radii[first] + radii[second]
+        ratio = np.divide(distance, radius_sum, out=np.zeros_like(distance), where=radius_sum > 0)
+        keep = (distance <= radius_sum) & (ratio > previous) & (ratio <= threshold)
+        first, second, ratio = first[keep], second[keep], ratio[keep]
+        # Ties in their (i, j) order, as in the full list (stable sort of lexicographic pairs).
+        order = np.argsort(ratio, kind="stable")
+        union.add_edges(np.column_stack([first[order], second[order]]))
+        previous = threshold
+    return union.roots()
+
+
+def _live_candidates(centers, reach, classes, roots, union):
+    """Candidate pairs (index arrays, in the given row order) within ``reach`` that may still
+    join two sets: one end in a small set, or ends in two joinable large sets near each other."""
+    sizes = np.bincount(roots, minlength=roots.shape[0])
+    small = np.flatnonzero(sizes[roots] < _SMALL_SET)
+    everyone = np.arange(centers.shape[0])
+    found = [
+        _larger_end_lookups(centers, reach, classes, small, everyone),
+        _larger_end_lookups(centers, reach, classes, everyone, small),
+    ]
+    large_roots = np.flatnonzero(sizes >= _SMALL_SET)
+    if large_roots.size > 1:
+        found.extend(_large_set_candidates(centers, reach, classes, roots, large_roots, union))
+    return np.concatenate([f for f, _ in found]), np.concatenate([s for _, s in found])
+
+
+def _large_set_candidates(centers, reach, classes, roots, large_roots, union):
+    """Candidate pairs between two joinable large sets whose bounding balls come within reach."""
+    in_large = np.flatnonzero(np.isin(roots, large_roots))
+    by_set = in_large[np.argsort(roots[in_large], kind="stable")]
+    members = np.split(by_set, np.cumsum(np.bincount(roots[by_set])[large_roots])[:-1])
+    middle = np.array([centers[rows].mean(axis=0) for rows in members])
+    # A pair of the two sets is at most this far beyond each set's middle.
+    extent = np.array([
+        np.linalg.norm(centers[rows] - centre, axis=1).max() + reach[rows].max()
+        for rows, centre in zip(members, middle)
+    ])
+    hits = cKDTree(middle).query_ball_point(middle, extent + extent.max(), return_sorted=False)
+    found = []
+    for a, neighbours in enumerate(hits):
+        for b in neighbours:
+            if b <= a or np.linalg.norm(middle[a] - middle[b]) > extent[a] + extent[b]:
+                continue
+            if union.joinable(int(large_roots[a]), int(large_roots[b])):
+                found.append(_larger_end_lookups(centers, reach, classes, members[a], members[b]))
+                found.append(_larger_end_lookups(centers, reach, classes, members[b], members[a]))
+    return found

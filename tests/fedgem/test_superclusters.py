@@ -1,0 +1,114 @@
+"""Super-clusters by levels of overlap ratio (fedica.fedgem.levelled) against the specification."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedica.fedgem.levelled import levelled_labels, ratio_levels
+from fedica.fedgem.overlaps import TooManyOverlaps, candidate_pairs
+from fedica.fedgem.superclusters import _first_appearance_labels, super_clusters
+
+
+def specification(centers, radii, owners):
+    """Every overlapping pair by (ratio, i, j); a union is skipped when the sets share an owner."""
+    pairs, ratio = candidate_pairs(centers, radii, owners, algorithm="brute")
+    root = list(range(len(radii)))
+    owner_sets = [{owner} for owner in owners.tolist()]
+    for index in np.lexsort((pairs[:, 1], pairs[:, 0], ratio)).tolist():
+        a, b = root[pairs[index, 0]], root[pairs[index, 1]]
+        while root[a] != a:
+            a = root[a]
+        while root[b] != b:
+            b = root[b]
+        if a != b and owner_sets[a].isdisjoint(owner_sets[b]):
+            root[b] = a
+            owner_sets[a] |= owner_sets[b]
+    return _first_appearance_labels([_find(root, i) for i in range(len(root))])
+
+
+def _find(root, i):
+    while root[i] != i:
+        i = root[i]
+    return i
+
+
+def clustered(seed, n_clients=300, n_true=8, d=10, spread=0.1, radius=0.25):
+    """Every client holds 3 to 5 of ``n_true`` clusters, a few of them twice (the conflicts)."""
+    rng = np.random.default_rng(seed)
+    truth = rng.normal(scale=10.0, size=(n_true, d))
+    ids = [rng.choice(n_true, rng.integers(3, 6), replace=bool(rng.random() < 0.1)) for _ in range(n_clients)]
+    owners = np.repeat(np.arange(n_clients), [len(i) for i in ids])
+    members = np.concatenate(ids)
+    centers = truth[members] + rng.normal(scale=spread, size=(members.size, d))
+    return centers, radius * rng.uniform(0.5, 1.5, size=members.size), owners
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dense_federations_take_the_levels_and_equal_the_specification(seed):
+    centers, radii, owners = clustered(seed)
+    levels, _ = ratio_levels(centers, radii, owners)
+    assert levels is not None and len(levels) >= 3 and levels[-1] == 1.0
+    labels = super_clusters(centers, radii, owners)
+    expected = specification(centers, radii, owners)
+    np.testing.assert_array_equal(labels, expected)
+    assert len(set(zip(owners.tolist(), labels.tolist()))) == owners.size  # the same-client rule held
+    assert 8 < labels.max() + 1 < 40  # conflicts split some true clusters, most merged
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(0, 2**32 - 1),
+    st.lists(st.floats(0.0, 0.99), min_size=0, max_size=4),
+    st.booleans(),
+)
+def test_any_levels_give_the_specification(seed, thresholds, on_a_grid):
+    """Levels only change which pairs are listed, never the result: ties on a level's
+    threshold, zero radii, duplicated centres and every set size included."""
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(20, 160))
+    if on_a_grid:  # exact ties of ratios, some exactly on a threshold
+        centers = rng.integers(-3, 4, size=(m, 2)).astype(float)
+        radii = rng.integers(0, 5, size=m) / 2
+        thresholds = thresholds + [0.5]
+    else:
+        centers = rng.normal(size=(m, 3))
+        radii = rng.uniform(0, 1.2, size=m) * (rng.random(m) > 0.1)
+    owners = rng.integers(0, int(rng.integers(3, 12)), size=m)
+    levels = sorted(set(thresholds)) + [1.0]
+    owner_code = np.unique(owners, return_inverse=True)[1]
+    labels = _first_appearance_labels(levelled_labels(centers, radii, owner_code, levels))
+    np.testing.assert_array_equal(labels, specification(centers, radii, owners))
+
+
+def test_sparse_overlaps_keep_the_full_list():
+    centers, radii, owners = clustered(0, radius=0.02)
+    assert ratio_levels(centers, radii, owners)[0] is None
+
+
+def test_the_budget_bounds_what_one_level_lists():
+    centers, radii, owners = clustered(1)
+    all_pairs = candidate_pairs(centers, radii, owners)[0].shape[0]
+    # Far fewer pairs than overlap are listed, so half of them is enough ...
+    np.testing.assert_array_equal(
+        super_clusters(centers, radii, owners, max_pairs=all_pairs // 2), super_clusters(centers, radii, owners)
+    )
+    # ... but not fewer than the first level's few pairs per component.
+    with pytest.raises(TooManyOverlaps, match="join distinct sets, more than max_overlap_pairs=1000"):
+        super_clusters(centers, radii, owners, max_pairs=1000)
+
+
+@pytest.mark.parametrize("shared_owner", [False, True])
+def test_two_large_sets_join_at_a_later_level_unless_they_share_an_owner(shared_owner):
+    """Two tight groups of 40 balls meet only with ratios near 0.75: at the second level both
+    are large sets, and only their cross pairs can join them."""
+    rng = np.random.default_rng(5)
+    centers = np.concatenate([rng.normal(scale=0.05, size=(40, 2)), [1.5, 0] + rng.normal(scale=0.05, size=(40, 2))])
+    radii = np.ones(80)
+    owners = np.arange(80)
+    if shared_owner:
+        owners[79] = owners[0]
+    owner_code = np.unique(owners, return_inverse=True)[1]
+    labels = _first_appearance_labels(levelled_labels(centers, radii, owner_code, [0.3, 1.0]))
+    np.testing.assert_array_equal(labels, specification(centers, radii, owners))
+    assert labels.max() + 1 == (2 if shared_owner else 1)
