@@ -25,7 +25,7 @@ from fedica.fedgem.overlaps import (
     sampled_overlaps,
     spatial_order,
 )
-from fedica.fedgem.union import ConstrainedUnion
+from fedica.fedgem.union import ConstrainedUnion, unique_keys
 
 # Sets with fewer members than this count as small: their pairs are listed at every level.
 _SMALL_SET = 32
@@ -117,7 +117,7 @@ def levelled_labels(centers, radii, owner_code, levels, *, sample=None, max_pair
         )
         first, second = spatial[first], spatial[second]
         keep = (owner_code[first] != owner_code[second]) & (roots[first] != roots[second])
-        key = np.unique(np.minimum(first[keep], second[keep]) * m + np.maximum(first[keep], second[keep]))
+        key = unique_keys(np.minimum(first[keep], second[keep]) * m + np.maximum(first[keep], second[keep]))
         first, second = np.divmod(key, m)
         distance = _pair_distances(centers, first, second)
         radius_sum = radii[first] + radii[second]

@@ -11,6 +11,24 @@ _UNION_CHUNK = 2048
 _UNION_CHUNK_MAX = 2**17
 
 
+def unique_keys(keys, *, return_inverse=False):
+    """The sorted distinct values of an int64 array (and each value's index among them).
+
+    By sorting: numpy 2.4's ``np.unique`` hashes when no inverse is asked for, measured 60x
+    slower than a sort on 2 million keys, and its inverse costs 0.2 ms on 2,048 keys.
+    """
+    order = np.argsort(keys, kind="stable") if return_inverse else None
+    ordered = keys[order] if return_inverse else np.sort(keys)
+    first = np.empty(ordered.shape[0], dtype=bool)
+    first[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    if not return_inverse:
+        return ordered[first]
+    inverse = np.empty(keys.shape[0], dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return ordered[first], inverse
+
+
 def _roots(parent):
     """Root of every node (n,) of a union-find forest given as a parent array or list."""
     roots = np.asarray(parent, dtype=np.int64)
@@ -88,7 +106,7 @@ def _drop_settled_edges(edges, roots, owner_sets, n_nodes):
     root_i, root_j = roots[edges[:, 0]], roots[edges[:, 1]]
     live = root_i != root_j
     edges, root_i, root_j = edges[live], root_i[live], root_j[live]
-    root_pairs, inverse = np.unique(
+    root_pairs, inverse = unique_keys(
         np.minimum(root_i, root_j) * n_nodes + np.maximum(root_i, root_j), return_inverse=True
     )
     # Testing the distinct pairs of roots pays only when edges share them; otherwise the
@@ -99,4 +117,4 @@ def _drop_settled_edges(edges, roots, owner_sets, n_nodes):
         [owner_sets[pair // n_nodes].isdisjoint(owner_sets[pair % n_nodes]) for pair in root_pairs.tolist()],
         dtype=bool,
     )
-    return edges[joinable[inverse.reshape(-1)]]
+    return edges[joinable[inverse]]

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from fedica.fedgem.levelled import levelled_labels, ratio_levels
 from fedica.fedgem.overlaps import TooManyOverlaps, candidate_pairs
 from fedica.fedgem.superclusters import _first_appearance_labels, super_clusters
+from fedica.fedgem.union import unique_keys
 
 
 def specification(centers, radii, owners):
@@ -112,3 +113,14 @@ def test_two_large_sets_join_at_a_later_level_unless_they_share_an_owner(shared_
     labels = _first_appearance_labels(levelled_labels(centers, radii, owner_code, [0.3, 1.0]))
     np.testing.assert_array_equal(labels, specification(centers, radii, owners))
     assert labels.max() + 1 == (2 if shared_owner else 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(-(2**62), 2**62), max_size=300), st.booleans())
+def test_unique_keys_equal_numpy_unique(values, few_distinct):
+    keys = np.array(values, dtype=np.int64) % (7 if few_distinct else 2**62)
+    distinct, inverse = unique_keys(keys, return_inverse=True)
+    expected, expected_inverse = np.unique(keys, return_inverse=True)
+    np.testing.assert_array_equal(distinct, expected)
+    np.testing.assert_array_equal(inverse, expected_inverse.reshape(-1))
+    np.testing.assert_array_equal(unique_keys(keys), expected)
