@@ -153,3 +153,12 @@ def test_entropy_counts_how_ambiguously_a_model_assigns_the_points():
     assert separated < 1e-6
     # Two centres between the clusters split every point nearly evenly: close to log 2 nats a point.
     assert 0.9 * X.shape[0] * np.log(2) < duplicated <= X.shape[0] * np.log(2)
+
+
+def test_candidates_scored_together_equal_each_scored_alone():
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(200, 3))
+    candidates = [rng.normal(size=(k, 3)) for k in (1, 4, 2, 9)]
+    together = log_likelihoods(X, candidates)
+    alone = np.array([[part[0] for part in log_likelihoods(X, [c])] for c in candidates]).T
+    np.testing.assert_allclose(together, alone, rtol=1e-12)
