@@ -135,11 +135,13 @@ def _live_candidates(centers, reach, classes, roots, union):
     """Candidate pairs (index arrays, in the given row order) within ``reach`` that may still
     join two sets: one end in a small set, or ends in two joinable large sets near each other."""
     sizes = np.bincount(roots, minlength=roots.shape[0])
-    small = np.flatnonzero(sizes[roots] < _SMALL_SET)
-    everyone = np.arange(centers.shape[0])
+    in_small = sizes[roots] < _SMALL_SET
+    small, large = np.flatnonzero(in_small), np.flatnonzero(~in_small)
+    # Every pair with a small end, from its larger end: a small one looks among everyone, a
+    # large one among the small.
     found = [
-        _larger_end_lookups(centers, reach, classes, small, everyone),
-        _larger_end_lookups(centers, reach, classes, everyone, small),
+        _larger_end_lookups(centers, reach, classes, small, np.arange(centers.shape[0])),
+        _larger_end_lookups(centers, reach, classes, large, small),
     ]
     large_roots = np.flatnonzero(sizes >= _SMALL_SET)
     if large_roots.size > 1:
