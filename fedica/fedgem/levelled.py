@@ -105,12 +105,11 @@ def levelled_labels(centers, radii, owner_code, levels, *, sample=None, max_pair
     for threshold in levels:
         roots = union.roots()
         if max_pairs is not None:
-            in_level = (sample.ratio > previous) & (sample.ratio <= threshold)
-            expected = sample.pairs_per_hit * np.count_nonzero(in_level & (roots[sample.first] != roots[sample.second]))
+            expected = sample.pairs_per_hit * _sampled_listings(sample, previous, threshold, roots, union)
             if expected > max_pairs:
                 raise TooManyOverlaps(
                     f"about {expected:.3g} pairs of the {m} balls with overlap ratios in ({max(previous, 0):.3g},"
-                    f" {threshold:.3g}] join distinct sets, more than max_overlap_pairs={max_pairs} (about 110 bytes each)"
+                    f" {threshold:.3g}] would be listed, more than max_overlap_pairs={max_pairs} (about 110 bytes each)"
                 )
         first, second = _live_candidates(
             local_centers, threshold * local_radii, classes, roots[spatial], union
@@ -129,6 +128,19 @@ def levelled_labels(centers, radii, owner_code, levels, *, sample=None, max_pair
         union.add_edges(np.column_stack([first[order], second[order]]))
         previous = threshold
     return union.roots()
+
+
+def _sampled_listings(sample, previous, threshold, roots, union):
+    """How many of the sampled overlapping pairs a level would list: ratio in the level, in
+    distinct sets, and one end in a small set or the two sets joinable."""
+    in_level = (sample.ratio > previous) & (sample.ratio <= threshold)
+    first, second = roots[sample.first[in_level]], roots[sample.second[in_level]]
+    sizes = np.bincount(roots, minlength=roots.shape[0])
+    distinct = first != second
+    first, second = first[distinct], second[distinct]
+    small_end = (sizes[first] < _SMALL_SET) | (sizes[second] < _SMALL_SET)
+    joinable = [union.joinable(a, b) for a, b in zip(first[~small_end].tolist(), second[~small_end].tolist())]
+    return int(small_end.sum()) + int(np.count_nonzero(joinable))
 
 
 def _live_candidates(centers, reach, classes, roots, union):

@@ -95,7 +95,7 @@ def test_the_budget_bounds_what_one_level_lists():
         super_clusters(centers, radii, owners, max_pairs=all_pairs // 2), super_clusters(centers, radii, owners)
     )
     # ... but not fewer than the first level's few pairs per component.
-    with pytest.raises(TooManyOverlaps, match="join distinct sets, more than max_overlap_pairs=1000"):
+    with pytest.raises(TooManyOverlaps, match="would be listed, more than max_overlap_pairs=1000"):
         super_clusters(centers, radii, owners, max_pairs=1000)
 
 
