@@ -172,13 +172,11 @@ def _large_set_candidates(centers, reach, classes, roots, large_roots, union):
         np.linalg.norm(centers[rows] - centre, axis=1).max() + reach[rows].max()
         for rows, centre in zip(members, middle)
     ])
-    hits = cKDTree(middle).query_ball_point(middle, extent + extent.max(), return_sorted=False)
+    near = cKDTree(middle).query_pairs(2 * extent.max(), output_type="ndarray")
+    near = near[np.linalg.norm(middle[near[:, 0]] - middle[near[:, 1]], axis=1) <= extent[near[:, 0]] + extent[near[:, 1]]]
     found = []
-    for a, neighbours in enumerate(hits):
-        for b in neighbours:
-            if b <= a or np.linalg.norm(middle[a] - middle[b]) > extent[a] + extent[b]:
-                continue
-            if union.joinable(int(large_roots[a]), int(large_roots[b])):
-                found.append(_larger_end_lookups(centers, reach, classes, members[a], members[b]))
-                found.append(_larger_end_lookups(centers, reach, classes, members[b], members[a]))
+    for a, b in near.tolist():
+        if union.joinable(int(large_roots[a]), int(large_roots[b])):
+            found.append(_larger_end_lookups(centers, reach, classes, members[a], members[b]))
+            found.append(_larger_end_lookups(centers, reach, classes, members[b], members[a]))
     return found
