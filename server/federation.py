@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -43,8 +44,9 @@ SIMULATION_SETTLE_SECONDS = 1.0
 # message once per simulated node (vce_api.add_messages_to_queue: about 7 us per node and message). With a
 # stage's 1,000 messages stored at once a pass takes 8 s, and the loop holds the server process's core (and
 # its GIL) until the stage ends, which the actors then lack. So, there only, a stage keeps in flight what the
-# actors take in about IN_FLIGHT_SECONDS (from the replies' rate so far), and at least MIN_IN_FLIGHT.
-MIN_IN_FLIGHT = 16
+# actors take in about IN_FLIGHT_SECONDS (from the replies' rate so far), and at least MIN_IN_FLIGHT: a few
+# per local CPU, so that stages of slow messages still keep every actor of this machine's Ray busy.
+MIN_IN_FLIGHT = max(16, 4 * (os.cpu_count() or 1))
 IN_FLIGHT_SECONDS = 0.5
 
 

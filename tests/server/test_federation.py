@@ -98,8 +98,11 @@ def test_fedgem_inprocess_recovers_separated_blobs(gem_inprocess):
 
 
 @pytest.mark.parametrize("overrides, inprocess_fixture", [(SMALL_ICA, "ica_inprocess"), (SEPARATED_BLOBS, "gem_inprocess")])
-def test_flower_simulation_equals_inprocess(overrides, inprocess_fixture, request):
+def test_flower_simulation_equals_inprocess(overrides, inprocess_fixture, request, monkeypatch):
     """A real Flower simulation (Ray, one ClientApp per simulated SuperNode) gives the in-process result to 1e-12."""
+    from fedica.server import federation
+
+    monkeypatch.setattr(federation, "MIN_IN_FLIGHT", 2)  # the 5 clients' stages paced, as a large federation's are
     simulated = run_engine(compose_config(overrides + ["engine=simulation"]))
     assert simulated["engine"] == "simulation"
     _assert_same_numbers(request.getfixturevalue(inprocess_fixture), simulated)
