@@ -152,8 +152,24 @@ def make_client_app(load_data: Callable[[Context], Any], n_components: int | Non
     return _client_app(ArraySource(load_data, n_components, max_components))
 
 
-def _client_app(source) -> ClientApp:
-    client_app = ClientApp()
+class _FedicaClientApp(ClientApp):
+    """fedica's own ClientApp (``app``), which pickles as a reference to this module's ``app``.
+
+    Flower's simulation hands the ClientApp to a Ray actor with every message, pickled: by value,
+    its nested handlers cost about 10 ms of the server process's time and 10 KB per message.
+    Every actor imports fedica, so the name is enough, and the actor keeps one ``app``.
+    """
+
+    def __reduce__(self):
+        return _module_app, ()
+
+
+def _module_app() -> ClientApp:
+    return app
+
+
+def _client_app(source, app_class: type[ClientApp] = ClientApp) -> ClientApp:
+    client_app = app_class()
     tasks: dict[str, Handler] = {
         RFICA_FIT: lambda a, v, p, c: _rfica_fit(source, a, v, p, c),
         GEM_INIT: lambda a, v, p, c: _gem_init(source, a, v, p, c),
@@ -304,4 +320,4 @@ def _comparator(task: str, answer, source) -> Handler:
     return handle
 
 
-app = _client_app(ScenarioSource())
+app = _client_app(ScenarioSource(), _FedicaClientApp)

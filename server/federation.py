@@ -8,6 +8,8 @@ with its round and reason.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -38,6 +40,14 @@ PROGRESS_SECONDS = 5.0
 PULL_SECONDS = 0.5
 # Under Flower's simulation runtime, a node count unchanged this long (seconds) is the federation's size.
 SIMULATION_SETTLE_SECONDS = 1.0
+# Flower's simulation hands messages to its Ray actors from a loop that, every 0.1 s, scans every stored
+# message once per simulated node (vce_api.add_messages_to_queue: about 7 us per node and message). With a
+# stage's 1,000 messages stored at once a pass takes 8 s, and the loop holds the server process's core (and
+# its GIL) until the stage ends, which the actors then lack. So, there only, a stage keeps in flight what the
+# actors take in about IN_FLIGHT_SECONDS (from the replies' rate so far), and at least MIN_IN_FLIGHT: a few
+# per local CPU, so that stages of slow messages still keep every actor of this machine's Ray busy.
+MIN_IN_FLIGHT = max(16, 4 * (os.cpu_count() or 1))
+IN_FLIGHT_SECONDS = 0.5
 
 
 def message_sizes(request: Request, replies: list[Reply]) -> dict[str, float]:
@@ -113,6 +123,7 @@ class Federation:
         self.node_of: dict[int, int] = {}
         self.nodes: list[int] = []
         self.contested: set[int] = set()
+        self.paced = False  # True under Flower's simulation runtime (see MIN_IN_FLIGHT), set by connect
         if self.bound_partitions is not None:
             self.bound_partitions = {int(n): int(p) for n, p in self.bound_partitions.items()}
             self.partition_of.update(self.bound_partitions)
@@ -136,7 +147,8 @@ class Federation:
 
         deadline = time.monotonic() + float(self.node_wait_timeout)
         needed = self.expected if self.min_nodes is None else int(self.min_nodes)
-        if isinstance(self.grid, InMemoryGrid):
+        self.paced = isinstance(self.grid, InMemoryGrid)
+        if self.paced:
             connected = self._simulated_nodes(deadline)
             self._check_simulation_size(len(connected), needed)
         else:
@@ -230,9 +242,9 @@ class Federation:
             if reply is not None:
                 seen_partitions.add(reply.partition_id)
                 replies.append(reply)
-        for node in destination.values():
-            if node not in answered:
-                self.reject_node(node, request.round_label, f"no reply within {self.round_timeout} s")
+        for message in sent:  # also those a paced stage had not pushed yet when its time was up
+            if message.metadata.dst_node_id not in answered:
+                self.reject_node(message.metadata.dst_node_id, request.round_label, f"no reply within {self.round_timeout} s")
         replies = [reply for reply in replies if reply.partition_id not in self.contested]
         replies.sort(key=lambda reply: reply.partition_id)
         self.participation.append({"round": request.round_label, "task": request.task,
@@ -249,24 +261,39 @@ class Federation:
     def send_and_receive(self, messages: list[Message], stage: str, *, timeout: float) -> list[Message]:
         """Flower's push-then-pull of ``Grid.send_and_receive``, saying every few seconds how many replies are in.
 
-        Written out (rather than calling the Grid's) only to report progress while a stage waits.
+        Written out (rather than calling the Grid's) to report progress while a stage waits, and
+        to pace the pushes under Flower's simulation runtime (see :data:`MIN_IN_FLIGHT`).
         """
-        pending = set(self.grid.push_messages(messages))
-        total, started = len(pending), time.monotonic()
+        unsent = list(messages)
+        pending: set[str] = set()
+        total, started = len(unsent), time.monotonic()
         said, interval = started, float(getattr(self.grid, "pull_interval", PULL_SECONDS))
         received: list[Message] = []
-        while pending:
-            replies = list(self.grid.pull_messages(pending))
+        while True:
+            room = len(unsent) if not self.paced else self._in_flight(len(received), time.monotonic() - started) - len(pending)
+            if room > 0 and unsent:
+                pending.update(self.grid.push_messages(unsent[:room]))
+                del unsent[:room]
+            replies = list(self.grid.pull_messages(pending)) if pending else []
             received.extend(replies)
             pending.difference_update(m.metadata.reply_to_message_id for m in replies)
             now = time.monotonic()
-            if not pending or now - started >= timeout:
+            if not (pending or unsent) or now - started >= timeout:
                 break
             if now - said >= PROGRESS_SECONDS:
                 said = now
-                log.info("%s: %d of %d replies after %.0f s", stage, total - len(pending), total, now - started)
+                log.info("%s: %d of %d replies after %.0f s", stage, len(received), total, now - started)
             time.sleep(interval)
         return received
+
+    @staticmethod
+    def _in_flight(replies: int, seconds: float) -> int:
+        """How many messages a paced stage keeps pushed and unanswered, from its replies' rate so far.
+
+        Over its first IN_FLIGHT_SECONDS the rate is not known yet: the limit is the replies so far,
+        doubling while they keep up.
+        """
+        return max(MIN_IN_FLIGHT, math.ceil(replies * IN_FLIGHT_SECONDS / max(seconds, IN_FLIGHT_SECONDS)))
 
     def reject_node(self, node: int, round_label: int | str, reason: str) -> None:
         """Record (and log) a reply that was left out, naming its client if known."""

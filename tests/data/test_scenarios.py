@@ -90,6 +90,18 @@ def test_scenario_dispatch_matches_direct_call_and_returns_copies():
                 waveform_client_data(2, n_samples=900, seed=1))
 
 
+def test_a_thousand_clients_visited_in_turn_stay_cached():
+    # One process serves every client of the in-process engine (or any of a Ray actor's), in turn, for every
+    # message: a cache smaller than the federation never hits and regenerates each client's data each time.
+    scenario = {"name": "blobs", "n_clients": 1000, "n_clusters": 6, "dim": 2, "r_min": 4.0,
+                "n_train": 10000, "n_test": 1000, "k_max": 3}
+    _cached_client_data.cache_clear()
+    for _ in range(2):
+        for partition in range(1000):
+            scenario_client_data(scenario, partition, 0)
+    assert _cached_client_data.cache_info().hits == 1000
+
+
 def test_scenario_errors_and_true_k():
     with pytest.raises(ValueError, match="blobs.*waveform.*digits.*files"):
         scenario_client_data({"name": "moons"}, 0, 0)

@@ -98,8 +98,11 @@ def test_fedgem_inprocess_recovers_separated_blobs(gem_inprocess):
 
 
 @pytest.mark.parametrize("overrides, inprocess_fixture", [(SMALL_ICA, "ica_inprocess"), (SEPARATED_BLOBS, "gem_inprocess")])
-def test_flower_simulation_equals_inprocess(overrides, inprocess_fixture, request):
+def test_flower_simulation_equals_inprocess(overrides, inprocess_fixture, request, monkeypatch):
     """A real Flower simulation (Ray, one ClientApp per simulated SuperNode) gives the in-process result to 1e-12."""
+    from fedica.server import federation
+
+    monkeypatch.setattr(federation, "MIN_IN_FLIGHT", 2)  # the 5 clients' stages paced, as a large federation's are
     simulated = run_engine(compose_config(overrides + ["engine=simulation"]))
     assert simulated["engine"] == "simulation"
     _assert_same_numbers(request.getfixturevalue(inprocess_fixture), simulated)
@@ -390,7 +393,7 @@ def test_a_waiting_stage_says_how_many_replies_are_in(monkeypatch, caplog):
 
         def push_messages(self, messages):
             self.start = clock.monotonic()
-            return ["a", "b", "c"]
+            return ["a", "b", "c"][:len(messages)]
 
         def pull_messages(self, ids):
             if clock.monotonic() - self.start < 0.3:
@@ -400,10 +403,45 @@ def test_a_waiting_stage_says_how_many_replies_are_in(monkeypatch, caplog):
     monkeypatch.setattr(books, "PROGRESS_SECONDS", 0.1)
     federation = books.Federation(grid=SlowGrid(), expected=3)
     with caplog.at_level(logging.INFO, logger="fedica.server"):
-        received = federation.send_and_receive([], "fedgem_round 4", timeout=0.8)
+        received = federation.send_and_receive([object()] * 3, "fedgem_round 4", timeout=0.8)
     assert len(received) == 2
     lines = [r.getMessage() for r in caplog.records if "replies after" in r.getMessage()]
     assert lines[0].startswith("fedgem_round 4: 0 of 3 replies after") and lines[-1].startswith("fedgem_round 4: 2 of 3 replies after")
+
+
+def test_a_paced_stage_keeps_few_messages_in_flight_and_sends_them_all():
+    # Under Flower's simulation every stored message costs a scan per node and pass; pacing bounds them.
+    from types import SimpleNamespace
+
+    from fedica.server import federation as books
+
+    class CountingGrid:
+        """Answers every message at the next pull; remembers the most messages ever stored at once."""
+
+        pull_interval = 0.0
+
+        def __init__(self):
+            self.stored, self.most = [], 0
+
+        def push_messages(self, messages):
+            ids = [str(id(m)) for m in messages]
+            self.stored += ids
+            self.most = max(self.most, len(self.stored))
+            return ids
+
+        def pull_messages(self, ids):
+            answered, self.stored = [i for i in self.stored if i in ids], []
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in answered]
+
+    grid = CountingGrid()
+    federation = books.Federation(grid=grid, expected=100)
+    federation.paced = True
+    messages = [object() for _ in range(100)]
+    assert len(federation.send_and_receive(messages, "fedgem_round 1", timeout=60.0)) == 100
+    assert grid.most <= 50  # never more in flight than replies in: 16, 16, 32 and what is left
+    federation.paced = False
+    assert len(federation.send_and_receive(messages, "fedgem_round 2", timeout=60.0)) == 100
+    assert grid.most == 100
 
 
 @pytest.mark.parametrize("n_train", [1000, 4000])
