@@ -1,11 +1,14 @@
-"""fedica's ClientApp: route the message type with Flower's decorators, call :mod:`fedica`, reply.
+"""fedica's ClientApp: route the message type with Flower's decorators to fedica's one task registry, reply.
 
 :func:`make_client_app` builds a ClientApp that answers fedica's RF-ICA and FedGEM tasks on the
 site's own array (``load_data(context)``, shape (n_samples, n_features)): what a user's own
 Flower app uses with ``RFICAStrategy`` or ``FedGEMStrategy``. ``app`` is fedica's own ClientApp:
 each client makes its data from the run's scenario and seed and its partition id (or reads its
-own file), as configured in the message. No data ever leaves a client, only the estimates the
-protocol names.
+own file), as configured in the message. Every message is answered by
+:data:`fedica.tasks.CLIENT_TASKS` (the algorithms' handlers, then the chain of reply transforms),
+the registry the library's estimators answer with in memory; this module only adapts a Flower
+message and context to it (:class:`FlowerSite`). No data ever leaves a client, only the
+estimates the protocol names.
 """
 
 from __future__ import annotations
@@ -15,39 +18,21 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
-from fedica.clients import hostile
 from fedica.server.records import CLIENT_ERROR_CODE, pack, unpack
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord
 from flwr.clientapp import ClientApp
 
 from fedica.data.common import ClientData
 from fedica.data.scenarios import ica_scenario_data, scenario_client_data
-from fedica.evaluation import afcl, ffcm
-from fedica.fedgem import client as gem_client
 from fedica.fedgem.local import estimate_n_components
-from fedica.protocol import (
-    AFCL_INIT,
-    AFCL_ROUND,
-    CATEGORY,
-    ERROR_KEY,
-    EVALUATE,
-    FFCM_INIT,
-    FFCM_ROUND,
-    GEM_EVALUATE,
-    GEM_FINAL,
-    GEM_INIT,
-    GEM_LIKELIHOOD,
-    GEM_ROUND,
-    GEM_SILHOUETTE,
-    RAY_NODE_KEY,
-    RFICA_FIT,
-)
-from fedica.rfica import client as ica_client
+from fedica.hostile import hostile_kind, split_components_count
+from fedica.protocol import CATEGORY, ERROR_KEY, EVALUATE, RAY_NODE_KEY
 from fedica.seeding import generator, sklearn_seed
+from fedica.tasks import CLIENT_TASKS
 
 log = logging.getLogger("fedica.client")
 
@@ -56,7 +41,6 @@ STATE_KEY = "fedgem"
 LOCAL_ENGINE_VARIABLE = "FEDICA_LOCAL_ENGINE"
 LOCAL_CLUSTERS_KEY = "fedgem-local-clusters"
 
-Handler = Callable[[dict[str, np.ndarray], dict[str, Any], int, Context], tuple[dict[str, np.ndarray], dict[str, Any]]]
 
 
 class ScenarioSource:
@@ -65,16 +49,16 @@ class ScenarioSource:
     def gem_data(self, values: Mapping[str, Any], partition_id: int, context: Context) -> ClientData:
         cfg = _run_config(values)
         data = scenario_client_data(_site_scenario(cfg, partition_id, context), partition_id, int(cfg["seed"]))
-        if hostile.hostile_kind(cfg, partition_id) == "split_components":
-            return dataclasses.replace(data, n_components=hostile.split_components_count(cfg))
+        if hostile_kind(cfg, partition_id) == "split_components":
+            return dataclasses.replace(data, n_components=split_components_count(cfg))
         return data
 
     def ica_data(self, values: Mapping[str, Any], partition_id: int, context: Context) -> np.ndarray:
         cfg = _run_config(values)
         return ica_scenario_data(_site_scenario(cfg, partition_id, context), partition_id, int(cfg["seed"]))
 
-    def hostile_kind(self, values: Mapping[str, Any], partition_id: int) -> str | None:
-        return hostile.hostile_kind(_run_config(values), partition_id)
+    def run_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return _run_config(values)
 
 
 def _site_scenario(cfg: Mapping[str, Any], partition_id: int, context: Context) -> dict[str, Any]:
@@ -128,8 +112,59 @@ class ArraySource:
     def ica_data(self, values: Mapping[str, Any], partition_id: int, context: Context) -> np.ndarray:
         return self._points(context).T
 
-    def hostile_kind(self, values: Mapping[str, Any], partition_id: int) -> str | None:
+    def run_config(self, values: Mapping[str, Any]) -> None:
         return None
+
+
+class ContextState(MutableMapping):
+    """A site's state between messages (its FedGEM centroids), kept in the Flower context's ``state``.
+
+    The arrays live in one ArrayRecord under :data:`STATE_KEY`, so they persist as long as Flower
+    keeps the context (a simulation's actor, a SuperNode's run).
+    """
+
+    def __init__(self, context: Context):
+        self.context = context
+
+    def _record(self) -> ArrayRecord:
+        return self.context.state[STATE_KEY] if STATE_KEY in self.context.state else ArrayRecord()
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        record = self._record()
+        if key not in record:
+            raise KeyError(key)
+        return record[key].numpy()
+
+    def __setitem__(self, key: str, value: np.ndarray) -> None:
+        arrays = {name: array for name, array in self._record().items() if name != key}
+        self.context.state[STATE_KEY] = ArrayRecord({**arrays, key: Array(np.ascontiguousarray(value))})
+
+    def __delitem__(self, key: str) -> None:
+        arrays = {name: array for name, array in self._record().items() if name != key}
+        self.context.state[STATE_KEY] = ArrayRecord(arrays)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._record().keys()))
+
+    def __len__(self) -> int:
+        return len(self._record())
+
+
+class FlowerSite:
+    """The :class:`~fedica.protocol.tasks.Site` of one message: the client's data source and its Flower context."""
+
+    def __init__(self, source, partition_id: int, context: Context, values: Mapping[str, Any]):
+        self.source = source
+        self.partition_id = partition_id
+        self.context = context
+        self.state = ContextState(context)
+        self.run_config = source.run_config(values)
+
+    def points(self, values: Mapping[str, Any]) -> ClientData:
+        return self.source.gem_data(values, self.partition_id, self.context)
+
+    def observations(self, values: Mapping[str, Any]) -> np.ndarray:
+        return self.source.ica_data(values, self.partition_id, self.context)
 
 
 def make_client_app(load_data: Callable[[Context], Any], n_components: int | None = None,
@@ -170,40 +205,21 @@ def _module_app() -> ClientApp:
 
 def _client_app(source, app_class: type[ClientApp] = ClientApp) -> ClientApp:
     client_app = app_class()
-    tasks: dict[str, Handler] = {
-        RFICA_FIT: lambda a, v, p, c: _rfica_fit(source, a, v, p, c),
-        GEM_INIT: lambda a, v, p, c: _gem_init(source, a, v, p, c),
-        GEM_ROUND: lambda a, v, p, c: _gem_round(source, a, v, p, c),
-        GEM_FINAL: lambda a, v, p, c: _gem_final(source, a, v, p, c),
-        GEM_SILHOUETTE: lambda a, v, p, c: _gem_silhouette(source, a, v, p, c),
-        GEM_LIKELIHOOD: lambda a, v, p, c: _gem_likelihood(source, a, v, p, c),
-        GEM_EVALUATE: lambda a, v, p, c: _gem_evaluate(source, a, v, p, c),
-        **{task: _comparator(task, answer, source) for task, answer in _COMPARATORS.items()},
-    }
-    for task, handler in tasks.items():
+    for task in CLIENT_TASKS.handlers:
         register = client_app.evaluate if CATEGORY[task] == EVALUATE else client_app.train
-        register(task)(_responder(_maybe_hostile(task, handler, source)))
+        register(task)(_responder(task, source))
     return client_app
 
 
-def _maybe_hostile(task: str, honest: Handler, source) -> Handler:
-    """The task's handler, which a client the run's ``attack`` config makes hostile runs through its attack."""
-    def handle(arrays, values, partition_id, context):
-        kind = source.hostile_kind(values, partition_id)
-        if kind is None:
-            return honest(arrays, values, partition_id, context)
-        return hostile.attack_reply(kind, task, honest, arrays, values, partition_id, context, _run_config(values))
-
-    return handle
-
-
-def _responder(handler: Handler) -> Callable[[Message, Context], Message]:
+def _responder(task: str, source) -> Callable[[Message, Context], Message]:
+    """The Flower handler of ``task``: decode, answer through the task registry, encode (or reply with the error)."""
     def respond(msg: Message, context: Context) -> Message:
         partition_id = None
         try:
             partition_id = _partition_id(context)
             arrays, values = unpack(msg.content)
-            reply_arrays, reply_values = handler(arrays, values, partition_id, context)
+            site = FlowerSite(source, partition_id, context, values)
+            reply_arrays, reply_values = CLIENT_TASKS.answer(task, site, arrays, values)
             reply_values.setdefault("partition-id", partition_id)  # a hostile client may claim another
             node = _ray_node_id()
             if node is not None:
@@ -243,81 +259,6 @@ def _run_config(values: Mapping[str, Any]) -> dict[str, Any]:
     if "cfg" not in values:
         raise ValueError("the message carries no run config ('cfg'); fedica's own ClientApp needs fedica's ServerApp")
     return json.loads(values["cfg"])
-
-
-# ---------------------------------------------------------------- RF-ICA
-
-
-def _rfica_fit(source, arrays, values, partition_id, context):
-    return ica_client.fit(source.ica_data(values, partition_id, context), values, partition_id)
-
-
-# ---------------------------------------------------------------- FedGEM
-
-
-def _store_centroids(context: Context, centroids: np.ndarray) -> None:
-    context.state[STATE_KEY] = ArrayRecord({"centroids": Array(np.ascontiguousarray(centroids))})
-
-
-def _received_centroids(arrays: Mapping[str, np.ndarray], data: ClientData, context: Context) -> np.ndarray:
-    """The centroids the server sent (adopted as the client's model), or its own if it sent none."""
-    if "centroids" in arrays:
-        centroids = gem_client.checked_centroids(arrays["centroids"], data.n_components, data.X_train.shape[1])
-    elif STATE_KEY in context.state:
-        centroids = context.state[STATE_KEY]["centroids"].numpy()
-    else:
-        raise ValueError("no centroids: the server sent none and this client was never initialised")
-    _store_centroids(context, centroids)
-    return centroids
-
-
-def _gem_init(source, arrays, values, partition_id, context):
-    data = source.gem_data(values, partition_id, context)
-    reply = gem_client.initialise(data.X_train, data.n_components, values, partition_id)
-    _store_centroids(context, reply[0]["centroids"])
-    return reply
-
-
-def _gem_round(source, arrays, values, partition_id, context):
-    data = source.gem_data(values, partition_id, context)
-    return gem_client.collaborative_round(data.X_train, _received_centroids(arrays, data, context), values)
-
-
-def _gem_final(source, arrays, values, partition_id, context):
-    data = source.gem_data(values, partition_id, context)
-    return gem_client.final_step(data.X_train, _received_centroids(arrays, data, context))
-
-
-def _gem_silhouette(source, arrays, values, partition_id, context):
-    data = source.gem_data(values, partition_id, context)
-    return gem_client.silhouettes(data.X_train, arrays["candidates"], data.n_components, values, partition_id)
-
-
-def _gem_likelihood(source, arrays, values, partition_id, context):
-    data = source.gem_data(values, partition_id, context)
-    return gem_client.likelihoods(data.X_train, arrays["centres"], arrays["sizes"])
-
-
-def _gem_evaluate(source, arrays, values, partition_id, context):
-    data = source.gem_data(values, partition_id, context)
-    centroids = _received_centroids(arrays, data, context)
-    return gem_client.evaluate(data.X_test, data.y_test, centroids, arrays["global-ids"], data.X_train.shape[0])
-
-
-# ---------------------------------------------------------------- comparators (FFCM, AFCL)
-
-
-_COMPARATORS = {FFCM_INIT: ffcm.client_reply, FFCM_ROUND: ffcm.client_reply,
-                AFCL_INIT: afcl.client_reply, AFCL_ROUND: afcl.client_reply}
-
-
-def _comparator(task: str, answer, source) -> Handler:
-    """A comparator's client side, on the client's training data (its test data never leaves it)."""
-    def handle(arrays, values, partition_id, context):
-        data = source.gem_data(values, partition_id, context)
-        return answer(task, data.X_train, data.n_components, arrays, values, partition_id)
-
-    return handle
 
 
 app = _client_app(ScenarioSource(), _FedicaClientApp)

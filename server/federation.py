@@ -28,6 +28,7 @@ from fedica.protocol import (
     Reply,
     Request,
     message_type,
+    record_rejection,
     reported_ray_node,
     require_int,
 )
@@ -297,9 +298,7 @@ class Federation:
 
     def reject_node(self, node: int, round_label: int | str, reason: str) -> None:
         """Record (and log) a reply that was left out, naming its client if known."""
-        client = self.partition_of.get(node, f"node-{node}")
-        log.warning("client %s, round %s: reply rejected: %s", client, round_label, reason)
-        self.rejected.append({"client": client, "round": round_label, "reason": reason})
+        record_rejection(self.rejected, self.partition_of.get(node, f"node-{node}"), round_label, reason)
 
     def clients_record(self, answered: int) -> dict[str, Any]:
         """The ``clients`` entry of the result."""

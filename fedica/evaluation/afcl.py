@@ -6,10 +6,24 @@ written as a real federated protocol: :func:`afcl_protocol` is the server, a gen
 :func:`client_reply` is the whole client side; :func:`afcl` drives both in memory and labels the test points.
 
 Only the abstract of the paper was available; this follows the authors' MATLAB code
-(github.com/Yunfan-Zhang/AFCL), run synchronously: an initialisation with K_g k-means++ seeds per client
-(K_max = sum_g K_g), then rounds of per-point residuals from the clients and competitive updates,
-seed merging and feature weighting on the server until a federated Davies-Bouldin index settles.
-docs/ALGORITHMS.md section 2.10.2 gives every step and every choice made where the sources are silent.
+(github.com/Yunfan-Zhang/AFCL: ``AFCL_main.m``, ``AFCL_client.m``, ``AFCL_server.m``), run synchronously
+(every client in every round; the paper's asynchrony is a participation pattern, not part of the updates):
+
+1. Initialisation: every client sends K_g k-means++ seeds drawn from its own points (so the server starts
+   with K_max = sum_g K_g seeds, the upper bound the FedGEM paper gives AFCL) and its per-feature min and
+   max; all later work is in the federation's min-max normalised units.
+2. Client step: every point goes to its nearest seed; the client sends, per point, its winner and the
+   weighted residual ``w * (x - m_winner)``, and per seed the centroid and mean distance to it of its points.
+3. Server step: a federated Davies-Bouldin index from the per-seed statistics; the run stops once it
+   changes by at most ``db_tol``. Otherwise the server rebuilds every point as ``x = r / w + m_winner`` and
+   runs one pass of frequency-sensitive competitive learning over them: the winner minimises
+   ``wins_l * ||x - m_l||^2``; the winner and its cooperating set (seeds no farther from it than x) move
+   toward x by ``balance_g * w`` per feature; optionally (``rival_rate`` > 0, not in the authors' code) the
+   nearest seed outside that set is pushed away as in RPCCL. Seeds that coincide to ``merge_tol`` in every
+   coordinate are merged, and the feature weights become proportional to ``1 / sum_h (D_j / D_h)^(1/beta)``,
+   D being the summed absolute residuals per feature, with a mean of ``learning_rate``.
+
+docs/ALGORITHMS.md section 2.10.2 gives the same steps with every choice made where the sources are silent.
 
 Every round's upload therefore carries one d-vector per training point, from which the server recovers the
 client's data exactly: the privacy cost the FedGEM paper criticises. :func:`afcl` reports its size.
@@ -29,26 +43,23 @@ from scipy.spatial.distance import cdist, pdist, squareform
 from sklearn.cluster import kmeans_plusplus
 
 from fedica.data.common import ClientData
-from fedica.evaluation.baselines import (
-    BaselineResult,
-    ProtocolDriver,
-    _check_clients,
-    _result,
-    run_protocol,
-    run_seed,
-)
+from fedica.evaluation.comparison import BaselineResult, baseline_result, check_clients, run_protocol, run_seed
 from fedica.protocol import (
     AFCL_INIT,
     AFCL_ROUND,
-    ERROR_KEY,
+    ArraySite,
+    ClientTasks,
+    Handler,
     InvalidReply,
+    ProtocolDriver,
+    ProtocolState,
     Reply,
     Request,
+    Site,
     majority_width,
     reported_seconds,
     require_array,
     require_int,
-    require_replies,
 )
 from fedica.seeding import generator, sklearn_seed
 
@@ -104,12 +115,25 @@ def _client_round(X: np.ndarray, n_components: int, arrays: Mapping[str, np.ndar
             "centroids": centroids, "scatter": scatter}
 
 
-_CLIENT_TASKS = {AFCL_INIT: _client_init, AFCL_ROUND: _client_round}
+def _site_task(step) -> Handler:
+    """A task handler over a site: ``step`` on the site's training points and K_g, timed, with its point count."""
+    def handle(site: Site, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> tuple[dict, dict]:
+        data = site.points(values)
+        X = np.asarray(data.X_train, dtype=np.float64)
+        start = time.perf_counter()
+        reply = step(X, data.n_components, arrays, values, site.partition_id)
+        return reply, {"n-points": int(X.shape[0]), "fit-seconds": time.perf_counter() - start}
+
+    return handle
+
+
+# AFCL's entries in the client task registry (fedica.tasks.CLIENT_TASKS).
+TASKS: dict[str, Handler] = {AFCL_INIT: _site_task(_client_init), AFCL_ROUND: _site_task(_client_round)}
 
 
 def client_reply(task: str, X: np.ndarray, n_components: int, arrays: Mapping[str, np.ndarray],
                  values: Mapping[str, Any], partition_id: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """One client's answer to one AFCL request.
+    """One client's answer to one AFCL request (the registry's handler, on points given as an array).
 
     Parameters
     ----------
@@ -134,9 +158,8 @@ def client_reply(task: str, X: np.ndarray, n_components: int, arrays: Mapping[st
     values : dict
         ``n-points`` and the client's own ``fit-seconds``.
     """
-    start = time.perf_counter()
-    reply = _CLIENT_TASKS[task](np.asarray(X, dtype=np.float64), n_components, arrays, values, partition_id)
-    return reply, {"n-points": int(X.shape[0]), "fit-seconds": time.perf_counter() - start}
+    X = np.asarray(X, dtype=np.float64)
+    return TASKS[task](ArraySite(ClientData(X, None, X[:0], None, n_components), partition_id), arrays, values)
 
 
 # ------------------------------------------------------------------------------------------------ server side
@@ -260,8 +283,8 @@ def feature_weights(absolute_residuals: np.ndarray, previous: np.ndarray, *, bet
     return weights
 
 
-@dataclass
-class AFCLState:
+@dataclass(kw_only=True)
+class AFCLState(ProtocolState):
     """AFCL's parameters and, once the protocol has run, what it computed.
 
     Parameters
@@ -311,15 +334,11 @@ class AFCLState:
     n_points: dict[int, int] = field(default_factory=dict)
     participations: dict[int, int] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
-    rejected: list[dict[str, Any]] = field(default_factory=list)
-    client_seconds: float = 0.0
-    server_seconds: float = 0.0
     upload_bytes: int = 0
     residual_bytes: int = 0
 
-    def reject(self, client: int, round_label: int | str, reason: str) -> None:
-        log.warning("AFCL client %s, round %s: reply rejected: %s", client, round_label, reason)
-        self.rejected.append({"client": client, "round": round_label, "reason": reason})
+    log_label = "AFCL "
+    logger = log
 
     def payloads(self) -> dict[int, dict[str, np.ndarray]]:
         sent = {"seeds": self.seeds, "feature-weights": self.weights, "offset": self.offset, "scale": self.scale}
@@ -331,8 +350,6 @@ class AFCLState:
 
 
 def _validate_init(reply: Reply, dim: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    if ERROR_KEY in reply.values:
-        raise InvalidReply(f"client error: {reply.values[ERROR_KEY]}")
     n_points = require_int(reply.values, "n-points", minimum=1)
     seeds = require_array(reply.arrays, "seeds", (None, dim))
     low = require_array(reply.arrays, "feature-min", (dim,))
@@ -359,21 +376,18 @@ def receive_init(state: AFCLState, replies: list[Reply]) -> None:
         highs.append(high)
         state.n_points[reply.partition_id] = n_points
         state.account(reply)
-    require_replies(len(seeds), state.min_clients, "AFCL initialisation", state.rejected)
-    start = time.perf_counter()
-    state.offset = np.min(lows, axis=0)
-    span = np.max(highs, axis=0) - state.offset
-    state.scale = np.where(span > 0, span, 1.0)  # a constant feature stays as it is
-    stacked = (np.concatenate(seeds) - state.offset) / state.scale
-    state.k_initial = stacked.shape[0]
-    state.seeds = merge_seeds(stacked, state.merge_tol)
-    state.weights = np.full(state.dim, state.learning_rate)
-    state.server_seconds += time.perf_counter() - start
+    state.require(len(seeds), "AFCL initialisation")
+    with state.server_time():
+        state.offset = np.min(lows, axis=0)
+        span = np.max(highs, axis=0) - state.offset
+        state.scale = np.where(span > 0, span, 1.0)  # a constant feature stays as it is
+        stacked = (np.concatenate(seeds) - state.offset) / state.scale
+        state.k_initial = stacked.shape[0]
+        state.seeds = merge_seeds(stacked, state.merge_tol)
+        state.weights = np.full(state.dim, state.learning_rate)
 
 
 def _validate_round(state: AFCLState, reply: Reply) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    if ERROR_KEY in reply.values:
-        raise InvalidReply(f"client error: {reply.values[ERROR_KEY]}")
     if reply.partition_id not in state.n_points:
         raise InvalidReply("this client was not initialised")
     n_points, n_seeds = state.n_points[reply.partition_id], state.seeds.shape[0]
@@ -399,7 +413,7 @@ def receive_round(state: AFCLState, replies: list[Reply], round_number: int) -> 
         state.account(reply)
         state.residual_bytes += reply.arrays["residuals"].nbytes
         state.participations[reply.partition_id] = state.participations.get(reply.partition_id, 0) + 1
-    require_replies(len(valid), state.min_clients, f"AFCL round {round_number}", state.rejected)
+    state.require(len(valid), f"AFCL round {round_number}")
     return valid
 
 
@@ -471,10 +485,10 @@ def afcl(clients: Sequence[ClientData], *, learning_rate: float = 1e-3, beta: fl
         clients sent, the residuals being one d-vector per training point and round), ``privacy``,
         ``client_seconds``, ``server_seconds`` and ``rejected``.
     """
-    _check_clients(clients, "afcl")
+    check_clients(clients, "afcl")
     state = AFCLState(learning_rate=learning_rate, beta=beta, rounds=rounds, merge_tol=merge_tol, db_tol=db_tol,
                       rival_rate=rival_rate, seed=run_seed(random_state), min_clients=min_clients)
-    run_protocol(afcl_protocol(state), clients, client_reply, driver, partitions)
+    run_protocol(state, afcl_protocol(state), ClientTasks(TASKS), clients, driver, partitions)
     return afcl_result(state, clients)
 
 
@@ -489,4 +503,4 @@ def afcl_result(state: AFCLState, clients: Sequence[ClientData]) -> BaselineResu
             "residual_bytes": int(state.residual_bytes), "upload_bytes": int(state.upload_bytes),
             "privacy": PRIVACY_NOTE, "client_seconds": state.client_seconds, "server_seconds": state.server_seconds,
             "rejected": list(state.rejected)}
-    return _result("afcl", labels, state.client_seconds + state.server_seconds, info)
+    return baseline_result("afcl", labels, state.client_seconds + state.server_seconds, info)

@@ -4,7 +4,7 @@ Each is a clearly named comparator, never a fallback: central GMM and DP-GMM poo
 (they are centralised references); k-FED and FedKmeans are one-shot federated k-means variants whose clients
 send only local centres (and, for FedKmeans, their counts); FFCM-avg1/avg2 (:mod:`fedica.evaluation.ffcm`) and
 AFCL (:mod:`fedica.evaluation.afcl`) are iterative federated protocols, a server generator of requests answered
-here in memory (:func:`drive_protocol`). Every baseline returns the predicted global cluster id of every
+over a transport or in memory (:func:`fedica.evaluation.comparison.run_protocol`). Every baseline returns the predicted global cluster id of every
 client's test points, the number of clusters receiving test points, and its own fitting time (client and
 server work, not prediction or evaluation).
 """
@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,9 @@ from threadpoolctl import threadpool_limits
 
 from fedica.data.common import ClientData
 from fedica.data.scenarios import scenario_client_data, true_n_clusters
+from fedica.evaluation.afcl import afcl
+from fedica.evaluation.comparison import BaselineResult, baseline_result, check_clients, run_seed
+from fedica.evaluation.ffcm import ffcm
 from fedica.evaluation.metrics import (
     adjusted_rand,
     ari_from_contingency,
@@ -33,12 +35,10 @@ from fedica.evaluation.metrics import (
     weighted_local_ari,
     weighted_mean,
 )
-from fedica.protocol import ERROR_KEY, Reply, Request
+from fedica.protocol import ProtocolDriver
 from fedica.seeding import sklearn_seed
-from fedica.validation import check_seed
 
-__all__ = ["BASELINE_METHODS", "BaselineResult", "central_gmm", "dp_gmm", "dp_gmm_truncation", "drive_protocol",
-           "evaluate_clustering",
+__all__ = ["BASELINE_METHODS", "BaselineResult", "central_gmm", "dp_gmm", "dp_gmm_truncation", "evaluate_clustering",
            "fed_kmeans", "k_fed", "run_baselines", "run_seed"]
 
 # The names baseline_methods selects.
@@ -52,110 +52,6 @@ DP_GMM_MIN_TRUNCATION = 25
 SILHOUETTE_MAX_POINTS = 2_000
 
 log = logging.getLogger("fedica.baselines")
-
-
-@dataclass(frozen=True)
-class BaselineResult:
-    """Output of a baseline.
-
-    Attributes
-    ----------
-    test_labels : list of G ndarrays, each of shape (m_g,)
-        Predicted global cluster ids of each client's test points.
-    k_hat : int
-        Number of global clusters that receive at least one test point.
-    fit_seconds : float
-        Wall time of fitting (client and server work).
-    info : dict
-        What a baseline reports beyond its labels (rounds run, bytes the clients sent, ...); empty for the
-        one-shot baselines. :func:`run_baselines` copies its numeric entries into the method's scores.
-    """
-
-    test_labels: list[np.ndarray]
-    k_hat: int
-    fit_seconds: float
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-def _check_clients(clients: Sequence[ClientData], method: str) -> None:
-    """Refuse an empty federation or mixed dimensions; log the start of ``method``."""
-    if len(clients) == 0:
-        raise ValueError("clients must not be empty")
-    dims = {c.X_train.shape[1] for c in clients}
-    if len(dims) != 1:
-        raise ValueError(f"all clients must have the same number of features, got {sorted(dims)}")
-    log.info("%s: fitting on %d clients, %d training points", method, len(clients), sum(c.n_train for c in clients))
-
-
-def _result(method: str, test_labels: list[np.ndarray], fit_seconds: float,
-            info: dict[str, Any] | None = None) -> BaselineResult:
-    """The BaselineResult of ``method``; logs its fitting time."""
-    test_labels = [np.asarray(labels, dtype=np.int64) for labels in test_labels]
-    result = BaselineResult(test_labels, int(np.unique(np.concatenate(test_labels)).size), float(fit_seconds),
-                            dict(info or {}))
-    log.info("%s: fitted in %.2f s, K_hat %d", method, result.fit_seconds, result.k_hat)
-    return result
-
-
-def run_seed(random_state) -> int:
-    """The int seed of a federated comparator's run: ``random_state`` itself when it is an int, else one drawn from it."""
-    if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool):
-        return check_seed(int(random_state))
-    return sklearn_seed(np.random.default_rng(random_state))
-
-
-ClientAnswer = Callable[[str, np.ndarray, int, Mapping[str, np.ndarray], Mapping[str, Any], int],
-                        tuple[dict[str, np.ndarray], dict[str, Any]]]
-
-
-# Answers a protocol's requests over some transport: ``driver(protocol)`` runs it to its end.
-ProtocolDriver = Callable[[Generator[Request, list[Reply], None]], None]
-
-
-def run_protocol(protocol: Generator[Request, list[Reply], None], clients: Sequence[ClientData], answer: ClientAnswer,
-                 driver: ProtocolDriver | None, partitions: Sequence[int] | None = None) -> None:
-    """Run a comparator's protocol with ``driver``, or in memory over ``clients`` (:func:`drive_protocol`)."""
-    if driver is None:
-        drive_protocol(protocol, clients, answer, partitions)
-    else:
-        driver(protocol)
-
-
-def drive_protocol(protocol: Generator[Request, list[Reply], None], clients: Sequence[ClientData],
-                   answer: ClientAnswer, partitions: Sequence[int] | None = None) -> None:
-    """Answer a server generator's requests in memory, as a transport would over a network.
-
-    Parameters
-    ----------
-    protocol : generator
-        Yields :class:`~fedica.protocol.Request`, is sent the list of :class:`~fedica.protocol.Reply`.
-    clients : sequence of ClientData
-        Each client answers from its ``X_train`` and ``n_components`` only.
-    answer : callable
-        ``answer(task, X_train, n_components, arrays, values, partition_id) -> (arrays, values)``, the client
-        side. A client
-        that raises ``ValueError`` (data it cannot fit) sends an error reply (``values[ERROR_KEY]``), which the
-        server skips like any invalid reply.
-    partitions : sequence of int, optional
-        The partition id of each client (default: its position), as a transport would report it.
-    """
-    by_partition = dict(zip(range(len(clients)) if partitions is None else partitions, clients))
-    try:
-        request = next(protocol)
-        while True:
-            targets = sorted(by_partition) if request.payloads is None else sorted(request.payloads)
-            replies = []
-            for g in targets:
-                arrays = {} if request.payloads is None else request.payloads[g]
-                client = by_partition[g]
-                try:
-                    replies.append(Reply(g, *answer(request.task, client.X_train, client.n_components, arrays,
-                                                    request.values, g)))
-                except ValueError as err:
-                    replies.append(Reply(g, {}, {ERROR_KEY: f"{type(err).__name__}: {err}"}))
-            request = protocol.send(replies)
-    except StopIteration:
-        pass
 
 
 def _pooled_train(clients: Sequence[ClientData]) -> np.ndarray:
@@ -182,7 +78,7 @@ def central_gmm(clients: Sequence[ClientData], n_clusters: int, *, n_init: int =
     -------
     BaselineResult
     """
-    _check_clients(clients, "central-gmm")
+    check_clients(clients, "central-gmm")
     rng = np.random.default_rng(random_state)
     model = GaussianMixture(n_components=n_clusters, covariance_type="spherical", init_params="k-means++",
                             n_init=n_init, max_iter=max_iter, random_state=sklearn_seed(rng))
@@ -190,7 +86,7 @@ def central_gmm(clients: Sequence[ClientData], n_clusters: int, *, n_init: int =
     start = time.perf_counter()
     model.fit(X)
     seconds = time.perf_counter() - start
-    return _result("central-gmm", [model.predict(c.X_test) for c in clients], seconds)
+    return baseline_result("central-gmm", [model.predict(c.X_test) for c in clients], seconds)
 
 
 def dp_gmm_truncation(clients: Sequence[ClientData]) -> int:
@@ -235,7 +131,7 @@ def dp_gmm(clients: Sequence[ClientData], *, max_components: int | None = None, 
     BaselineResult
         ``info["truncation"]`` is the truncation level used.
     """
-    _check_clients(clients, "dp-gmm")
+    check_clients(clients, "dp-gmm")
     rng = np.random.default_rng(random_state)
     n_components = dp_gmm_truncation(clients) if max_components is None else int(max_components)
     X = _pooled_train(clients)
@@ -249,7 +145,7 @@ def dp_gmm(clients: Sequence[ClientData], *, max_components: int | None = None, 
         start = time.perf_counter()
         model.fit(X)
         seconds = time.perf_counter() - start
-        return _result("dp-gmm", [model.predict(c.X_test) for c in clients], seconds, {"truncation": n_components})
+        return baseline_result("dp-gmm", [model.predict(c.X_test) for c in clients], seconds, {"truncation": n_components})
 
 
 def _local_kmeans(clients: Sequence[ClientData], n_init: int, rng: np.random.Generator) -> list[KMeans]:
@@ -288,14 +184,14 @@ def k_fed(clients: Sequence[ClientData], n_clusters: int, *, n_init: int = 3, ra
     -------
     BaselineResult
     """
-    _check_clients(clients, "k-fed")
+    check_clients(clients, "k-fed")
     rng = np.random.default_rng(random_state)
     start = time.perf_counter()
     local = _local_kmeans(clients, n_init, rng)
     server = _server_kmeans(local, n_clusters, n_init, rng, weighted=False)
     local_to_global = [server.predict(model.cluster_centers_) for model in local]
     seconds = time.perf_counter() - start
-    return _result("k-fed", [mapping[model.predict(c.X_test)]
+    return baseline_result("k-fed", [mapping[model.predict(c.X_test)]
                     for c, model, mapping in zip(clients, local, local_to_global)], seconds)
 
 
@@ -320,13 +216,13 @@ def fed_kmeans(clients: Sequence[ClientData], n_clusters: int, *, n_init: int = 
     -------
     BaselineResult
     """
-    _check_clients(clients, "fed-kmeans")
+    check_clients(clients, "fed-kmeans")
     rng = np.random.default_rng(random_state)
     start = time.perf_counter()
     local = _local_kmeans(clients, n_init, rng)
     server = _server_kmeans(local, n_clusters, n_init, rng, weighted=True)
     seconds = time.perf_counter() - start
-    return _result("fed-kmeans", [server.predict(c.X_test) for c in clients], seconds)
+    return baseline_result("fed-kmeans", [server.predict(c.X_test) for c in clients], seconds)
 
 
 def evaluate_clustering(clients: Sequence[ClientData], test_labels: Sequence[np.ndarray]) -> dict:
@@ -375,10 +271,6 @@ def evaluate_clustering(clients: Sequence[ClientData], test_labels: Sequence[np.
 
 def _method_runs(clients: Sequence[ClientData], true_k: int, seed: int, n_init: int, driver: ProtocolDriver | None,
                  partitions: Sequence[int]) -> dict[str, Callable[[], BaselineResult]]:
-    # Imported here: the iterative comparators' modules build on this one (BaselineResult, drive_protocol).
-    from fedica.evaluation.afcl import afcl
-    from fedica.evaluation.ffcm import ffcm
-
     return {
         "central-gmm": lambda: central_gmm(clients, true_k, n_init=n_init, random_state=seed),
         "dp-gmm": lambda: dp_gmm(clients, random_state=seed),

@@ -33,26 +33,23 @@ from scipy.spatial.distance import cdist
 from sklearn.cluster import KMeans, kmeans_plusplus
 
 from fedica.data.common import ClientData
-from fedica.evaluation.baselines import (
-    BaselineResult,
-    ProtocolDriver,
-    _check_clients,
-    _result,
-    run_protocol,
-    run_seed,
-)
+from fedica.evaluation.comparison import BaselineResult, baseline_result, check_clients, run_protocol, run_seed
 from fedica.protocol import (
-    ERROR_KEY,
+    ArraySite,
     FFCM_INIT,
     FFCM_ROUND,
+    ClientTasks,
+    Handler,
     InvalidReply,
+    ProtocolDriver,
+    ProtocolState,
     Reply,
     Request,
+    Site,
     majority_width,
     reported_seconds,
     require_array,
     require_int,
-    require_replies,
 )
 from fedica.seeding import generator, sklearn_seed
 
@@ -163,12 +160,25 @@ def _client_round(X: np.ndarray, arrays: Mapping[str, np.ndarray], values: Mappi
                                tol=float(values["tol"]))
 
 
-_CLIENT_TASKS = {FFCM_INIT: _client_init, FFCM_ROUND: _client_round}
+def _site_task(step) -> Handler:
+    """A task handler over a site: ``step`` on the site's training points, timed, with the reply's counts."""
+    def handle(site: Site, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> tuple[dict, dict]:
+        X = np.asarray(site.points(values).X_train, dtype=np.float64)
+        start = time.perf_counter()
+        centres, supports = step(X, arrays, values, site.partition_id)
+        return ({"centres": centres, "supports": supports},
+                {"n-points": int(X.shape[0]), "fit-seconds": time.perf_counter() - start})
+
+    return handle
+
+
+# FFCM's entries in the client task registry (fedica.tasks.CLIENT_TASKS).
+TASKS: dict[str, Handler] = {FFCM_INIT: _site_task(_client_init), FFCM_ROUND: _site_task(_client_round)}
 
 
 def client_reply(task: str, X: np.ndarray, n_components: int, arrays: Mapping[str, np.ndarray],
                  values: Mapping[str, Any], partition_id: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """One client's answer to one FFCM request.
+    """One client's answer to one FFCM request (the registry's handler, on points given as an array).
 
     Parameters
     ----------
@@ -190,10 +200,8 @@ def client_reply(task: str, X: np.ndarray, n_components: int, arrays: Mapping[st
     values : dict
         ``n-points`` and the client's own ``fit-seconds``.
     """
-    start = time.perf_counter()
-    centres, supports = _CLIENT_TASKS[task](np.asarray(X, dtype=np.float64), arrays, values, partition_id)
-    return ({"centres": centres, "supports": supports},
-            {"n-points": int(X.shape[0]), "fit-seconds": time.perf_counter() - start})
+    X = np.asarray(X, dtype=np.float64)
+    return TASKS[task](ArraySite(ClientData(X, None, X[:0], None, n_components), partition_id), arrays, values)
 
 
 # ------------------------------------------------------------------------------------------------ server side
@@ -244,8 +252,8 @@ def avg2_step(local_centres: np.ndarray, supports: np.ndarray, init: np.ndarray 
     return model.cluster_centers_
 
 
-@dataclass
-class FFCMState:
+@dataclass(kw_only=True)
+class FFCMState(ProtocolState):
     """FFCM's parameters and, once the protocol has run, what it computed.
 
     Parameters
@@ -276,7 +284,7 @@ class FFCMState:
     history : list of dict
         One entry per round: ``round``, ``clients`` (valid replies), ``shift`` (of the global centres).
     rejected : list of dict
-        ``{client, round, reason}`` of every reply left out.
+        ``{client, round, reason}`` of every reply left out (:class:`~fedica.protocol.ProtocolState`).
     upload_bytes : int
         Bytes of the arrays in the valid replies.
     """
@@ -294,10 +302,10 @@ class FFCMState:
     centres: np.ndarray | None = None
     partitions: list[int] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
-    rejected: list[dict[str, Any]] = field(default_factory=list)
-    client_seconds: float = 0.0
-    server_seconds: float = 0.0
     upload_bytes: int = 0
+
+    log_label = "FFCM "
+    logger = log
 
     def __post_init__(self) -> None:
         if self.variant not in FFCM_VARIANTS:
@@ -306,10 +314,6 @@ class FFCMState:
             raise ValueError(f"the fuzzifier m must be > 1, got {self.m}")
         if int(self.n_clusters) < 1 or int(self.rounds) < 0 or int(self.local_iterations) < 1:
             raise ValueError("need n_clusters >= 1, rounds >= 0 and local_iterations >= 1")
-
-    def reject(self, client: int, round_label: int | str, reason: str) -> None:
-        log.warning("FFCM client %s, round %s: reply rejected: %s", client, round_label, reason)
-        self.rejected.append({"client": client, "round": round_label, "reason": reason})
 
     def request_values(self) -> dict[str, Any]:
         return {"n-clusters": int(self.n_clusters), "m": float(self.m), "local-iterations": int(self.local_iterations),
@@ -324,8 +328,6 @@ def validate_reply(reply: Reply, *, n_clusters: int, dim: int | None) -> tuple[n
     centres : ndarray of shape (K, d)
     supports : ndarray of shape (K,)
     """
-    if ERROR_KEY in reply.values:
-        raise InvalidReply(f"client error: {reply.values[ERROR_KEY]}")
     centres = require_array(reply.arrays, "centres", (n_clusters, dim))
     supports = require_array(reply.arrays, "supports", (n_clusters,), nonnegative=True)
     n_points = require_int(reply.values, "n-points", minimum=1)
@@ -350,7 +352,7 @@ def receive_centres(state: FFCMState, replies: list[Reply], round_label: int | s
         partitions.append(reply.partition_id)
         state.client_seconds += reported_seconds(reply)
         state.upload_bytes += reply_centres.nbytes + reply_supports.nbytes
-    require_replies(len(partitions), state.min_clients, f"FFCM round {round_label}", state.rejected)
+    state.require(len(partitions), f"FFCM round {round_label}")
     if round_label == "init":
         state.partitions = partitions
     return np.stack(centres), np.stack(supports)
@@ -359,19 +361,17 @@ def receive_centres(state: FFCMState, replies: list[Reply], round_label: int | s
 def ffcm_protocol(state: FFCMState):
     """The whole FFCM protocol: the initialisation exchange, then up to ``rounds`` rounds; results land in ``state``."""
     local, supports = receive_centres(state, (yield Request(FFCM_INIT, "init", None, state.request_values())), "init")
-    start = time.perf_counter()
-    rng = np.random.default_rng(state.seed)
-    state.centres = avg2_step(local, supports, "k-means++", n_init=state.n_init, random_state=sklearn_seed(rng))
-    state.server_seconds += time.perf_counter() - start
+    with state.server_time():
+        rng = np.random.default_rng(state.seed)
+        state.centres = avg2_step(local, supports, "k-means++", n_init=state.n_init, random_state=sklearn_seed(rng))
     for round_number in range(1, state.rounds + 1):
         payloads = {p: {"centres": state.centres} for p in state.partitions}
         replies = yield Request(FFCM_ROUND, round_number, payloads, state.request_values())
         local, supports = receive_centres(state, replies, round_number)
-        start = time.perf_counter()
-        previous = state.centres
-        state.centres = (avg1_step(local, supports, previous) if state.variant == "avg1"
-                         else avg2_step(local, supports, previous))
-        state.server_seconds += time.perf_counter() - start
+        with state.server_time():
+            previous = state.centres
+            state.centres = (avg1_step(local, supports, previous) if state.variant == "avg1"
+                             else avg2_step(local, supports, previous))
         shift = float(np.linalg.norm(state.centres - previous))
         state.history.append({"round": round_number, "clients": len(local), "shift": shift})
         if shift < state.tol:
@@ -416,10 +416,10 @@ def ffcm(clients: Sequence[ClientData], n_clusters: int, *, variant: str = "avg1
         ``fit_seconds`` is the clients' and the server's own work; ``info`` holds ``rounds`` (rounds run), ``upload_bytes`` (the arrays all clients sent),
         ``client_seconds``, ``server_seconds`` and ``rejected``.
     """
-    _check_clients(clients, f"ffcm-{variant}")
+    check_clients(clients, f"ffcm-{variant}")
     state = FFCMState(n_clusters=int(n_clusters), variant=variant, m=m, rounds=rounds, local_iterations=local_iterations,
                       tol=tol, n_init=n_init, seed=run_seed(random_state), min_clients=min_clients)
-    run_protocol(ffcm_protocol(state), clients, client_reply, driver, partitions)
+    run_protocol(state, ffcm_protocol(state), ClientTasks(TASKS), clients, driver, partitions)
     return ffcm_result(state, clients)
 
 
@@ -431,5 +431,5 @@ def ffcm_result(state: FFCMState, clients: Sequence[ClientData]) -> BaselineResu
     labels = [nearest_centre(c.X_test, state.centres) for c in clients]
     info = {"rounds": len(state.history), "upload_bytes": int(state.upload_bytes), "client_seconds": state.client_seconds,
             "server_seconds": state.server_seconds, "rejected": list(state.rejected)}
-    return _result(f"ffcm-{state.variant}", labels, state.client_seconds + state.server_seconds, info)
+    return baseline_result(f"ffcm-{state.variant}", labels, state.client_seconds + state.server_seconds, info)
 

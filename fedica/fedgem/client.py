@@ -1,9 +1,11 @@
 """FedGEM's client side of the protocol: what a client computes for each task, in plain numpy.
 
 Each function takes the client's own data and the arrays and values the server sent, and
-returns the reply's arrays and values. Flower's ClientApp and the in-memory estimator both call
-these, so a client computes the same thing whatever carries its messages. The server's
-centroids are checked against the client's own shapes before use.
+returns the reply's arrays and values. :data:`TASKS` holds the task handlers over a
+:class:`~fedica.protocol.tasks.Site` (its data, and its current centroids kept in its state between
+messages) that fedica's one task registry (:data:`fedica.tasks.CLIENT_TASKS`) answers with, for
+Flower's ClientApp and the in-memory estimator alike. The server's centroids are checked against
+the client's own shapes before use.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import numpy as np
 from fedica.evaluation.metrics import adjusted_rand, contingency, mean_silhouettes
 from fedica.fedgem.local import assign_labels, em_step, kmeanspp_init, local_round
 from fedica.fedgem.selection import log_likelihoods
+from fedica.protocol.messages import GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_ROUND, GEM_SILHOUETTE
+from fedica.protocol.tasks import Handler, Site
 from fedica.seeding import generator
 
 Reply = tuple[dict[str, np.ndarray], dict[str, Any]]
@@ -75,18 +79,18 @@ def silhouettes(X: np.ndarray, candidates: Any, n_components: int, values: Mappi
     return {"silhouettes": scores}, {"n-points": X.shape[0], "fit-seconds": seconds}
 
 
-def likelihoods(X: np.ndarray, centres: Any, sizes: Any) -> Reply:
+def likelihoods(X: np.ndarray, centroids: Any, sizes: Any) -> Reply:
     """The model selection: the log-likelihood of the client's points under each candidate global model.
 
-    ``centres`` stacks the candidates' global centres, ``sizes`` says how many each has.
+    ``centroids`` stacks the candidates' global centroids, ``sizes`` says how many each has.
     """
-    centres = np.asarray(centres, dtype=np.float64)
+    centroids = np.asarray(centroids, dtype=np.float64)
     sizes = np.asarray(sizes)
-    if (sizes.ndim != 1 or sizes.dtype.kind not in "iu" or np.any(sizes < 1) or centres.ndim != 2
-            or centres.shape != (int(sizes.sum()), X.shape[1]) or not np.all(np.isfinite(centres))):
-        raise ValueError(f"candidate centres of shape {centres.shape} and sizes {sizes.shape} do not fit d={X.shape[1]}")
+    if (sizes.ndim != 1 or sizes.dtype.kind not in "iu" or np.any(sizes < 1) or centroids.ndim != 2
+            or centroids.shape != (int(sizes.sum()), X.shape[1]) or not np.all(np.isfinite(centroids))):
+        raise ValueError(f"candidate centroids of shape {centroids.shape} and sizes {sizes.shape} do not fit d={X.shape[1]}")
     start = time.perf_counter()
-    scores, entropies = log_likelihoods(X, np.split(centres, np.cumsum(sizes)[:-1]))
+    scores, entropies = log_likelihoods(X, np.split(centroids, np.cumsum(sizes)[:-1]))
     return ({"log-likelihoods": scores, "entropies": entropies},
             {"n-points": X.shape[0], "fit-seconds": time.perf_counter() - start})
 
@@ -108,3 +112,61 @@ def evaluate(X_test: np.ndarray, y_test: np.ndarray | None, centroids: np.ndarra
         true_values, pred_values, counts = contingency(y_test, predicted)
         values["local-ari"] = adjusted_rand(y_test, predicted)
     return {"true-values": true_values, "pred-values": pred_values, "counts": counts}, values
+
+
+# ---------------------------------------------------------------- the task handlers over a site
+
+
+def adopted_centroids(site: Site, arrays: Mapping[str, Any], n_components: int, dim: int) -> np.ndarray:
+    """The centroids the server sent (adopted as the site's model, kept in its state), or its own if it sent none."""
+    if "centroids" in arrays:
+        centroids = checked_centroids(arrays["centroids"], n_components, dim)
+    elif "centroids" in site.state:
+        centroids = site.state["centroids"]
+    else:
+        raise ValueError("no centroids: the server sent none and this client was never initialised")
+    site.state["centroids"] = centroids
+    return centroids
+
+
+def _init_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
+    data = site.points(values)
+    reply = initialise(data.X_train, data.n_components, values, site.partition_id)
+    site.state["centroids"] = reply[0]["centroids"]
+    return reply
+
+
+def _round_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
+    data = site.points(values)
+    centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
+    return collaborative_round(data.X_train, centroids, values)
+
+
+def _final_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
+    data = site.points(values)
+    return final_step(data.X_train, adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1]))
+
+
+def _silhouette_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
+    data = site.points(values)
+    return silhouettes(data.X_train, arrays["candidates"], data.n_components, values, site.partition_id)
+
+
+def _likelihood_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
+    return likelihoods(site.points(values).X_train, arrays["centroids"], arrays["sizes"])
+
+
+def _evaluate_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
+    data = site.points(values)
+    centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
+    return evaluate(data.X_test, data.y_test, centroids, arrays["global-ids"], data.X_train.shape[0])
+
+
+TASKS: dict[str, Handler] = {
+    GEM_INIT: _init_task,
+    GEM_ROUND: _round_task,
+    GEM_FINAL: _final_task,
+    GEM_SILHOUETTE: _silhouette_task,
+    GEM_LIKELIHOOD: _likelihood_task,
+    GEM_EVALUATE: _evaluate_task,
+}

@@ -8,19 +8,12 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator
 
-from fedica.fedgem import client
+from fedica.data.common import ClientData
 from fedica.fedgem.local import assign_labels, estimate_n_components
 from fedica.fedgem.server import FedGEMServer, FedGEMSettings
-from fedica.protocol import (
-    GEM_FINAL,
-    GEM_INIT,
-    GEM_LIKELIHOOD,
-    GEM_ROUND,
-    GEM_SILHOUETTE,
-    Reply,
-    Request,
-)
+from fedica.protocol import ArraySite, InMemoryFederation
 from fedica.seeding import generator, sklearn_seed
+from fedica.tasks import CLIENT_TASKS
 from fedica.validation import check_seed, check_sites
 
 
@@ -152,14 +145,9 @@ class FedGEM(BaseEstimator):
             max_overlap_pairs=self.max_overlap_pairs,
             participation=self.participation, min_clients=self.min_clients, seed=seed)
         server = FedGEMServer(settings, evaluate=False)
-        sites_state = [_Site(X, int(k)) for X, k in zip(data, self.n_local_clusters_)]
-        protocol = server.run()
-        request = next(protocol)
-        try:
-            while True:
-                request = protocol.send(_answer(request, sites_state))
-        except StopIteration:
-            pass
+        sites = {g: ArraySite(ClientData(X, None, X[:0], None, int(k)), g)
+                 for g, (X, k) in enumerate(zip(data, self.n_local_clusters_))}
+        InMemoryFederation(sites, CLIENT_TASKS, server.rejected).run(server.run())
         self._store(server, data)
         return self
 
@@ -210,38 +198,4 @@ class FedGEM(BaseEstimator):
         self.tuning_ = server.tuning
         self.history_ = server.history
         self.rejected_ = server.rejected
-
-
-class _Site:
-    """One site's state between requests: its points and the centroids the server sent last."""
-
-    def __init__(self, X: np.ndarray, n_components: int):
-        self.X = X
-        self.n_components = n_components
-        self.centroids: np.ndarray | None = None
-
-    def adopt(self, arrays) -> np.ndarray:
-        self.centroids = client.checked_centroids(arrays["centroids"], self.n_components, self.X.shape[1])
-        return self.centroids
-
-
-def _answer(request: Request, sites: list[_Site]) -> list[Reply]:
-    targets = range(len(sites)) if request.payloads is None else sorted(request.payloads)
-    replies = []
-    for g in targets:
-        site, arrays = sites[g], ({} if request.payloads is None else request.payloads[g])
-        if request.task == GEM_INIT:
-            answer = client.initialise(site.X, site.n_components, request.values, g)
-        elif request.task == GEM_ROUND:
-            answer = client.collaborative_round(site.X, site.adopt(arrays), request.values)
-        elif request.task == GEM_FINAL:
-            answer = client.final_step(site.X, site.adopt(arrays))
-        elif request.task == GEM_LIKELIHOOD:
-            answer = client.likelihoods(site.X, arrays["centres"], arrays["sizes"])
-        elif request.task == GEM_SILHOUETTE:
-            answer = client.silhouettes(site.X, arrays["candidates"], site.n_components, request.values, g)
-        else:
-            raise ValueError(f"the in-memory federation does not answer task {request.task!r}")
-        replies.append(Reply(g, *answer))
-    return replies
 

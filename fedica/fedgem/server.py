@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -53,13 +52,13 @@ from fedica.protocol import (
     GEM_SILHOUETTE,
     InvalidReply,
     OverBudget,
+    ProtocolState,
     Reply,
     Request,
     majority_width,
     reported_seconds,
     require_array,
     require_int,
-    require_replies,
     validate_gem_components,
     validate_weights,
 )
@@ -104,9 +103,19 @@ class FedGEMSettings:
         return cls(**{k: algorithm[k] for k in keys if k in algorithm}, min_clients=min_clients, seed=seed)
 
 
+class ClientEvaluation(NamedTuple):
+    """One client's checked evaluation reply: its contingency counts, its local ARI, whether it holds labels."""
+
+    true_values: np.ndarray
+    pred_values: np.ndarray
+    counts: np.ndarray
+    local_ari: float
+    has_labels: bool
+
+
 @dataclass
-class FedGEMServer:
-    """The server's state during one FedGEM run.
+class FedGEMServer(ProtocolState):
+    """The server's state during one FedGEM run (its books: :class:`~fedica.protocol.ProtocolState`).
 
     Parameters
     ----------
@@ -132,9 +141,6 @@ class FedGEMServer:
     evaluate: bool = True
     models: dict[int, ClientModel] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
-    rejected: list[dict[str, Any]] = field(default_factory=list)
-    client_seconds: float = 0.0
-    server_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         self.dim: int | None = None
@@ -147,7 +153,11 @@ class FedGEMServer:
         self.skipped_upsilons: dict[float, str] = {}   # the grid's values over max_overlap_pairs, and why
         self.evaluation: dict[str, float] = {}
         self.client_aris: dict[str, float] = {}
-        self.evaluated: dict[int, tuple] = {}
+        self.evaluated: dict[int, ClientEvaluation] = {}
+
+    @property
+    def min_clients(self) -> int:
+        return int(self.settings.min_clients)
 
     # ------------------------------------------------------------------ the protocol
 
@@ -184,15 +194,6 @@ class FedGEMServer:
         return {p: {"centroids": agg.global_centroids[agg.labels[part]], "global-ids": agg.labels[part]}
                 for p, part in self.final.slices().items()}
 
-    def reject(self, client: int, round_label: int | str, reason: str) -> None:
-        """Record (and log) a reply that was left out."""
-        log.warning("client %s, round %s: reply rejected: %s", client, round_label, reason)
-        self.rejected.append({"client": client, "round": round_label, "reason": reason})
-
-    def require(self, count: int, what: str) -> None:
-        """Raise :class:`NotEnoughClients` when fewer than ``min_clients`` replies are valid."""
-        require_replies(count, self.settings.min_clients, what, self.rejected)
-
     # ------------------------------------------------------------------ stages
 
     def _initialise(self, replies: list[Reply]) -> None:
@@ -225,13 +226,12 @@ class FedGEMServer:
     def _collaborative_round(self, round_number: int, replies: list[Reply]) -> None:
         components = self._collect(replies, round_number, self._round_radii)
         self.require(len(components.partitions), f"FedGEM round {round_number}")
-        start = time.perf_counter()
-        try:
-            new_centers, n_super, excluded = trusted_server_step(components, self.settings.radius_outlier_factor,
-                                                                 self.settings.max_overlap_pairs)
-        except TooManyOverlaps as err:
-            raise OverBudget(f"FedGEM round {round_number}: {err}; raise algorithm.max_overlap_pairs") from err
-        self.server_seconds += time.perf_counter() - start
+        with self.server_time():
+            try:
+                new_centers, n_super, excluded = trusted_server_step(components, self.settings.radius_outlier_factor,
+                                                                     self.settings.max_overlap_pairs)
+            except TooManyOverlaps as err:
+                raise OverBudget(f"FedGEM round {round_number}: {err}; raise algorithm.max_overlap_pairs") from err
         log_excluded(components, excluded, round_number)
         shifts = []
         for partition, part in components.slices().items():
@@ -256,62 +256,59 @@ class FedGEMServer:
 
     def _tuning_candidates(self) -> tuple[dict[int, dict[str, np.ndarray]], list[FinalAggregation]]:
         """Each client's consensus model under every upsilon of the grid (paper appendix D.3)."""
-        start = time.perf_counter()
-        aggregations = [aggregation for _, aggregation, _ in self._grid_aggregations()]
-        payloads = {
-            p: {"candidates": np.stack([agg.global_centroids[agg.labels[part]] for agg in aggregations])}
-            for p, part in self.final.slices().items()
-        }
-        self.server_seconds += time.perf_counter() - start
+        with self.server_time():
+            aggregations = [aggregation for _, aggregation, _ in self._grid_aggregations()]
+            payloads = {
+                p: {"candidates": np.stack([agg.global_centroids[agg.labels[part]] for agg in aggregations])}
+                for p, part in self.final.slices().items()
+            }
         return payloads, aggregations
 
     def _choose_upsilon(self, aggregations: list[FinalAggregation], replies: list[Reply]) -> None:
         """The upsilon whose N_g-weighted mean client silhouette is best, under the K_hat guard."""
-        start = time.perf_counter()
-        grid = [u for u in map(float, self.settings.upsilon_grid) if u not in self.skipped_upsilons]
-        rows, counts = [], []
-        for reply in replies:
-            try:
-                scores = require_array(reply.arrays, "silhouettes", (len(grid),), allow_nan=True)
-                if np.any(np.abs(scores[np.isfinite(scores)]) > 1.0):
-                    raise InvalidReply("'silhouettes' must lie in [-1, 1]")
-            except InvalidReply as err:
-                self.reject(reply.partition_id, "silhouette", f"invalid reply: {err}")
-                continue
-            self.client_seconds += reported_seconds(reply)
-            rows.append(scores)
-            counts.append(self.models[reply.partition_id].n_points)
-        silhouettes = robust_silhouettes(np.array(rows).reshape(-1, len(grid)), np.array(counts, dtype=float),
-                                         self.settings.max_hostile_fraction)
-        k_hats = np.array([agg.k_hat for agg in aggregations])
-        # The paper keeps k_hat "not significantly" above sqrt(sum_g K_g); guard_factor says how far is significant.
-        guard = self.settings.guard_factor * math.sqrt(sum(m.n_components for m in self.models.values()))
-        if np.all(np.isnan(silhouettes)):
-            log.warning("no client could score a silhouette; upsilon falls back to the grid's median value")
-            chosen = len(grid) // 2
-        else:
-            chosen = select_upsilon(silhouettes, k_hats, guard)
-        log.info("upsilon tuning: grid %s, silhouettes %s, K_hat %s -> upsilon %g",
-                 grid, np.round(silhouettes, 4).tolist(), k_hats.tolist(), grid[chosen])
-        self.tuning = {"criterion": "silhouette", "grid": grid, "silhouettes": silhouettes, "k_hats": k_hats, "guard": guard}
-        self.upsilon = grid[chosen]
-        self.server_seconds += time.perf_counter() - start
+        with self.server_time():
+            grid = [u for u in map(float, self.settings.upsilon_grid) if u not in self.skipped_upsilons]
+            rows, counts = [], []
+            for reply in replies:
+                try:
+                    scores = require_array(reply.arrays, "silhouettes", (len(grid),), allow_nan=True)
+                    if np.any(np.abs(scores[np.isfinite(scores)]) > 1.0):
+                        raise InvalidReply("'silhouettes' must lie in [-1, 1]")
+                except InvalidReply as err:
+                    self.reject(reply.partition_id, "silhouette", f"invalid reply: {err}")
+                    continue
+                self.client_seconds += reported_seconds(reply)
+                rows.append(scores)
+                counts.append(self.models[reply.partition_id].n_points)
+            silhouettes = robust_silhouettes(np.array(rows).reshape(-1, len(grid)), np.array(counts, dtype=float),
+                                             self.settings.max_hostile_fraction)
+            k_hats = np.array([agg.k_hat for agg in aggregations])
+            # The paper keeps k_hat "not significantly" above sqrt(sum_g K_g); guard_factor says how far is significant.
+            guard = self.settings.guard_factor * math.sqrt(sum(m.n_components for m in self.models.values()))
+            if np.all(np.isnan(silhouettes)):
+                log.warning("no client could score a silhouette; upsilon falls back to the grid's median value")
+                chosen = len(grid) // 2
+            else:
+                chosen = select_upsilon(silhouettes, k_hats, guard)
+            log.info("upsilon tuning: grid %s, silhouettes %s, K_hat %s -> upsilon %g",
+                     grid, np.round(silhouettes, 4).tolist(), k_hats.tolist(), grid[chosen])
+            self.tuning = {"criterion": "silhouette", "grid": grid, "silhouettes": silhouettes, "k_hats": k_hats, "guard": guard}
+            self.upsilon = grid[chosen]
 
     def _likelihood_candidates(self) -> list[Candidate]:
         """The grid's aggregations and the merge path from the finest of them (module fedica.fedgem.selection)."""
-        start = time.perf_counter()
-        candidates, finest = [], None
-        for upsilon, aggregation, excluded in self._grid_aggregations():
-            candidates.append(Candidate(aggregation, upsilon))
-            if finest is None or aggregation.k_hat > finest[0].aggregation.k_hat:
-                finest = (candidates[-1], excluded)
-        trusted_weights = np.where(finest[1], 0.0, self.final.weights)
-        min_clusters = self._fewest_clusters()
-        start_k = finest[0].aggregation.k_hat
-        path = merge_path(finest[0].aggregation, self.final.centers, self.final.owners, trusted_weights,
-                          min_clusters=min_clusters, sizes=lambda end: path_sizes(start_k, end))
-        candidates += [Candidate(agg, finest[0].upsilon, start_k - agg.k_hat) for agg in path]
-        self.server_seconds += time.perf_counter() - start
+        with self.server_time():
+            candidates, finest = [], None
+            for upsilon, aggregation, excluded in self._grid_aggregations():
+                candidates.append(Candidate(aggregation, upsilon))
+                if finest is None or aggregation.k_hat > finest[0].aggregation.k_hat:
+                    finest = (candidates[-1], excluded)
+            trusted_weights = np.where(finest[1], 0.0, self.final.weights)
+            min_clusters = self._fewest_clusters()
+            start_k = finest[0].aggregation.k_hat
+            path = merge_path(finest[0].aggregation, self.final.centers, self.final.owners, trusted_weights,
+                              min_clusters=min_clusters, sizes=lambda end: path_sizes(start_k, end))
+            candidates += [Candidate(agg, finest[0].upsilon, start_k - agg.k_hat) for agg in path]
         return candidates
 
     def _fewest_clusters(self) -> int:
@@ -321,52 +318,50 @@ class FedGEMServer:
         return local[max(len(local) - 1 - set_aside, 0)]
 
     def _candidate_payloads(self, candidates: list[Candidate]) -> dict[int, dict[str, np.ndarray]]:
-        """Every client receives every candidate's global model (the centres stacked, and each candidate's K_hat)."""
-        centres = np.vstack([c.aggregation.global_centroids for c in candidates])
+        """Every client receives every candidate's global model (the global centroids stacked, and each candidate's K_hat)."""
+        centroids = np.vstack([c.aggregation.global_centroids for c in candidates])
         sizes = np.array([c.aggregation.k_hat for c in candidates], dtype=np.int64)
-        return {p: {"centres": centres, "sizes": sizes} for p in self.final.slices()}
+        return {p: {"centroids": centroids, "sizes": sizes} for p in self.final.slices()}
 
     def _choose_by_likelihood(self, candidates: list[Candidate], replies: list[Reply]) -> None:
         """The candidate with the smallest federated ICL (ties: fewer clusters, then the earlier candidate)."""
-        start = time.perf_counter()
-        likelihoods, entropies, sizes, n_points = [], [], [], 0
-        for reply in replies:
-            try:
-                scores = require_array(reply.arrays, "log-likelihoods", (len(candidates),))
-                entropy = require_array(reply.arrays, "entropies", (len(candidates),), nonnegative=True)
-            except InvalidReply as err:
-                self.reject(reply.partition_id, "likelihood", f"invalid reply: {err}")
-                continue
-            self.client_seconds += reported_seconds(reply)
-            likelihoods.append(scores)
-            entropies.append(entropy)
-            sizes.append(self.models[reply.partition_id].declared_points)
-            n_points += self.models[reply.partition_id].n_points
-        self.require(len(sizes), "FedGEM model selection")
-        totals, entropies = (robust_totals(np.array(scores), np.array(sizes, dtype=float), self.settings.max_hostile_fraction)
-                             for scores in (likelihoods, entropies))
-        k_hats = np.array([c.aggregation.k_hat for c in candidates])
-        bics = bic(totals, k_hats, self.dim, n_points)
-        scores = icl(totals, entropies, k_hats, self.dim, n_points)
-        best = np.flatnonzero(scores <= scores.min() + 1e-9 * abs(scores.min()))
-        chosen = int(best[np.argmin(k_hats[best])])
-        log.info("model selection: K_hat %s, ICL %s -> K_hat %d", k_hats.tolist(), np.round(scores, 1).tolist(),
-                 k_hats[chosen])
-        self.tuning = {"criterion": "likelihood", "grid": [c.upsilon for c in candidates],
-                       "merges": [c.merges for c in candidates], "k_hats": k_hats, "icl": scores, "bic": bics,
-                       "log_likelihood": totals, "entropy": entropies}
-        self.upsilon = candidates[chosen].upsilon
-        self.merges = candidates[chosen].merges
-        self.aggregation = candidates[chosen].aggregation
-        self.server_seconds += time.perf_counter() - start
+        with self.server_time():
+            likelihoods, entropies, sizes, n_points = [], [], [], 0
+            for reply in replies:
+                try:
+                    scores = require_array(reply.arrays, "log-likelihoods", (len(candidates),))
+                    entropy = require_array(reply.arrays, "entropies", (len(candidates),), nonnegative=True)
+                except InvalidReply as err:
+                    self.reject(reply.partition_id, "likelihood", f"invalid reply: {err}")
+                    continue
+                self.client_seconds += reported_seconds(reply)
+                likelihoods.append(scores)
+                entropies.append(entropy)
+                sizes.append(self.models[reply.partition_id].declared_points)
+                n_points += self.models[reply.partition_id].n_points
+            self.require(len(sizes), "FedGEM model selection")
+            totals, entropies = (robust_totals(np.array(scores), np.array(sizes, dtype=float), self.settings.max_hostile_fraction)
+                                 for scores in (likelihoods, entropies))
+            k_hats = np.array([c.aggregation.k_hat for c in candidates])
+            bics = bic(totals, k_hats, self.dim, n_points)
+            scores = icl(totals, entropies, k_hats, self.dim, n_points)
+            best = np.flatnonzero(scores <= scores.min() + 1e-9 * abs(scores.min()))
+            chosen = int(best[np.argmin(k_hats[best])])
+            log.info("model selection: K_hat %s, ICL %s -> K_hat %d", k_hats.tolist(), np.round(scores, 1).tolist(),
+                     k_hats[chosen])
+            self.tuning = {"criterion": "likelihood", "grid": [c.upsilon for c in candidates],
+                           "merges": [c.merges for c in candidates], "k_hats": k_hats, "icl": scores, "bic": bics,
+                           "log_likelihood": totals, "entropy": entropies}
+            self.upsilon = candidates[chosen].upsilon
+            self.merges = candidates[chosen].merges
+            self.aggregation = candidates[chosen].aggregation
 
     def _aggregate(self) -> None:
-        start = time.perf_counter()
-        try:
-            self.aggregation, excluded = self._final_aggregation(self.upsilon)
-        except TooManyOverlaps as err:
-            raise OverBudget(f"final aggregation at upsilon {self.upsilon:g}: {err}; lower upsilon or raise max_overlap_pairs") from err
-        self.server_seconds += time.perf_counter() - start
+        with self.server_time():
+            try:
+                self.aggregation, excluded = self._final_aggregation(self.upsilon)
+            except TooManyOverlaps as err:
+                raise OverBudget(f"final aggregation at upsilon {self.upsilon:g}: {err}; lower upsilon or raise max_overlap_pairs") from err
         log_excluded(self.final, excluded, "final")
 
     def _final_aggregation(self, upsilon: float) -> tuple[FinalAggregation, np.ndarray]:
@@ -395,7 +390,7 @@ class FedGEMServer:
             except InvalidReply as err:
                 self.reject(reply.partition_id, "evaluate", f"invalid reply: {err}")
         self._refuse_outsized_tests()
-        self.client_aris = {str(p): e[3] for p, e in self.evaluated.items()}
+        self.client_aris = {str(p): e.local_ari for p, e in self.evaluated.items()}
         self.evaluation = self.evaluation_over(self.evaluated)
 
     def _refuse_outsized_tests(self) -> None:
@@ -403,7 +398,7 @@ class FedGEMServer:
         factor = self.settings.count_cap_factor
         if factor is None or len(self.evaluated) < 3:
             return
-        totals = {p: float(e[2].sum()) for p, e in self.evaluated.items()}
+        totals = {p: float(e.counts.sum()) for p, e in self.evaluated.items()}
         cap = factor * float(np.median(list(totals.values())))
         for partition, total in totals.items():
             if total > cap:
@@ -416,17 +411,18 @@ class FedGEMServer:
         chosen = [p for p in partitions if p in self.evaluated]
         if not chosen:
             return {"local_ari": float("nan"), "global_ari": float("nan"), "k_hat": 0}
-        true_all, pred_all, count_all = (np.concatenate([self.evaluated[p][i] for p in chosen]) for i in range(3))
+        true_all, pred_all, count_all = (np.concatenate([getattr(self.evaluated[p], name) for p in chosen])
+                                         for name in ("true_values", "pred_values", "counts"))
         metrics = {"k_hat": k_hat_from_predictions(pred_all, count_all)}
-        if all(self.evaluated[p][4] for p in chosen):
-            metrics["local_ari"] = weighted_local_ari(np.array([self.evaluated[p][3] for p in chosen]),
+        if all(self.evaluated[p].has_labels for p in chosen):
+            metrics["local_ari"] = weighted_local_ari(np.array([self.evaluated[p].local_ari for p in chosen]),
                                                       np.array([self.models[p].n_points for p in chosen]))
             metrics["global_ari"] = ari_from_contingency(true_all, pred_all, count_all)
         return metrics
 
     # ------------------------------------------------------------------ replies
 
-    def _evaluation_reply(self, reply: Reply, rows: dict[int, slice]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, bool]:
+    def _evaluation_reply(self, reply: Reply, rows: dict[int, slice]) -> ClientEvaluation:
         """A client's contingency counts and local ARI, checked against what the server knows of it.
 
         The counts must be whole numbers, at most :data:`MAX_TEST_PER_TRAINING_POINT` times the
@@ -449,8 +445,8 @@ class FedGEMServer:
         local = reply.values.get("local-ari")
         if isinstance(local, bool) or not isinstance(local, (int, float)) or not -1.0 <= local <= 1.0:
             raise InvalidReply(f"'local-ari'={local!r} is not a number in [-1, 1]")
-        as_int = (true_values.astype(np.int64), pred_values.astype(np.int64), counts.astype(np.int64))
-        return (*as_int, float(local), bool(reply.values.get("has-labels", True)))
+        return ClientEvaluation(true_values.astype(np.int64), pred_values.astype(np.int64), counts.astype(np.int64),
+                                float(local), bool(reply.values.get("has-labels", True)))
 
     def _round_radii(self, reply: Reply, model: ClientModel, maximisers: np.ndarray) -> np.ndarray:
         """A collaborative round's squared radii; recomputed on the server where the model allows."""

@@ -7,14 +7,15 @@ from collections.abc import Sequence
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
-from fedica.protocol import Reply
-from fedica.rfica import client
+from fedica.data.common import ClientData
+from fedica.protocol import ArraySite, InMemoryFederation, Reply
 from fedica.rfica.server import (
     RFICAState,
     aggregate_estimates,
     receive_estimates,
     rfica_protocol,
 )
+from fedica.tasks import CLIENT_TASKS
 from fedica.validation import check_seed, check_sites
 
 
@@ -83,13 +84,8 @@ class RFICA(TransformerMixin, BaseEstimator):
         """
         data = check_sites(sites, min_sites=1, min_rows=lambda d: d + 1)
         state = self._state(data[0].shape[1])
-        protocol = rfica_protocol(state)
-        request = next(protocol)
-        replies = [Reply(g, *client.fit(X.T, request.values, g)) for g, X in enumerate(data)]
-        try:
-            protocol.send(replies)
-        except StopIteration:
-            pass
+        sites = {g: ArraySite(ClientData(X, None, X[:0], None, 1), g) for g, X in enumerate(data)}
+        InMemoryFederation(sites, CLIENT_TASKS, state.rejected).run(rfica_protocol(state))
         sizes = np.array([X.shape[0] for X in data], dtype=float)
         self.mean_ = np.average([X.mean(axis=0) for X in data], axis=0, weights=sizes)
         return self._store(state)

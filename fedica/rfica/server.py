@@ -7,31 +7,25 @@ replies. :class:`fedica.RFICA` answers in memory, ``RFICAStrategy`` over a Flowe
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from fedica.protocol import (
     RFICA_FIT,
     InvalidReply,
+    ProtocolState,
     Reply,
     Request,
     majority_width,
     reported_seconds,
-    require_replies,
     validate_ica_reply,
 )
 from fedica.rfica.aggregation import RfIcaAggregate, rf_ica_aggregate
 
-log = logging.getLogger("fedica.server")
-
-
-@dataclass
-class RFICAState:
-    """RF-ICA's parameters and, once the protocol has run, what it computed.
+@dataclass(kw_only=True)
+class RFICAState(ProtocolState):
+    """RF-ICA's parameters and, once the protocol has run, what it computed (its books: :class:`~fedica.protocol.ProtocolState`).
 
     Parameters
     ----------
@@ -52,24 +46,17 @@ class RFICAState:
     seed: int = 0
     min_clients: int = 2
     r: int | None = None
-    rejected: list[dict[str, Any]] = field(default_factory=list)
     estimates: list[np.ndarray] = field(default_factory=list)
     n_samples: list[int] = field(default_factory=list)
     partitions: list[int] = field(default_factory=list)
-    client_seconds: list[float] = field(default_factory=list)
-    server_seconds: float = 0.0
     aggregate: RfIcaAggregate | None = None
-
-    def reject(self, client: int, round_label: int | str, reason: str) -> None:
-        log.warning("client %s, round %s: reply rejected: %s", client, round_label, reason)
-        self.rejected.append({"client": client, "round": round_label, "reason": reason})
 
 
 def rfica_protocol(state: RFICAState):
     """The whole RF-ICA protocol (one round of communication); results land in ``state``."""
     replies = yield Request(RFICA_FIT, 1, None, {"contrast": state.contrast, "init": state.init, "seed": state.seed})
     receive_estimates(state, replies)
-    require_replies(len(state.estimates), state.min_clients, "RF-ICA round 1", state.rejected)
+    state.require(len(state.estimates), "RF-ICA round 1")
     aggregate_estimates(state)
 
 
@@ -85,14 +72,13 @@ def receive_estimates(state: RFICAState, replies: list[Reply]) -> None:
         state.estimates.append(mixing)
         state.n_samples.append(n_k)
         state.partitions.append(reply.partition_id)
-        state.client_seconds.append(reported_seconds(reply))
+        state.client_seconds += reported_seconds(reply)
 
 
 def aggregate_estimates(state: RFICAState) -> None:
     """The robust one-shot aggregation of the received estimates."""
-    start = time.perf_counter()
-    state.aggregate = rf_ica_aggregate(
-        np.stack(state.estimates), np.asarray(state.n_samples), benchmark=state.benchmark,
-        kmeans_restarts=state.kmeans_restarts, gm_tol=state.gm_tol, random_state=state.seed)
-    state.server_seconds += time.perf_counter() - start
+    with state.server_time():
+        state.aggregate = rf_ica_aggregate(
+            np.stack(state.estimates), np.asarray(state.n_samples), benchmark=state.benchmark,
+            kmeans_restarts=state.kmeans_restarts, gm_tol=state.gm_tol, random_state=state.seed)
 

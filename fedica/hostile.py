@@ -1,9 +1,12 @@
 """Hostile clients for robustness runs: what each ``attack`` kind sends instead of an honest reply.
 
-A hostile client computes its honest reply (where the attack needs one) and replaces part of
-it (:mod:`fedica.attacks` holds the replacements). The server is never told which clients are
-hostile; only the result records it. Handlers here take and return what the ClientApp's task
-handlers do: the message's arrays and values in, the reply's arrays and values out.
+A hostile client computes its honest reply and replaces part of it (:mod:`fedica.attacks` holds
+the replacements). :func:`hostile_reply` is that replacement as a reply transform of the client
+task registry (:mod:`fedica.protocol.tasks`), the last link of :data:`fedica.tasks.CLIENT_TASKS`:
+it acts on a client of fedica's own scenarios whose run's ``attack`` config makes it hostile, and
+passes every other reply through, so fedica's ClientApp and the in-memory estimators answer
+through the same chain. The server is never told which clients are hostile; only the result
+records it.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -30,9 +33,10 @@ from fedica.protocol import (
     RFICA_FIT,
 )
 
+from fedica.protocol.tasks import Site
+
 Arrays = dict[str, np.ndarray]
 Values = dict[str, Any]
-Handler = Callable[[Arrays, Values, int, Any], tuple[Arrays, Values]]
 
 
 def hostile_kind(cfg: Mapping[str, Any], partition_id: int) -> str | None:
@@ -62,17 +66,31 @@ def planted_centroids(scenario_json: str, seed: int) -> np.ndarray:
     return attacks.split_components_centroids(means, attacks.attack_rng(seed, 0, zlib.crc32(b"split")))
 
 
-def attack_reply(kind: str, task: str, honest: Handler, arrays: Arrays, values: Values, partition_id: int,
-                 context: Any, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
-    """A hostile client's reply to ``task``: its honest reply, replaced where ``kind`` attacks it."""
+def hostile_reply(task: str, site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any],
+                  reply: tuple[Arrays, Values]) -> tuple[Arrays, Values]:
+    """The reply transform of robustness runs: a hostile site's honest ``reply`` replaced where its attack acts.
+
+    A site without fedica's run config (a user's site, an estimator's array) or that the run's
+    ``attack`` leaves honest sends ``reply`` as it is.
+    """
+    cfg = site.run_config
+    kind = None if cfg is None else hostile_kind(cfg, site.partition_id)
+    if kind is None:
+        return reply
+    return attack_reply(kind, task, reply, arrays, values, site.partition_id, cfg)
+
+
+def attack_reply(kind: str, task: str, honest: tuple[Arrays, Values], arrays: Mapping[str, Any],
+                 values: Mapping[str, Any], partition_id: int, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """A hostile client's reply to ``task``: its ``honest`` reply, replaced where ``kind`` attacks it."""
     if kind == attacks.SPOOF_PARTITION:
         hostile = attacks.hostile_mask(client_count(cfg["scenario"]), cfg["attack"]["fraction"], seed=cfg["seed"])
-        reply_arrays, reply_values = honest(arrays, values, partition_id, context)
+        reply_arrays, reply_values = honest
         return reply_arrays, {**reply_values,
                               "partition-id": attacks.spoofed_partition(partition_id, hostile.size, hostile)}
     if kind == "split_components" and task in (GEM_INIT, GEM_ROUND, GEM_FINAL):
-        return _split_components(task, arrays, honest(arrays, values, partition_id, context), cfg)
-    reply_arrays, reply_values = honest(arrays, values, partition_id, context)
+        return _split_components(task, arrays, honest, cfg)
+    reply_arrays, reply_values = honest
     if kind in attacks.ICA_ATTACKS and task == RFICA_FIT:
         # The worst case: the attacker knows A* (on the user's files, where nobody does, its own estimate).
         truth = ica_scenario_truth(cfg["scenario"], int(cfg["seed"]))

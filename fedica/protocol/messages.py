@@ -121,15 +121,6 @@ def majority_width(replies: list[Reply], key: str) -> int | None:
     return int(values[np.argmax(counts)])
 
 
-def require_replies(count: int, min_clients: int, what: str, rejected: list[dict[str, Any]]) -> None:
-    """Raise :class:`NotEnoughClients` when fewer than ``min_clients`` replies are valid, naming the last rejections."""
-    if count < min_clients:
-        raise NotEnoughClients(
-            f"{what}: only {count} valid replies, min_clients={min_clients} "
-            f"(rejected: {'; '.join(str(r['client']) + ': ' + r['reason'] for r in rejected[-5:])})"
-        )
-
-
 class InvalidReply(ValueError):
     """A client's reply breaks the protocol; the message says which field and why."""
 

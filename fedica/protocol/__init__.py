@@ -1,0 +1,61 @@
+"""fedica's protocol kit: the messages both sides speak, the server-side state, one driver, one task registry.
+
+- :mod:`fedica.protocol.messages`: the tasks (Flower message types), :class:`Request` and
+  :class:`Reply`, and the reply checks that raise :class:`InvalidReply` with a named reason;
+- :mod:`fedica.protocol.state`: :class:`ProtocolState`, the base of every protocol's server-side
+  state (its books of rejected replies, ``require``, timings);
+- :mod:`fedica.protocol.driver`: :func:`drive` and :class:`InMemoryFederation`, the one in-memory
+  driver of the estimators and the comparators;
+- :mod:`fedica.protocol.tasks`: :class:`ClientTasks`, the client side's task registry with its
+  chain of reply transforms.
+
+Everything here is plain numpy: the Flower side (``fedica.server``, ``fedica.clients``) only carries
+the same requests and replies over a Grid.
+"""
+
+from fedica.protocol.driver import InMemoryFederation, ProtocolDriver, ProtocolRun, drive
+from fedica.protocol.messages import (
+    AFCL_INIT,
+    AFCL_ROUND,
+    CATEGORY,
+    ERROR_KEY,
+    EVALUATE,
+    FFCM_INIT,
+    FFCM_ROUND,
+    GEM_EVALUATE,
+    GEM_FINAL,
+    GEM_INIT,
+    GEM_LIKELIHOOD,
+    GEM_ROUND,
+    GEM_SILHOUETTE,
+    RAY_NODE_KEY,
+    RFICA_FIT,
+    TRAIN,
+    InvalidReply,
+    NotEnoughClients,
+    OverBudget,
+    Reply,
+    Request,
+    RunStopped,
+    majority_width,
+    message_type,
+    reported_ray_node,
+    reported_seconds,
+    require_array,
+    require_int,
+    validate_gem_components,
+    validate_ica_reply,
+    validate_weights,
+)
+from fedica.protocol.state import ProtocolState, Rejection, record_rejection
+from fedica.protocol.tasks import ArraySite, ClientTasks, Handler, Site, Transform
+
+__all__ = [
+    "AFCL_INIT", "AFCL_ROUND", "CATEGORY", "ERROR_KEY", "EVALUATE", "FFCM_INIT", "FFCM_ROUND", "GEM_EVALUATE",
+    "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_ROUND", "GEM_SILHOUETTE", "RAY_NODE_KEY", "RFICA_FIT", "TRAIN",
+    "ArraySite", "ClientTasks", "Handler", "InMemoryFederation", "InvalidReply", "NotEnoughClients", "OverBudget",
+    "ProtocolDriver", "ProtocolRun", "ProtocolState", "Rejection", "Reply", "Request", "RunStopped", "Site",
+    "Transform", "drive", "majority_width", "message_type", "record_rejection", "reported_ray_node",
+    "reported_seconds", "require_array", "require_int", "validate_gem_components", "validate_ica_reply",
+    "validate_weights",
+]

@@ -1,0 +1,71 @@
+"""The one in-memory driver: a protocol generator run to its end, its requests answered by sites in this process.
+
+A protocol's server yields :class:`~fedica.protocol.messages.Request` objects and is sent the
+replies (a list of :class:`~fedica.protocol.messages.Reply`, sorted by partition id). :func:`drive`
+runs any protocol with any ``answer(request)``; :class:`InMemoryFederation` is the answer of sites
+held in memory, through the client task registry, exactly as fedica's ClientApp answers over
+Flower: the same handlers and reply transforms, the same ``server-round`` value, and a site that
+refuses a request (``ValueError``) is left out with its reason as a Flower transport leaves out a
+client's error reply. The estimators (:class:`fedica.FedGEM`, :class:`fedica.RFICA`) and the
+in-memory comparators (:mod:`fedica.evaluation.comparison`) use it; over Flower, fedica's
+strategies drive the same generators (``fedica.server.strategy``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping
+
+from fedica.protocol.messages import Reply, Request
+from fedica.protocol.state import Rejection, record_rejection
+from fedica.protocol.tasks import ClientTasks, Site
+
+ProtocolRun = Generator[Request, list[Reply], None]
+# Answers a protocol's requests over some transport: ``driver(protocol)`` runs it to its end.
+ProtocolDriver = Callable[[ProtocolRun], None]
+
+
+def drive(protocol: ProtocolRun, answer: Callable[[Request], list[Reply]]) -> None:
+    """Run ``protocol`` to its end, sending it ``answer(request)`` for every request it yields."""
+    try:
+        request = next(protocol)
+        while True:
+            request = protocol.send(answer(request))
+    except StopIteration:
+        pass
+
+
+class InMemoryFederation:
+    """Sites in this process that answer a protocol's requests through a task registry.
+
+    Parameters
+    ----------
+    sites : mapping of int to Site
+        Each site by its partition id.
+    tasks : ClientTasks
+        The registry the sites answer with.
+    rejected : list of dict
+        The protocol's books (its ``rejected``): a site's refusal is recorded there as
+        ``client error: <Error>: <message>``, and the site is left out of that exchange.
+    """
+
+    def __init__(self, sites: Mapping[int, Site], tasks: ClientTasks, rejected: list[Rejection]):
+        self.sites = dict(sites)
+        self.tasks = tasks
+        self.rejected = rejected
+
+    def answer(self, request: Request) -> list[Reply]:
+        """Every asked site's reply (all sites for a request without payloads), sorted by partition id."""
+        targets = sorted(self.sites) if request.payloads is None else sorted(request.payloads)
+        values = {**request.values, "server-round": str(request.round_label)}
+        replies = []
+        for partition in targets:
+            arrays = {} if request.payloads is None else request.payloads[partition]
+            try:
+                replies.append(Reply(partition, *self.tasks.answer(request.task, self.sites[partition], arrays, values)))
+            except ValueError as err:
+                record_rejection(self.rejected, partition, request.round_label, f"client error: {type(err).__name__}: {err}")
+        return replies
+
+    def run(self, protocol: ProtocolRun) -> None:
+        """Drive ``protocol`` to its end with these sites (a :data:`ProtocolDriver`)."""
+        drive(protocol, self.answer)

@@ -1,0 +1,116 @@
+"""The client side of every fedica protocol: one registry of tasks, and the chain of reply transforms.
+
+A client answers a request with the handler its task names; the handler sees the site's data and
+the site's state between messages (:class:`Site`), the request's arrays and values, and returns
+the reply's arrays and values. After the handler, every transform of the registry's chain sees
+the task, the site, the request and the reply so far, and returns the reply to send: the hostile
+behaviour of a robustness run is such a transform (:func:`fedica.hostile.hostile_reply`), and so
+would be a privacy step that adds noise to what leaves the site.
+
+fedica's Flower ClientApp (``fedica.clients.app``), the library's estimators and the in-memory
+comparators all answer through one registry (:data:`fedica.tasks.CLIENT_TASKS`), so a client
+computes the same reply whatever carries its messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from fedica.data.common import ClientData
+
+Arrays = dict[str, np.ndarray]
+Values = dict[str, Any]
+ReplyParts = tuple[Arrays, Values]
+
+
+class Site(Protocol):
+    """What a task handler may know of the client it runs for.
+
+    Attributes
+    ----------
+    partition_id : int
+    state : mutable mapping of str to ndarray
+        What the site keeps between messages (FedGEM's current centroids).
+    run_config : mapping or None
+        fedica's own run configuration (its scenario, seed and attack), for fedica's own clients;
+        None for a user's site.
+    """
+
+    partition_id: int
+    state: MutableMapping[str, np.ndarray]
+    run_config: Mapping[str, Any] | None
+
+    def points(self, values: Mapping[str, Any]) -> ClientData:
+        """The site's points for clustering (FedGEM, FFCM, AFCL): train and test rows, K_g."""
+
+    def observations(self, values: Mapping[str, Any]) -> np.ndarray:
+        """The site's observations for ICA, shape (n_channels, n_samples)."""
+
+
+@dataclass
+class ArraySite:
+    """A site held in memory: its points (and, transposed, its observations) and a dict for its state.
+
+    Parameters
+    ----------
+    data : ClientData
+    partition_id : int
+    run_config : mapping or None, default=None
+    """
+
+    data: ClientData
+    partition_id: int
+    run_config: Mapping[str, Any] | None = None
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def points(self, values: Mapping[str, Any]) -> ClientData:
+        return self.data
+
+    def observations(self, values: Mapping[str, Any]) -> np.ndarray:
+        return self.data.X_train.T
+
+
+# handler(site, request arrays, request values) -> reply
+Handler = Callable[[Site, Mapping[str, np.ndarray], Mapping[str, Any]], ReplyParts]
+# transform(task, site, request arrays, request values, reply) -> reply
+Transform = Callable[[str, Site, Mapping[str, np.ndarray], Mapping[str, Any], ReplyParts], ReplyParts]
+
+
+@dataclass(frozen=True)
+class ClientTasks:
+    """Task name -> handler, and the ordered chain of reply transforms applied after every handler.
+
+    Parameters
+    ----------
+    handlers : mapping of str to callable
+        ``handler(site, arrays, values) -> (arrays, values)``.
+    transforms : tuple of callable, default=()
+        ``transform(task, site, arrays, values, reply) -> reply``, applied in order.
+    """
+
+    handlers: Mapping[str, Handler]
+    transforms: tuple[Transform, ...] = ()
+
+    def answer(self, task: str, site: Site, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> ReplyParts:
+        """The reply of ``site`` to one request: the task's handler, then every transform in order.
+
+        Raises
+        ------
+        ValueError
+            For a task no handler answers (or whatever the handler refuses).
+        """
+        handler = self.handlers.get(task)
+        if handler is None:
+            raise ValueError(f"this client answers no task {task!r} (it answers {', '.join(sorted(self.handlers))})")
+        reply = handler(site, arrays, values)
+        for transform in self.transforms:
+            reply = transform(task, site, arrays, values, reply)
+        return reply
+
+    def with_transforms(self, *transforms: Transform) -> ClientTasks:
+        """The same handlers, with ``transforms`` appended to the chain (e.g. a privacy step)."""
+        return ClientTasks(self.handlers, self.transforms + tuple(transforms))

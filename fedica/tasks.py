@@ -1,0 +1,25 @@
+"""fedica's client task registry: every task a fedica client answers, and the chain of reply transforms.
+
+One :class:`~fedica.protocol.tasks.ClientTasks` for every path a client's work takes: fedica's
+Flower ClientApp (``fedica.clients.app``) routes every message type to it, and the library's
+estimators (:class:`fedica.FedGEM`, :class:`fedica.RFICA`) answer their in-memory requests with
+it. The handlers are the algorithms' own (``TASKS`` of :mod:`fedica.rfica.client`,
+:mod:`fedica.fedgem.client`, :mod:`fedica.evaluation.ffcm`, :mod:`fedica.evaluation.afcl`); the
+chain holds the hostile behaviour of robustness runs (:func:`fedica.hostile.hostile_reply`), which
+changes only the replies of the clients a run's ``attack`` config makes hostile. A new reply
+transform (a privacy step, say) is one function appended here, or ``CLIENT_TASKS.with_transforms(step)``
+for one run.
+"""
+
+from __future__ import annotations
+
+from fedica.evaluation import afcl, ffcm
+from fedica.fedgem import client as fedgem_client
+from fedica.hostile import hostile_reply
+from fedica.protocol.tasks import ClientTasks
+from fedica.rfica import client as rfica_client
+
+CLIENT_TASKS = ClientTasks(
+    handlers={**rfica_client.TASKS, **fedgem_client.TASKS, **ffcm.TASKS, **afcl.TASKS},
+    transforms=(hostile_reply,),
+)
