@@ -265,6 +265,12 @@ class Scenario:
         object.__setattr__(self, "algorithms", tuple(self.checks))
 
 
+def _labelled(name: str, keys: tuple[str, ...], make: Callable[..., ClientData], n_classes: int) -> Scenario:
+    """A labelled data set dealt over clients by class: its class count is the true K and bounds K_g."""
+    return Scenario(name, keys, {"fedgem": _check_classes(n_classes)}, client_data=_load_labelled(make),
+                    true_n_clusters=lambda params: n_classes)
+
+
 _CLASS_KEYS = ("n_clients", "test_fraction", "k_min", "k_max")
 _FILE_KEYS = ("paths", "label_column", "n_components", "test_fraction", "write_sources")
 
@@ -285,12 +291,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              {"fedgem": _check_blobs},
              client_data=_load_blobs, true_n_clusters=lambda params: int(params["n_clusters"]),
              data_values=lambda sc, n_clients: (sc["n_train"] + sc["n_test"]) * sc["dim"], memory_key="n_train"),
-    Scenario("waveform", ("n_clients", "n_samples", "test_fraction", "k_min", "k_max"), {"fedgem": _check_classes(3)},
-             client_data=_load_labelled(waveform_client_data), true_n_clusters=lambda params: 3),
-    Scenario("digits", _CLASS_KEYS, {"fedgem": _check_classes(10)},
-             client_data=_load_labelled(digits_client_data), true_n_clusters=lambda params: 10),
-    Scenario("mnist", _CLASS_KEYS, {"fedgem": _check_classes(10)},
-             client_data=_load_labelled(mnist_client_data), true_n_clusters=lambda params: 10),
+    _labelled("waveform", ("n_clients", "n_samples", "test_fraction", "k_min", "k_max"), waveform_client_data, 3),
+    _labelled("digits", _CLASS_KEYS, digits_client_data, 10),
+    _labelled("mnist", _CLASS_KEYS, mnist_client_data, 10),
     # FedGEM reads every key; RF-ICA only the paths and the label column (the others are FedGEM's).
     Scenario("files", _FILE_KEYS, {"fedgem": _check_files, "rfica": _check_file_list},
              client_data=_load_client_file, site_data=_load_ica_file),
