@@ -20,6 +20,7 @@ from fedica.data.scenarios import scenario_client_data, true_n_clusters
 from fedica.evaluation.baselines import evaluate_clustering, run_baselines
 from fedica.fedgem.local import assign_labels
 from fedica.fedgem.server import FedGEMServer, FedGEMSettings
+from fedica.parameters import FEDGEM_PARAMETERS as _P
 from fedica.protocol import GEM_EVALUATE, GEM_FINAL, GEM_ROUND, GEM_SILHOUETTE, Request
 
 log = logging.getLogger("fedica.server")
@@ -38,7 +39,8 @@ class FedGEMStrategy(ProtocolStrategy):
     rounds, local_steps, upsilon, upsilon_grid, upsilon_criterion, guard_factor, n_init, silhouette_sample,
     radius_outlier_factor, count_cap_factor, component_cap_factor, max_hostile_fraction, max_overlap_pairs, participation,
     random_state
-        As for :class:`fedica.FedGEM`.
+        As for :class:`fedica.FedGEM`: declared in :data:`fedica.parameters.FEDGEM_PARAMETERS`, and checked
+        against it here (``ValueError`` or ``TypeError`` naming the parameter).
     evaluate : bool, default=False
         End with an evaluation stage: clients label their held-out points and report
         contingency counts (fedica's own scenarios hold labels).
@@ -57,21 +59,30 @@ class FedGEMStrategy(ProtocolStrategy):
         The protocol's state (everything the run computed).
     """
 
-    def __init__(self, *, rounds: int = 10, local_steps: int = 1, upsilon: float | str = "auto",
-                 upsilon_grid=(0.1, 0.5, 1.0, 5.0, 10.0, 50.0), upsilon_criterion: str = "likelihood", guard_factor: float = 1.5, n_init: int = 3,
-                 silhouette_sample: int = 1000, radius_outlier_factor: float | None = 10.0,
-                 count_cap_factor: float | None = 10.0, component_cap_factor: float | None = 3.0,
-                 max_hostile_fraction: float = 0.25, max_overlap_pairs: int | None = 20_000_000,
-                 participation: float = 1.0, random_state: int = 0,
+    # The defaults and rules are fedica.parameters.FEDGEM_PARAMETERS', as for fedica.FedGEM.
+    def __init__(self, *, rounds: int = _P["rounds"].default, local_steps: int = _P["local_steps"].default,
+                 upsilon: float | str = _P["upsilon"].default, upsilon_grid=_P["upsilon_grid"].default,
+                 upsilon_criterion: str = _P["upsilon_criterion"].default,
+                 guard_factor: float = _P["guard_factor"].default, n_init: int = _P["n_init"].default,
+                 silhouette_sample: int = _P["silhouette_sample"].default,
+                 radius_outlier_factor: float | None = _P["radius_outlier_factor"].default,
+                 count_cap_factor: float | None = _P["count_cap_factor"].default,
+                 component_cap_factor: float | None = _P["component_cap_factor"].default,
+                 max_hostile_fraction: float = _P["max_hostile_fraction"].default,
+                 max_overlap_pairs: int | None = _P["max_overlap_pairs"].default,
+                 participation: float = _P["participation"].default, random_state: int = _P["random_state"].default,
                  evaluate: bool = False, **kwargs: Any):
+        parameters = dict(rounds=rounds, local_steps=local_steps, upsilon=upsilon, upsilon_grid=upsilon_grid,
+                          upsilon_criterion=upsilon_criterion, guard_factor=guard_factor, n_init=n_init,
+                          silhouette_sample=silhouette_sample, radius_outlier_factor=radius_outlier_factor,
+                          count_cap_factor=count_cap_factor, component_cap_factor=component_cap_factor,
+                          max_hostile_fraction=max_hostile_fraction, max_overlap_pairs=max_overlap_pairs,
+                          participation=participation, random_state=random_state)
+        _P.check(parameters)  # at construction: a bad value is one line now, not a failure after the rounds
         super().__init__(**kwargs)
-        self.settings = FedGEMSettings(
-            rounds=rounds, local_steps=local_steps, upsilon=upsilon, upsilon_grid=tuple(upsilon_grid), upsilon_criterion=upsilon_criterion,
-            guard_factor=guard_factor, n_init=n_init, silhouette_sample=silhouette_sample,
-            radius_outlier_factor=radius_outlier_factor, count_cap_factor=count_cap_factor,
-            component_cap_factor=component_cap_factor, max_hostile_fraction=max_hostile_fraction,
-            max_overlap_pairs=max_overlap_pairs,
-            participation=participation, min_clients=self.min_clients, seed=int(random_state))
+        del parameters["random_state"]
+        self.settings = FedGEMSettings(**{**parameters, "upsilon_grid": tuple(upsilon_grid)},
+                                       min_clients=self.min_clients, seed=int(random_state))
         self.evaluate = bool(evaluate)
         self.server: FedGEMServer | None = None
 

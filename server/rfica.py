@@ -16,6 +16,7 @@ from flwr.app import Array, ArrayRecord
 
 from fedica.data.scenarios import ica_poor_sites, ica_scenario_data, ica_scenario_truth
 from fedica.evaluation.ica import ica_error
+from fedica.parameters import RFICA_PARAMETERS as _P
 from fedica.rfica.server import RFICAState, rfica_protocol
 
 METHODS = ("rf-ica", "f-ica", "simple-mean", "simple-median")
@@ -35,7 +36,8 @@ class RFICAStrategy(ProtocolStrategy):
     Parameters
     ----------
     contrast, init, benchmark, kmeans_restarts, gm_tol, random_state
-        As for :class:`fedica.RFICA`.
+        As for :class:`fedica.RFICA`: declared in :data:`fedica.parameters.RFICA_PARAMETERS`, and checked
+        against it here (``ValueError`` or ``TypeError`` naming the parameter).
     r : int or None, default=None
         The number of channels; None: the one most clients report.
     min_available_nodes, min_clients, node_wait_timeout, client_config
@@ -48,9 +50,14 @@ class RFICAStrategy(ProtocolStrategy):
         Everything the run computed (estimates, partitions, the aggregate and its comparators).
     """
 
-    def __init__(self, *, contrast: str = "cube", init: str = "random", benchmark: str = "largest",
-                 kmeans_restarts: int = 10, gm_tol: float = 1e-10, random_state: int = 0, r: int | None = None,
-                 **kwargs: Any):
+    # The defaults and rules are fedica.parameters.RFICA_PARAMETERS', as for fedica.RFICA.
+    def __init__(self, *, contrast: str = _P["contrast"].default, init: str = _P["init"].default,
+                 benchmark: str = _P["benchmark"].default, kmeans_restarts: int = _P["kmeans_restarts"].default,
+                 gm_tol: float = _P["gm_tol"].default, random_state: int = _P["random_state"].default,
+                 r: int | None = None, **kwargs: Any):
+        # At construction: a bad value is one line now, not a failure once the clients have answered.
+        _P.check(dict(contrast=contrast, init=init, benchmark=benchmark, kmeans_restarts=kmeans_restarts,
+                      gm_tol=gm_tol, random_state=random_state))
         super().__init__(**kwargs)
         self.contrast, self.init, self.benchmark = contrast, init, benchmark
         self.kmeans_restarts, self.gm_tol, self.random_state, self.r = kmeans_restarts, gm_tol, int(random_state), r

@@ -116,3 +116,45 @@ def test_rfica_transform_recovers_the_sources():
     correlation = np.abs(np.corrcoef(recovered.T, sources[0].T)[:3, 3:])
     assert np.all(correlation.max(axis=1) > 0.99)
     np.testing.assert_allclose(model.components_ @ model.mixing_, np.eye(3), atol=1e-10)
+
+
+# ---------------------------------------------------------------- unfitted calls and bad arguments
+
+
+def test_unfitted_calls_raise_sklearns_not_fitted_error():
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError):
+        fedica.FedGEM().predict(np.zeros((3, 2)))
+    with pytest.raises(NotFittedError):
+        fedica.FedGEM().predict(np.zeros((3, 2)), site=0)
+    with pytest.raises(NotFittedError):
+        fedica.RFICA().transform(np.zeros((3, 2)))
+
+
+def test_predict_names_the_valid_sites():
+    sites = [s.X_train for s in _blobs_sites(compose_config(BLOBS))]
+    model = fedica.FedGEM(upsilon=1.0, random_state=0).fit(sites, 3)
+    for site, kind in ((7, ValueError), (-1, ValueError), ("0", TypeError), (1.0, TypeError)):
+        with pytest.raises(kind) as info:
+            model.predict(sites[0], site=site)
+        assert str(info.value) == f"site={site!r}: must be None or a site of the fit with a consensus model: 0..4"
+    np.testing.assert_array_equal(model.predict(sites[4], site=np.int64(4)), model.labels_[4])
+
+
+@pytest.mark.parametrize("kwargs, kind, message", [
+    ({"upsilon_criterion": "silhoutte"}, ValueError, "upsilon_criterion='silhoutte': must be one of likelihood, silhouette"),
+    ({"upsilon": "Auto"}, ValueError, "upsilon='Auto': must be a positive number or auto"),
+    ({"rounds": "ten"}, TypeError, "rounds='ten': must be an integer >= 0"),
+])
+def test_fedgem_refuses_todays_silent_or_late_mistakes_in_one_line(kwargs, kind, message):
+    sites = [s.X_train for s in _blobs_sites(compose_config(BLOBS))]
+    with pytest.raises(kind) as info:
+        fedica.FedGEM(**kwargs).fit(sites, 3)
+    assert type(info.value) is kind and str(info.value) == message
+
+
+def test_fedgem_refuses_n_local_clusters_of_the_wrong_length():
+    sites = [s.X_train for s in _blobs_sites(compose_config(BLOBS))]
+    with pytest.raises(ValueError, match=r"^n_local_clusters=\[3, 3\]: must be one int or one per site \(5 sites\)"):
+        fedica.FedGEM().fit(sites, [3, 3])

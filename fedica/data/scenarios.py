@@ -1,8 +1,10 @@
-"""One client's data for a scenario config: the dispatch from ``scenario.name`` to its generator or loader.
+"""The scenario registry: each ``scenario.name`` with its config keys, rules, truth, loaders and memory estimate.
 
-FedGEM's scenarios (:data:`SCENARIO_NAMES`) go through :func:`scenario_client_data`, RF-ICA's
-(:data:`ICA_SCENARIOS`) through :func:`ica_scenario_data`, with the truth of each in :func:`true_n_clusters`
-and :func:`ica_scenario_truth`; ``files`` serves both algorithms.
+:data:`SCENARIOS` holds one :class:`Scenario` per name; everything else here reads it: the config validator
+(:mod:`fedica.config`) takes a scenario's keys, rules and memory estimate from it, and ``conf/scenario/*.yaml``
+hold exactly its keys (``tests/test_config.py``). FedGEM's scenarios (:data:`SCENARIO_NAMES`) go through
+:func:`scenario_client_data`, RF-ICA's (:data:`ICA_SCENARIOS`) through :func:`ica_scenario_data`, with the truth
+of each in :func:`true_n_clusters` and :func:`ica_scenario_truth`; ``files`` serves both algorithms.
 
 Every client builds only its own share, deterministically from ``(seed, partition_id)``. The global structure of
 a scenario (cluster centres, which clusters each client holds, client shares, the generated or loaded data set
@@ -15,14 +17,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from numbers import Integral
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedica.data.blobs import blobs_client_data
+from fedica.data.blobs import SETTINGS, blobs_client_data
 from fedica.data.classes import digits_client_data, waveform_client_data
 from fedica.data.common import ClientData
-from fedica.data.files import load_client_file, load_ica_file
+from fedica.data.files import AUTO_COMPONENTS, load_client_file, load_ica_file
 from fedica.data.ica_paper import (
     ica_client_data,
     ica_corrupted_clients,
@@ -32,24 +37,12 @@ from fedica.data.mnist import mnist_client_data
 from fedica.data.signals import signals_client_data, signals_roles, signals_true_mixing
 from fedica.validation import check_partition, check_seed
 
-SCENARIO_NAMES = ("blobs", "waveform", "digits", "mnist", "files")  # FedGEM's
+if TYPE_CHECKING:  # the config's checker of one section; fedica.config imports this module, not the reverse
+    from fedica.config.checker import Checker
+
 ICA_SCENARIO = "ica_paper"  # RF-ICA's default scenario (fedica.data.ica_paper)
-ICA_SCENARIOS = (ICA_SCENARIO, "signals", "files")  # RF-ICA's
-
-
-_SCENARIO_KEYS = {
-    "blobs": ("n_clients", "n_clusters", "dim", "r_min", "n_train", "n_test", "setting", "k_min", "k_max"),
-    "waveform": ("n_clients", "n_samples", "test_fraction", "k_min", "k_max"),
-    "digits": ("n_clients", "test_fraction", "k_min", "k_max"),
-    "mnist": ("n_clients", "test_fraction", "k_min", "k_max"),
-    "files": ("paths", "label_column", "n_components", "test_fraction", "write_sources"),
-}
-
-_ICA_SCENARIO_KEYS = {
-    "ica_paper": ("n_clients", "r", "corrupt_ratio", "n_normal", "n_corrupt", "sparsity", "orthogonal"),
-    "signals": ("n_clients", "r", "n_samples", "n_noisy", "noise_level", "n_short", "short_samples", "orthogonal"),
-    "files": _SCENARIO_KEYS["files"],
-}
+# The most blobs clusters the generator places (the config refuses more before anything starts).
+MAX_CLUSTERS = 10_000
 
 
 def _freeze(value):
@@ -61,8 +54,260 @@ def _freeze(value):
     return value
 
 
-def _scenario_key(scenario: Mapping, table: Mapping[str, tuple] = _SCENARIO_KEYS) -> tuple[str, tuple]:
-    """The scenario's name and its known items (hashable); ``table`` holds FedGEM's or RF-ICA's schemas."""
+def _is_list(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+# ---------------------------------------------------------------- each scenario's rules (its config section)
+#
+# Each takes fedica.config's checker of the ``scenario`` section and raises ConfigError through it (its
+# ``fail``), so that every message names the dotted key.
+
+
+def _check_ica_paper(sc: Checker) -> None:
+    n_clients = sc.integer("n_clients", minimum=1)
+    r = sc.integer("r", minimum=2)
+    ratio = sc.number("corrupt_ratio", low=0, high=1, high_open=True)
+    sc.integer("n_normal", minimum=r + 1)
+    if round(ratio * n_clients) > 0:
+        sc.integer("n_corrupt", minimum=r + 1)
+    sc.number("sparsity", low=0, high=1, low_open=True)
+    sc.boolean("orthogonal")
+
+
+def _check_signals(sc: Checker) -> None:
+    n_clients = sc.integer("n_clients", minimum=1)
+    r = sc.integer("r", minimum=2)
+    sc.integer("n_samples", minimum=r + 1)
+    n_noisy = sc.integer("n_noisy", minimum=0)
+    n_short = sc.integer("n_short", minimum=0)
+    if n_noisy + n_short > n_clients:
+        sc.fail("n_short", f"n_noisy + n_short must be <= n_clients ({n_clients}): a site is noisy or short, not both")
+    sc.number("noise_level", low=0)
+    if n_short > 0:
+        sc.integer("short_samples", minimum=r + 1)
+    sc.boolean("orthogonal")
+
+
+def _check_k_range(sc: Checker, n_classes: int) -> tuple[int, int]:
+    k_min = sc.integer("k_min", minimum=2)
+    if sc.get("k_max") is None:
+        k_max = n_classes - 1
+        if k_min > k_max:
+            sc.fail("k_min", f"must be < the number of clusters ({n_classes}): a client holds 2 <= K_g < K")
+    else:
+        k_max = sc.integer("k_max", minimum=k_min, maximum=n_classes)
+    return k_min, k_max
+
+
+def _check_blobs(sc: Checker) -> None:
+    n_clients = sc.integer("n_clients", minimum=1)
+    n_clusters = sc.integer("n_clusters", minimum=3, maximum=MAX_CLUSTERS)
+    sc.integer("dim", minimum=1)
+    sc.number("r_min", low=0, low_open=True)
+    sc.choice("setting", SETTINGS)
+    k_min, k_max = _check_k_range(sc, n_clusters)
+    # Every client holds at least k_min clusters with at least one point each,
+    # and the smallest client share can be a few percent of the total.
+    n_train = sc.integer("n_train", minimum=1)
+    sc.integer("n_test", minimum=1)
+    if n_train < 25 * n_clients * k_min:
+        sc.fail("n_train", f"must be >= 25 * n_clients * k_min = {25 * n_clients * k_min} so that every client has more points than clusters")
+    if n_clients * k_max < n_clusters:
+        sc.fail("n_clients", f"too few clients to hold all {n_clusters} clusters with K_g <= k_max")
+    if n_train < n_clusters:
+        sc.fail("n_train", f"must be >= n_clusters ({n_clusters}): every cluster needs training points")
+
+
+def _check_classes(n_classes: int) -> Callable[[Checker], None]:
+    """The rules of a labelled data set of ``n_classes`` classes dealt over clients by class."""
+    def check(sc: Checker) -> None:
+        sc.integer("n_clients", minimum=1)
+        sc.number("test_fraction", low=0, high=1, low_open=True, high_open=True)
+        _check_k_range(sc, n_classes)
+        if "n_samples" in sc.section:  # waveform's (the missing-key check made sure it is there)
+            sc.integer("n_samples", minimum=100)
+
+    return check
+
+
+def _check_file_list(sc: Checker) -> None:
+    """The keys of files that both algorithms read (RF-ICA reads no others: n_components and test_fraction are
+    FedGEM's)."""
+    paths = sc.get("paths")
+    if not _is_list(paths) or len(paths) == 0:
+        sc.fail("paths", "must be a non-empty list of data files, one per client (scenario.paths=[a.csv,b.csv])")
+    if not all(isinstance(p, str) and p for p in paths):
+        sc.fail("paths", "every entry must be a file path")
+    label = sc.get("label_column")
+    if label is not None and (isinstance(label, bool) or not isinstance(label, (str, Integral))):
+        sc.fail("label_column", "must be a column index, a header name or null")
+    sc.boolean("write_sources")
+
+
+def _check_files(sc: Checker) -> None:
+    _check_file_list(sc)
+    if sc.get("write_sources"):
+        sc.fail("write_sources", "only RF-ICA recovers sources; FedGEM needs write_sources=false")
+    paths = sc.get("paths")
+    sc.number("test_fraction", low=0, high=1, low_open=True, high_open=True)
+    label = sc.get("label_column")
+    n_components = sc.get("n_components")
+    if n_components is None:
+        if label is None:
+            sc.fail("n_components", "must be given when there is no label_column (or auto: each client chooses)")
+        return
+    values = n_components if _is_list(n_components) else [n_components]
+    if _is_list(n_components) and len(values) != len(paths):
+        sc.fail("n_components", f"must have one entry per path ({len(paths)})")
+    if not all(v == AUTO_COMPONENTS or (isinstance(v, Integral) and not isinstance(v, bool) and v >= 2) for v in values):
+        sc.fail("n_components", f"every K_g must be an integer >= 2 or {AUTO_COMPONENTS}")
+
+
+# ---------------------------------------------------------------- each scenario's loaders and truth
+#
+# A loader takes the scenario's items as a dict, the partition id and the seed; the callers cache it.
+
+
+def _load_blobs(params: dict, partition_id: int, seed: int) -> ClientData:
+    missing = [key for key in SCENARIOS["blobs"].keys[:6] if key not in params]
+    if missing:
+        raise ValueError(f"scenario 'blobs' needs keys {missing}")
+    return blobs_client_data(partition_id, seed=seed, **params)
+
+
+def _load_labelled(make: Callable[..., ClientData]) -> Callable[[dict, int, int], ClientData]:
+    return lambda params, partition_id, seed: make(partition_id, seed=seed, **params)
+
+
+def _load_client_file(params: dict, partition_id: int, seed: int) -> ClientData:
+    paths = params.get("paths") or ()
+    if not paths:
+        raise ValueError("scenario 'files' needs a non-empty 'paths' list (one file per client)")
+    check_partition(partition_id, len(paths))
+    n_components = params.get("n_components")
+    if isinstance(n_components, tuple):
+        if len(n_components) != len(paths):
+            raise ValueError(f"scenario 'files': n_components has {len(n_components)} entries for "
+                             f"{len(paths)} paths; give one per client, one int, or null")
+        n_components = n_components[partition_id]
+    return load_client_file(paths[partition_id], label_column=params.get("label_column"),
+                            n_components=n_components, test_fraction=params.get("test_fraction", 0.3),
+                            seed=seed)
+
+
+def _load_ica_file(params: dict, partition_id: int, seed: int) -> np.ndarray:
+    # ica_scenario_data has already picked this site's file (``path``) from ``paths``, for its cache key.
+    return load_ica_file(params["path"], label_column=params["label_column"]).T
+
+
+def _ica_paper_poor_sites(params: dict, seed: int) -> dict[str, list[int]]:
+    mask = ica_corrupted_clients(n_clients=params["n_clients"], corrupt_ratio=params["corrupt_ratio"], seed=seed)
+    return {"corrupted": np.flatnonzero(mask).tolist()}
+
+
+def _signals_poor_sites(params: dict, seed: int) -> dict[str, list[int]]:
+    noisy, short = signals_roles(n_clients=params["n_clients"], n_noisy=params["n_noisy"],
+                                 n_short=params["n_short"], seed=seed)
+    return {"noisy": np.flatnonzero(noisy).tolist(), "short": np.flatnonzero(short).tolist()}
+
+
+def _none(*args: Any) -> None:
+    return None
+
+
+def _mixing(truth: Callable[..., np.ndarray]) -> Callable[[dict, int], np.ndarray]:
+    return lambda params, seed: truth(r=params["r"], orthogonal=params["orthogonal"], seed=seed)
+
+
+# ---------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One scenario of the ``scenario`` config section.
+
+    Parameters
+    ----------
+    name : str
+    keys : tuple of str
+        The keys of ``conf/scenario/<name>.yaml`` besides ``name``, in its order.
+    checks : mapping of str to callable
+        By algorithm served (``"fedgem"``, ``"rfica"``): the rules of the section, ``check(checker)``.
+    client_data : callable or None
+        FedGEM's loader, ``client_data(params, partition_id, seed) -> ClientData``.
+    site_data : callable or None
+        RF-ICA's loader, ``site_data(params, partition_id, seed) -> ndarray of shape (r, n_k)``.
+    true_n_clusters : callable
+        ``true_n_clusters(params) -> int or None``: FedGEM's true K (None: unknown).
+    true_mixing, poor_sites : callable
+        ``(params, seed) ->``: RF-ICA's true A* and its poor sites by kind (None: unknown).
+    data_values : callable or None
+        ``data_values(section, n_clients) -> int``: how many float64 values the generated data holds (the
+        config refuses a scenario over half the machine's memory); None: data read or shipped, not made.
+    memory_key : str or None
+        The key a too-large scenario is reported under.
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    checks: Mapping[str, Callable[[Checker], None]]
+    client_data: Callable[[dict, int, int], ClientData] | None = None
+    site_data: Callable[[dict, int, int], np.ndarray] | None = None
+    true_n_clusters: Callable[[dict], int | None] = _none
+    true_mixing: Callable[[dict, int], np.ndarray | None] = _none
+    poor_sites: Callable[[dict, int], dict[str, list[int]] | None] = _none
+    data_values: Callable[[Mapping, int], int] | None = None
+    memory_key: str | None = None
+    algorithms: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "algorithms", tuple(self.checks))
+
+
+def _labelled(name: str, keys: tuple[str, ...], make: Callable[..., ClientData], n_classes: int) -> Scenario:
+    """A labelled data set dealt over clients by class: its class count is the true K and bounds K_g."""
+    return Scenario(name, keys, {"fedgem": _check_classes(n_classes)}, client_data=_load_labelled(make),
+                    true_n_clusters=lambda params: n_classes)
+
+
+_CLASS_KEYS = ("n_clients", "test_fraction", "k_min", "k_max")
+_FILE_KEYS = ("paths", "label_column", "n_components", "test_fraction", "write_sources")
+
+# In the order of the scenario names in the config's messages (RF-ICA's first, then FedGEM's).
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario(ICA_SCENARIO, ("n_clients", "r", "corrupt_ratio", "n_normal", "n_corrupt", "sparsity", "orthogonal"),
+             {"rfica": _check_ica_paper},
+             site_data=_load_labelled(ica_client_data), true_mixing=_mixing(ica_true_mixing),
+             poor_sites=_ica_paper_poor_sites,
+             data_values=lambda sc, n_clients: n_clients * sc["n_normal"] * sc["r"], memory_key="n_normal"),
+    Scenario("signals", ("n_clients", "r", "n_samples", "n_noisy", "noise_level", "n_short", "short_samples",
+                         "orthogonal"),
+             {"rfica": _check_signals},
+             site_data=_load_labelled(signals_client_data), true_mixing=_mixing(signals_true_mixing),
+             poor_sites=_signals_poor_sites,
+             data_values=lambda sc, n_clients: n_clients * sc["n_samples"] * sc["r"], memory_key="n_samples"),
+    Scenario("blobs", ("n_clients", "n_clusters", "dim", "r_min", "n_train", "n_test", "setting", "k_min", "k_max"),
+             {"fedgem": _check_blobs},
+             client_data=_load_blobs, true_n_clusters=lambda params: int(params["n_clusters"]),
+             data_values=lambda sc, n_clients: (sc["n_train"] + sc["n_test"]) * sc["dim"], memory_key="n_train"),
+    _labelled("waveform", ("n_clients", "n_samples", "test_fraction", "k_min", "k_max"), waveform_client_data, 3),
+    _labelled("digits", _CLASS_KEYS, digits_client_data, 10),
+    _labelled("mnist", _CLASS_KEYS, mnist_client_data, 10),
+    # FedGEM reads every key; RF-ICA only the paths and the label column (the others are FedGEM's).
+    Scenario("files", _FILE_KEYS, {"fedgem": _check_files, "rfica": _check_file_list},
+             client_data=_load_client_file, site_data=_load_ica_file),
+)}
+
+SCENARIO_NAMES = tuple(name for name, s in SCENARIOS.items() if "fedgem" in s.algorithms)  # FedGEM's
+ICA_SCENARIOS = tuple(name for name, s in SCENARIOS.items() if "rfica" in s.algorithms)  # RF-ICA's
+_KEYS = {algorithm: {name: SCENARIOS[name].keys for name in names}
+         for algorithm, names in (("fedgem", SCENARIO_NAMES), ("rfica", ICA_SCENARIOS))}
+
+
+def _scenario_key(scenario: Mapping, algorithm: str = "fedgem") -> tuple[str, tuple]:
+    """The scenario's name and its known items (hashable), among ``algorithm``'s scenarios."""
+    table = _KEYS[algorithm]
     names = tuple(table)
     if not isinstance(scenario, Mapping) or "name" not in scenario:
         raise ValueError(f"scenario must be a mapping with a 'name' key, one of {names}")
@@ -126,50 +371,24 @@ CLIENT_CACHE_SIZE = 4096
 
 @functools.lru_cache(maxsize=CLIENT_CACHE_SIZE)
 def _cached_client_data(name: str, items: tuple, partition_id: int, seed: int, _stamp) -> ClientData:
-    params = dict(items)
-    if name == "blobs":
-        missing = [key for key in _SCENARIO_KEYS["blobs"][:6] if key not in params]
-        if missing:
-            raise ValueError(f"scenario 'blobs' needs keys {missing}")
-        return blobs_client_data(partition_id, seed=seed, **params)
-    if name == "waveform":
-        return waveform_client_data(partition_id, seed=seed, **params)
-    if name == "digits":
-        return digits_client_data(partition_id, seed=seed, **params)
-    if name == "mnist":
-        return mnist_client_data(partition_id, seed=seed, **params)
-    paths = params.get("paths") or ()
-    if not paths:
-        raise ValueError("scenario 'files' needs a non-empty 'paths' list (one file per client)")
-    check_partition(partition_id, len(paths))
-    n_components = params.get("n_components")
-    if isinstance(n_components, tuple):
-        if len(n_components) != len(paths):
-            raise ValueError(f"scenario 'files': n_components has {len(n_components)} entries for "
-                             f"{len(paths)} paths; give one per client, one int, or null")
-        n_components = n_components[partition_id]
-    return load_client_file(paths[partition_id], label_column=params.get("label_column"),
-                            n_components=n_components, test_fraction=params.get("test_fraction", 0.3),
-                            seed=seed)
+    return SCENARIOS[name].client_data(dict(items), partition_id, seed)
 
 
 def true_n_clusters(scenario: Mapping) -> int | None:
     """The true number of clusters K of a scenario: ``n_clusters`` for blobs, 3 waveform, 10 digits and mnist,
     None files."""
     name, items = _scenario_key(scenario)
-    if name == "blobs":
-        return int(dict(items)["n_clusters"])
-    return {"waveform": 3, "digits": 10, "mnist": 10, "files": None}[name]
+    return SCENARIOS[name].true_n_clusters(dict(items))
 
 
 # ---------------------------------------------------------------- RF-ICA's scenarios
 
 
 def _ica_params(scenario: Mapping) -> tuple[str, dict]:
-    name, items = _scenario_key(scenario, _ICA_SCENARIO_KEYS)
+    name, items = _scenario_key(scenario, "rfica")
     params = dict(items)
     if name != "files":
-        missing = [key for key in _ICA_SCENARIO_KEYS[name] if key not in params]
+        missing = [key for key in SCENARIOS[name].keys if key not in params]
         if missing:
             raise ValueError(f"scenario {name!r} needs keys {missing}")
     return name, params
@@ -214,20 +433,13 @@ def ica_scenario_data(scenario: Mapping, partition_id: int, seed: int) -> np.nda
 
 @functools.lru_cache(maxsize=8)
 def _cached_ica_data(name: str, items: tuple, partition_id: int, seed: int, _stamp) -> np.ndarray:
-    params = dict(items)
-    if name == "files":
-        return load_ica_file(params["path"], label_column=params["label_column"]).T
-    make = ica_client_data if name == ICA_SCENARIO else signals_client_data
-    return make(partition_id, seed=seed, **params)
+    return SCENARIOS[name].site_data(dict(items), partition_id, seed)
 
 
 def ica_scenario_truth(scenario: Mapping, seed: int) -> np.ndarray | None:
     """The true mixing ``A*`` of an RF-ICA scenario, shape (r, r); None for files (no ground truth)."""
     name, params = _ica_params(scenario)
-    if name == "files":
-        return None
-    truth = ica_true_mixing if name == ICA_SCENARIO else signals_true_mixing
-    return truth(r=params["r"], orthogonal=params["orthogonal"], seed=seed)
+    return SCENARIOS[name].true_mixing(params, seed)
 
 
 def ica_poor_sites(scenario: Mapping, seed: int) -> dict[str, list[int]] | None:
@@ -239,11 +451,4 @@ def ica_poor_sites(scenario: Mapping, seed: int) -> dict[str, list[int]] | None:
         ica_paper: ``{"corrupted": [...]}`` (few samples); signals: ``{"noisy": [...], "short": [...]}``.
     """
     name, params = _ica_params(scenario)
-    if name == "files":
-        return None
-    if name == ICA_SCENARIO:
-        mask = ica_corrupted_clients(n_clients=params["n_clients"], corrupt_ratio=params["corrupt_ratio"], seed=seed)
-        return {"corrupted": np.flatnonzero(mask).tolist()}
-    noisy, short = signals_roles(n_clients=params["n_clients"], n_noisy=params["n_noisy"],
-                                 n_short=params["n_short"], seed=seed)
-    return {"noisy": np.flatnonzero(noisy).tolist(), "short": np.flatnonzero(short).tolist()}
+    return SCENARIOS[name].poor_sites(params, seed)

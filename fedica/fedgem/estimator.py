@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted
 
 from fedica.data.common import ClientData
 from fedica.fedgem.local import assign_labels, estimate_n_components
 from fedica.fedgem.server import FedGEMServer, FedGEMSettings
+from fedica.parameters import FEDGEM_PARAMETERS
 from fedica.protocol import ArraySite, InMemoryFederation
 from fedica.seeding import generator, sklearn_seed
 from fedica.tasks import CLIENT_TASKS
 from fedica.validation import check_seed, check_sites
+
+_P = FEDGEM_PARAMETERS  # short, for the signature below
 
 
 class FedGEM(BaseEstimator):
@@ -25,6 +30,9 @@ class FedGEM(BaseEstimator):
     sites into super-clusters for ``rounds`` rounds, then a final aggregation with radii scaled
     by ``upsilon`` estimates the number of global clusters. This runs, in memory, exactly the
     protocol that fedica's Flower strategy runs over a network (docs/ALGORITHMS.md section 2).
+
+    The parameters' defaults and rules are declared in :data:`fedica.parameters.FEDGEM_PARAMETERS`;
+    ``fit`` checks them all before any work.
 
     Parameters
     ----------
@@ -96,10 +104,18 @@ class FedGEM(BaseEstimator):
         Sites left out of a round, with the reason.
     """
 
-    def __init__(self, rounds=10, local_steps=1, upsilon="auto", upsilon_grid=(0.1, 0.5, 1.0, 5.0, 10.0, 50.0),
-                 upsilon_criterion="likelihood", guard_factor=1.5, n_init=3, silhouette_sample=1000, radius_outlier_factor=10.0,
-                 count_cap_factor=10.0, component_cap_factor=3.0, max_hostile_fraction=0.25, max_overlap_pairs=20_000_000, participation=1.0, min_clients=2, max_local_clusters=10,
-                 random_state=0):
+    # The defaults are the declaration's (fedica.parameters), spelt out as scikit-learn's get_params reads them.
+    def __init__(self, rounds=_P["rounds"].default, local_steps=_P["local_steps"].default,
+                 upsilon=_P["upsilon"].default, upsilon_grid=_P["upsilon_grid"].default,
+                 upsilon_criterion=_P["upsilon_criterion"].default, guard_factor=_P["guard_factor"].default,
+                 n_init=_P["n_init"].default, silhouette_sample=_P["silhouette_sample"].default,
+                 radius_outlier_factor=_P["radius_outlier_factor"].default,
+                 count_cap_factor=_P["count_cap_factor"].default,
+                 component_cap_factor=_P["component_cap_factor"].default,
+                 max_hostile_fraction=_P["max_hostile_fraction"].default,
+                 max_overlap_pairs=_P["max_overlap_pairs"].default, participation=_P["participation"].default,
+                 min_clients=_P["min_clients"].default, max_local_clusters=_P["max_local_clusters"].default,
+                 random_state=_P["random_state"].default):
         self.rounds = rounds
         self.local_steps = local_steps
         self.upsilon = upsilon
@@ -133,6 +149,8 @@ class FedGEM(BaseEstimator):
         -------
         self : FedGEM
         """
+        # Every argument is checked before any work: a mistake is one line naming it, not a failure after the rounds.
+        FEDGEM_PARAMETERS.check(self.get_params())
         seed = check_seed(self.random_state)
         data = check_sites(sites, min_sites=2, min_rows=lambda d: 2)
         self.n_local_clusters_ = self._local_cluster_counts(data, n_local_clusters, seed)
@@ -165,11 +183,18 @@ class FedGEM(BaseEstimator):
         -------
         labels : ndarray of shape (n_samples,)
         """
+        check_is_fitted(self, "means_")
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.means_.shape[1]:
             raise ValueError(f"X must have shape (n_samples, {self.means_.shape[1]}), got {X.shape}")
         if site is None:
             return assign_labels(X, self.means_)
+        # A site left out of the final stage has no consensus model (its mapping is None).
+        valid = [g for g, mapping in enumerate(self.site_mapping_) if mapping is not None]
+        if isinstance(site, bool) or not isinstance(site, Integral) or site not in valid:
+            listed = (f"0..{len(valid) - 1}" if valid == list(range(len(valid))) else ", ".join(map(str, valid)))
+            kind = ValueError if isinstance(site, Integral) and not isinstance(site, bool) else TypeError
+            raise kind(f"site={site!r}: must be None or a site of the fit with a consensus model: {listed}")
         return self.site_mapping_[site][assign_labels(X, self.site_means_[site])]
 
     def _local_cluster_counts(self, data, n_local_clusters, seed) -> np.ndarray:
@@ -177,7 +202,11 @@ class FedGEM(BaseEstimator):
             return np.array([
                 estimate_n_components(X, self.max_local_clusters, random_state=sklearn_seed(generator(seed, "client.kmeanspp", g)))
                 for g, X in enumerate(data)])
-        counts = np.broadcast_to(np.asarray(n_local_clusters), (len(data),)).copy()
+        counts = np.asarray(n_local_clusters)
+        if counts.ndim > 1 or (counts.ndim == 1 and counts.shape[0] != len(data)):
+            raise ValueError(f"n_local_clusters={n_local_clusters!r}: must be one int or one per site "
+                             f"({len(data)} sites), got shape {counts.shape}")
+        counts = np.broadcast_to(counts, (len(data),)).copy()
         if counts.dtype.kind not in "iu" or np.any(counts < 2):
             raise ValueError(f"n_local_clusters must be integers >= 2 (one, or one per site); got {n_local_clusters!r}")
         for g, (X, k) in enumerate(zip(data, counts)):

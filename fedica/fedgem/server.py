@@ -62,44 +62,52 @@ from fedica.protocol import (
     validate_gem_components,
     validate_weights,
 )
+from fedica.parameters import FEDGEM_PARAMETERS
 from fedica.seeding import generator
 
 log = logging.getLogger("fedica.server")
 
 Protocol = Generator[Request, list[Reply], None]
 
-# How ``upsilon: auto`` chooses the final partition: the federated BIC (default) or the paper's silhouette tuning.
-UPSILON_CRITERIA = ("likelihood", "silhouette")
-
 # A client's test points may outnumber its training points (a large test split), but not by this
 # factor: more is a forged contingency table, which would outweigh every other client's.
 MAX_TEST_PER_TRAINING_POINT = 100
 
 
+def _default(name: str) -> Any:
+    """A FedGEM parameter's default, declared once with its rule in :data:`fedica.parameters.FEDGEM_PARAMETERS`."""
+    return FEDGEM_PARAMETERS[name].default
+
+
 @dataclass
 class FedGEMSettings:
-    """FedGEM's server-side parameters (the ``algorithm=fedgem`` config keys)."""
+    """FedGEM's server-side parameters (the ``algorithm=fedgem`` config keys).
 
-    rounds: int = 10
-    local_steps: int = 1
-    upsilon: float | str = "auto"
-    upsilon_grid: Sequence[float] = (0.1, 0.5, 1.0, 5.0, 10.0, 50.0)
-    upsilon_criterion: str = "likelihood"
-    guard_factor: float = 1.5
-    n_init: int = 3
-    silhouette_sample: int = 1000
-    radius_outlier_factor: float | None = 10.0
-    count_cap_factor: float | None = 10.0
-    component_cap_factor: float | None = 3.0
-    max_hostile_fraction: float = 0.25
-    max_overlap_pairs: int | None = 20_000_000
-    participation: float = 1.0
-    min_clients: int = 2
-    seed: int = 0
+    The defaults, rules and meanings are :data:`fedica.parameters.FEDGEM_PARAMETERS`' (``seed`` is
+    its ``random_state``); the entry points check the values against it before building these.
+    """
+
+    rounds: int = _default("rounds")
+    local_steps: int = _default("local_steps")
+    upsilon: float | str = _default("upsilon")
+    upsilon_grid: Sequence[float] = _default("upsilon_grid")
+    upsilon_criterion: str = _default("upsilon_criterion")
+    guard_factor: float = _default("guard_factor")
+    n_init: int = _default("n_init")
+    silhouette_sample: int = _default("silhouette_sample")
+    radius_outlier_factor: float | None = _default("radius_outlier_factor")
+    count_cap_factor: float | None = _default("count_cap_factor")
+    component_cap_factor: float | None = _default("component_cap_factor")
+    max_hostile_fraction: float = _default("max_hostile_fraction")
+    max_overlap_pairs: int | None = _default("max_overlap_pairs")
+    participation: float = _default("participation")
+    min_clients: int = _default("min_clients")
+    seed: int = _default("random_state")
 
     @classmethod
     def from_config(cls, algorithm: dict[str, Any], *, min_clients: int, seed: int) -> FedGEMSettings:
-        keys = {f for f in cls.__dataclass_fields__} - {"min_clients", "seed"}
+        """The settings of a validated ``algorithm`` config section (its declared keys; ``name`` is not one)."""
+        keys = FEDGEM_PARAMETERS.config_keys
         return cls(**{k: algorithm[k] for k in keys if k in algorithm}, min_clients=min_clients, seed=seed)
 
 

@@ -6,8 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_is_fitted
 
 from fedica.data.common import ClientData
+from fedica.parameters import RFICA_PARAMETERS
 from fedica.protocol import ArraySite, InMemoryFederation, Reply
 from fedica.rfica.server import (
     RFICAState,
@@ -18,6 +20,8 @@ from fedica.rfica.server import (
 from fedica.tasks import CLIENT_TASKS
 from fedica.validation import check_seed, check_sites
 
+_P = RFICA_PARAMETERS  # short, for the signature below
+
 
 class RFICA(TransformerMixin, BaseEstimator):
     """Robust federated ICA: local FastICA per site, then a robust one-shot aggregation.
@@ -27,6 +31,9 @@ class RFICA(TransformerMixin, BaseEstimator):
     columns with k-means and takes each cluster's geometric median, so that up to half of
     the sites may be poor or corrupt (docs/ALGORITHMS.md section 1). This runs, in memory,
     exactly the protocol that fedica's Flower strategy runs over a network.
+
+    The parameters' defaults and rules are declared in :data:`fedica.parameters.RFICA_PARAMETERS`;
+    ``fit`` and ``aggregate`` check them all before any work.
 
     Parameters
     ----------
@@ -60,8 +67,10 @@ class RFICA(TransformerMixin, BaseEstimator):
         The comparators computed from the same estimates (paper section 4).
     """
 
-    def __init__(self, contrast="cube", init="random", benchmark="largest", kmeans_restarts=10, gm_tol=1e-10,
-                 min_clients=2, random_state=0):
+    # The defaults are the declaration's (fedica.parameters), spelt out as scikit-learn's get_params reads them.
+    def __init__(self, contrast=_P["contrast"].default, init=_P["init"].default, benchmark=_P["benchmark"].default,
+                 kmeans_restarts=_P["kmeans_restarts"].default, gm_tol=_P["gm_tol"].default,
+                 min_clients=_P["min_clients"].default, random_state=_P["random_state"].default):
         self.contrast = contrast
         self.init = init
         self.benchmark = benchmark
@@ -82,6 +91,7 @@ class RFICA(TransformerMixin, BaseEstimator):
         -------
         self : RFICA
         """
+        RFICA_PARAMETERS.check(self.get_params())  # before any work: a mistake is one line naming the argument
         data = check_sites(sites, min_sites=1, min_rows=lambda d: d + 1)
         state = self._state(data[0].shape[1])
         sites = {g: ArraySite(ClientData(X, None, X[:0], None, 1), g) for g, X in enumerate(data)}
@@ -103,10 +113,14 @@ class RFICA(TransformerMixin, BaseEstimator):
         -------
         self : RFICA
         """
+        RFICA_PARAMETERS.check(self.get_params())
         stack = np.asarray(local_mixings, dtype=np.float64)
         if stack.ndim != 3 or stack.shape[1] != stack.shape[2]:
             raise ValueError(f"local_mixings must have shape (n_sites, r, r), got {stack.shape}")
         sizes = np.ones(stack.shape[0], dtype=np.int64) if n_samples is None else np.asarray(n_samples)
+        if sizes.shape != (stack.shape[0],) or sizes.dtype.kind not in "iu" or np.any(sizes < 1):
+            raise ValueError(f"n_samples={n_samples!r}: must be one positive integer count per site "
+                             f"({stack.shape[0]} sites)")
         state = self._state(stack.shape[1])
         receive_estimates(state, [Reply(g, {"mixing": m}, {"n-samples": int(n)}) for g, (m, n) in enumerate(zip(stack, sizes))])
         aggregate_estimates(state)
@@ -115,6 +129,7 @@ class RFICA(TransformerMixin, BaseEstimator):
 
     def transform(self, X) -> np.ndarray:
         """The sources of observations ``X``, shape (n_samples, n_features)."""
+        check_is_fitted(self, "components_")
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.components_.shape[1]:
             raise ValueError(f"X must have shape (n_samples, {self.components_.shape[1]}), got {X.shape}")

@@ -1,0 +1,27 @@
+"""The ``algorithm`` section: its keys and rules are the algorithm's parameter declaration.
+
+:mod:`fedica.parameters` declares each parameter once; here its rule is applied to the config's value, so that
+the config, :class:`fedica.FedGEM`, :class:`fedica.RFICA` and the Flower strategies refuse the same values with
+the same rule (the config's line names the dotted key: ``algorithm.<key>=<value>: <rule>``).
+"""
+
+from __future__ import annotations
+
+from fedica.config.checker import Checker
+from fedica.parameters import DECLARATIONS
+
+__all__ = ["ALGORITHMS", "ALGORITHM_KEYS", "check_algorithm"]
+
+# The algorithms' ServerApp runners live in fedica.server (the Flower side), which fedica may not import.
+ALGORITHMS = ("rfica", "fedgem")
+# The keys of conf/algorithm/<name>.yaml besides ``name``: the declared parameters the config holds.
+ALGORITHM_KEYS: dict[str, tuple[str, ...]] = {name: DECLARATIONS[name].config_keys for name in ALGORITHMS}
+
+
+def check_algorithm(alg: Checker, name: str) -> None:
+    """Every key of algorithm ``name``'s section against its declared rule, in declaration order."""
+    declaration = DECLARATIONS[name]
+    for key in declaration.config_keys:
+        broken = declaration[key].violation(alg.get(key))
+        if broken is not None:
+            alg.fail(key, broken[1])

@@ -1,0 +1,300 @@
+"""Every algorithm parameter declared once, with its constraint, default and meaning.
+
+scikit-learn's estimators declare ``_parameter_constraints`` with ``Interval`` and ``StrOptions``
+(a private module of scikit-learn, so this one takes the idea, not the import). Here a
+:class:`Parameter` holds a name, its constraints, its default and one line of meaning; a
+:class:`Declaration` holds one algorithm's parameters in order. From :data:`FEDGEM_PARAMETERS`
+and :data:`RFICA_PARAMETERS` come:
+
+- the defaults of :class:`fedica.FedGEM`, :class:`fedica.RFICA`, the server's
+  :class:`fedica.fedgem.server.FedGEMSettings` and the Flower strategies;
+- the checks those run before any work (:meth:`Declaration.check`), each failure one
+  ``ValueError`` or ``TypeError`` line ``name=value: rule``;
+- the keys of the ``algorithm`` config section and their rules (:mod:`fedica.config`), so that a
+  config error reads ``algorithm.name=value: rule`` with the same rule;
+- ``conf/algorithm/<name>.yaml``, which ``tests/test_parameters.py`` holds to exactly these keys
+  and defaults.
+
+The option lists stay in the modules that implement them (FastICA's contrasts and starts, the
+benchmark rules); FedGEM's tuning criteria are defined here because :mod:`fedica.fedgem.server`
+imports this module (it re-exports them as ``UPSILON_CRITERIA``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+
+from fedica.rfica.aggregation import BENCHMARK_RULES
+from fedica.rfica.local import CONTRASTS, INITS
+
+__all__ = ["Interval", "Options", "PositiveNumbers", "Parameter", "Declaration", "UPSILON_CRITERIA",
+           "FEDGEM_PARAMETERS", "RFICA_PARAMETERS"]
+
+# How ``upsilon="auto"`` chooses the final partition (fedica.fedgem.server implements both).
+UPSILON_CRITERIA = ("likelihood", "silhouette")
+
+# A violated rule: the exception to raise (TypeError: no constraint takes a value of this type)
+# and the rule, worded "must be ...".
+Violation = tuple[type[Exception], str]
+
+
+def _bound(value: float) -> str:
+    return str(int(value)) if isinstance(value, Integral) else str(value)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An integer or a finite real number between two bounds.
+
+    Parameters
+    ----------
+    kind : {"integer", "real"}
+    low, high : float or None
+        The bounds; None: unbounded on that side.
+    closed : {"left", "right", "both", "neither"}, default="left"
+        Which bounds belong to the interval.
+    """
+
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    closed: str = "left"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("integer", "real") or self.closed not in ("left", "right", "both", "neither"):
+            raise ValueError(f"Interval({self.kind!r}, closed={self.closed!r}): kind is integer or real, closed "
+                             "is left, right, both or neither")
+
+    @property
+    def _low_open(self) -> bool:
+        return self.closed in ("right", "neither")
+
+    @property
+    def _high_open(self) -> bool:
+        return self.closed in ("left", "neither")
+
+    def range_text(self) -> str:
+        """The bounds alone, e.g. ``>= 0`` or ``in [0, 0.5)``."""
+        if self.low is not None and self.high is not None:
+            return (f"in {'(' if self._low_open else '['}{_bound(self.low)}, {_bound(self.high)}"
+                    f"{')' if self._high_open else ']'}")
+        if self.low is not None:
+            return f"{'>' if self._low_open else '>='} {_bound(self.low)}"
+        if self.high is not None:
+            return f"{'<' if self._high_open else '<='} {_bound(self.high)}"
+        return ""
+
+    def describe(self) -> str:
+        """The rule as a noun phrase, for a parameter that takes other values too."""
+        if self.kind == "real" and self.low == 0 and self._low_open and self.high is None:
+            return "a positive number"
+        noun = "an integer" if self.kind == "integer" else "a number"
+        return f"{noun} {self.range_text()}".rstrip()
+
+    def violation(self, value: Any) -> Violation | None:
+        # The config validator's wording ("must be an integer", "must be >= 0"), the type's rule
+        # completed with the bounds, so that one line says everything the value must be.
+        noun = "an integer" if self.kind == "integer" else "a finite number"
+        whole = f"must be {noun} {self.range_text()}".rstrip()
+        if self.kind == "integer":
+            if isinstance(value, bool) or not isinstance(value, Integral):
+                return TypeError, whole
+        else:
+            if isinstance(value, bool) or not isinstance(value, Real):
+                return TypeError, whole
+            if not math.isfinite(value):
+                return ValueError, whole
+        too_low = self.low is not None and (value < self.low or (self._low_open and value == self.low))
+        too_high = self.high is not None and (value > self.high or (self._high_open and value == self.high))
+        if not (too_low or too_high):
+            return None
+        if self.kind == "integer":  # an integer's bounds are reported one at a time, as they are broken
+            if too_low:
+                return ValueError, f"must be {'>' if self._low_open else '>='} {_bound(self.low)}"
+            return ValueError, f"must be {'<' if self._high_open else '<='} {_bound(self.high)}"
+        return ValueError, f"must be {self.range_text()}"
+
+
+@dataclass(frozen=True)
+class Options:
+    """One string of a fixed set (``values``, a tuple owned by the module that implements them)."""
+
+    values: tuple[str, ...]
+
+    def describe(self) -> str:
+        return self.values[0] if len(self.values) == 1 else f"one of {', '.join(self.values)}"
+
+    def violation(self, value: Any) -> Violation | None:
+        if isinstance(value, str) and value in self.values:
+            return None
+        return (ValueError if isinstance(value, str) else TypeError), f"must be {self.describe()}"
+
+
+@dataclass(frozen=True)
+class PositiveNumbers:
+    """A non-empty list (or tuple, or 1-D array) of positive finite numbers."""
+
+    def describe(self) -> str:
+        return "a non-empty list of positive numbers"
+
+    def violation(self, value: Any) -> Violation | None:
+        if isinstance(value, np.ndarray):
+            value = value.tolist() if value.ndim == 1 else None
+        if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+            return TypeError, f"must be {self.describe()}"
+        positive = [isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in value]
+        if not value or not all(positive):
+            return ValueError, f"must be {self.describe()}"
+        return None
+
+
+Constraint = Interval | Options | PositiveNumbers
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One parameter: its name, what it may be, its default and what it means.
+
+    Parameters
+    ----------
+    name : str
+    constraints : tuple of Interval, Options or PositiveNumbers
+        The value must satisfy one of them.
+    default : object
+        Satisfies the constraints (:class:`Declaration` checks it).
+    doc : str
+        One line: what the parameter means.
+    none : bool, default=False
+        None is allowed too (it switches the rule off).
+    in_config : bool, default=True
+        A key of the config's ``algorithm`` section; False: a library argument only (the config
+        has it at the top level, e.g. ``seed``, or not at all).
+    """
+
+    name: str
+    constraints: tuple[Constraint, ...]
+    default: Any
+    doc: str
+    none: bool = False
+    in_config: bool = True
+
+    def violation(self, value: Any) -> Violation | None:
+        """The broken rule of ``value``, or None when it is allowed."""
+        if value is None and self.none:
+            return None
+        if len(self.constraints) == 1:
+            return self.constraints[0].violation(value)
+        broken = [c.violation(value) for c in self.constraints]
+        if any(b is None for b in broken):
+            return None
+        kind = TypeError if all(b[0] is TypeError for b in broken) else ValueError
+        return kind, f"must be {' or '.join(c.describe() for c in self.constraints)}"
+
+    def check(self, value: Any) -> Any:
+        """Return ``value``, or raise ValueError/TypeError ``name=value: rule`` (one line)."""
+        broken = self.violation(value)
+        if broken is not None:
+            raise broken[0](f"{self.name}={value!r}: {broken[1]}")
+        return value
+
+
+class Declaration(Mapping[str, Parameter]):
+    """One algorithm's parameters, in the order of its signature (a read-only mapping by name)."""
+
+    def __init__(self, algorithm: str, *parameters: Parameter):
+        self.algorithm = algorithm
+        self._parameters = {p.name: p for p in parameters}
+        for p in parameters:  # a declaration whose default breaks its own rule is a bug here, not the user's
+            if p.violation(p.default) is not None:
+                raise AssertionError(f"{algorithm}: the default of {p.name} breaks its rule")
+
+    def __getitem__(self, name: str) -> Parameter:
+        return self._parameters[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parameters)
+
+    def __len__(self) -> int:
+        return len(self._parameters)
+
+    def defaults(self) -> dict[str, Any]:
+        """Every parameter's default, by name."""
+        return {name: p.default for name, p in self._parameters.items()}
+
+    @property
+    def config_keys(self) -> tuple[str, ...]:
+        """The keys of ``conf/algorithm/<algorithm>.yaml`` besides ``name``, in order."""
+        return tuple(name for name, p in self._parameters.items() if p.in_config)
+
+    def check(self, values: Mapping[str, Any]) -> None:
+        """Check the declared parameters among ``values`` (other keys are ignored), in declaration order.
+
+        Raises
+        ------
+        TypeError, ValueError
+            For the first broken rule: ``name=value: rule``.
+        """
+        for name, parameter in self._parameters.items():
+            if name in values:
+                parameter.check(values[name])
+
+
+def _integer(low: int) -> tuple[Interval]:
+    return (Interval("integer", low),)
+
+
+def _real(low: float | None = None, high: float | None = None, closed: str = "left") -> tuple[Interval]:
+    return (Interval("real", low, high, closed),)
+
+
+FEDGEM_PARAMETERS = Declaration(
+    "fedgem",
+    Parameter("rounds", _integer(0), 10, "T, the number of collaborative rounds."),
+    Parameter("local_steps", _integer(1), 1, "S, EM steps per site per round."),
+    Parameter("upsilon", (Interval("real", 0, None, "neither"), Options(("auto",))), "auto",
+              "The final-radius hyperparameter; auto chooses it (and so K_hat) by upsilon_criterion."),
+    Parameter("upsilon_grid", (PositiveNumbers(),), (0.1, 0.5, 1.0, 5.0, 10.0, 50.0),
+              "The candidates of the upsilon tuning."),
+    Parameter("upsilon_criterion", (Options(UPSILON_CRITERIA),), "likelihood",
+              "How upsilon=auto chooses: the sites' federated ICL, or their local silhouettes."),
+    Parameter("guard_factor", _real(0, closed="neither"), 1.5,
+              "The tuning prefers K_hat <= guard_factor * sqrt(sum K_g)."),
+    Parameter("n_init", _integer(1), 3, "k-means++ seedings per site; the best starts the site."),
+    Parameter("silhouette_sample", _integer(10), 1000, "Points per site scored by the tuning's silhouette."),
+    Parameter("radius_outlier_factor", _real(1, closed="neither"), 10.0,
+              "A ball this many times the median radius takes part in no merge; None: off.", none=True),
+    Parameter("count_cap_factor", _real(1), 10.0,
+              "The server counts at most this multiple of the median site size for one site; None: no cap.",
+              none=True),
+    Parameter("component_cap_factor", _real(1), 3.0,
+              "A site declaring more than this multiple of the median K_g is not admitted; None: off.", none=True),
+    Parameter("max_hostile_fraction", _real(0, 0.5, "left"), 0.25,
+              "The share of sites that may be hostile (the support rule of global clusters)."),
+    Parameter("max_overlap_pairs", _integer(1), 20_000_000,
+              "Memory budget of one server step, in overlapping pairs of balls; None: no budget.", none=True),
+    Parameter("participation", _real(0, 1, "right"), 1.0, "Share of the sites asked in each round."),
+    Parameter("min_clients", _integer(1), 2, "Fewest valid sites a round needs.", in_config=False),
+    Parameter("max_local_clusters", _integer(2), 10,
+              "Largest K_g tried when a site's number of clusters is estimated.", in_config=False),
+    Parameter("random_state", _integer(0), 0, "Seeds every random stream (the config's seed).", in_config=False),
+)
+
+RFICA_PARAMETERS = Declaration(
+    "rfica",
+    Parameter("contrast", (Options(CONTRASTS),), "cube", "FastICA's contrast (cube: the paper's kurtosis)."),
+    Parameter("init", (Options(INITS),), "random", "Each site's own random FastICA start, or one shared by all."),
+    Parameter("benchmark", (Options(BENCHMARK_RULES),), "largest", "The site the others' signs are aligned to."),
+    Parameter("kmeans_restarts", _integer(1), 10, "k-means restarts of the server's clustering of columns."),
+    Parameter("gm_tol", _real(0, closed="neither"), 1e-10, "Tolerance of the geometric median."),
+    Parameter("min_clients", _integer(1), 2, "Fewest valid sites the round needs.", in_config=False),
+    Parameter("random_state", _integer(0), 0, "Seeds every random stream (the config's seed).", in_config=False),
+)
+
+# The declaration of each algorithm of the config's ``algorithm.name``.
+DECLARATIONS = {"rfica": RFICA_PARAMETERS, "fedgem": FEDGEM_PARAMETERS}
