@@ -333,7 +333,7 @@ def test_federated_comparators_run_on_flowers_simulation(comparators_inprocess):
 
 def test_a_run_with_fewer_nodes_than_clients_stops_unless_allowed():
     from fedica.clients.app import app
-    from fedica.scripts.engines import InProcessGrid
+    from fedica.server.inprocess import InProcessGrid
     from fedica.server.app import run_federation
 
     cfg = compose_config(SEPARATED_BLOBS + ["node_wait_timeout=0.5", "baseline_methods=[k-fed,ffcm-avg2]"])

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from fedica.clients.app import app as client_app
 from fedica.scripts.deploy import processes
-from fedica.scripts.engines import InProcessGrid
 from fedica.server.federation import SIMULATION_SETTLE_SECONDS, Federation
+from fedica.server.inprocess import InProcessGrid
 from flwr.proto.task_pb2 import Task
 from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
 from flwr.server.superlink.linkstate import LinkStateFactory
