@@ -1,4 +1,4 @@
-"""Engines: the ways one configured run is driven. Each calls :func:`fedica.server.app.run_federation`.
+"""Engines: the ways one configured run is driven. Each calls :func:`fedica.server.harness.runner.run_federation`.
 
 - ``simulation``: Flower's simulation runtime (Ray), one ClientApp per simulated SuperNode.
 - ``inprocess``: the same ServerApp logic and the same ClientApp, with messages handed
@@ -15,7 +15,8 @@ from typing import Any
 
 from fedica.clients.app import LOCAL_ENGINE_VARIABLE
 from fedica.scripts.nodes import node_configs
-from fedica.server.app import configure_logging, run_federation
+from fedica.server.app import configure_logging
+from fedica.server.harness.runner import run_federation
 from fedica.server.inprocess import InProcessGrid
 from flwr.app import Context
 from flwr.clientapp import ClientApp
