@@ -18,7 +18,7 @@ from typing import Any
 
 from fedica.results import PARTIAL_RESULT_FILE, write_json_atomic
 
-from .bundle import _toml_string, build_app, write_run_config
+from .bundle import toml_string, build_app, write_run_config
 from .errors import DeploymentError, RunFailed
 from .options import CONNECTION, DeploymentOptions, check_ports_free
 from .overrides import config_overrides, resolve_out_dir
@@ -138,12 +138,12 @@ class LocalDeployment:
 
     def _write_cli_config(self) -> None:
         self.cli_home.mkdir(parents=True, exist_ok=True)
-        lines = ["[superlink]", f"default = {_toml_string(CONNECTION)}", "", f"[superlink.{CONNECTION}]",
-                 f"address = {_toml_string(self.options.superlink_address)}"]
+        lines = ["[superlink]", f"default = {toml_string(CONNECTION)}", "", f"[superlink.{CONNECTION}]",
+                 f"address = {toml_string(self.options.superlink_address)}"]
         if self.tls is None:
             lines.append("insecure = true")
         else:
-            lines.append(f"root-certificates = {_toml_string(str(self.tls.ca_cert))}")
+            lines.append(f"root-certificates = {toml_string(str(self.tls.ca_cert))}")
         (self.cli_home / "config.toml").write_text("\n".join(lines) + "\n")
 
     def _start_superlink(self) -> ManagedProcess:

@@ -94,7 +94,7 @@ def start_process(name: str, command: Sequence[str], log_path: Path, env: Mappin
     return ManagedProcess(name, popen, log_path)
 
 
-def _process_table() -> dict[int, tuple[int, int, str]]:
+def process_table() -> dict[int, tuple[int, int, str]]:
     """``pid -> (parent pid, process group, state)`` of every process on the machine."""
     table: dict[int, tuple[int, int, str]] = {}
     proc = Path("/proc")
@@ -117,7 +117,7 @@ def _process_table() -> dict[int, tuple[int, int, str]]:
     return table
 
 
-def _descendants(roots: Iterable[int], table: Mapping[int, tuple[int, int, str]]) -> set[int]:
+def descendants(roots: Iterable[int], table: Mapping[int, tuple[int, int, str]]) -> set[int]:
     children: dict[int, list[int]] = defaultdict(list)
     for pid, (ppid, _, _) in table.items():
         children[ppid].append(pid)
@@ -141,8 +141,8 @@ def terminate(processes: Sequence[ManagedProcess], grace: float) -> None:
     if not processes:
         return
     own_group = os.getpgrp()
-    table = _process_table()
-    tracked = _descendants([p.pid for p in processes], table)
+    table = process_table()
+    tracked = descendants([p.pid for p in processes], table)
     groups = {p.pid for p in processes} | {table[pid][1] for pid in tracked}
     groups.discard(own_group)
     for sig in (signal.SIGTERM, signal.SIGCONT):
@@ -151,8 +151,8 @@ def terminate(processes: Sequence[ManagedProcess], grace: float) -> None:
     while True:
         for process in processes:
             process.popen.poll()  # reap
-        table = _process_table()
-        tracked |= _descendants([pid for pid in tracked if pid in table], table)
+        table = process_table()
+        tracked |= descendants([pid for pid in tracked if pid in table], table)
         left = {pid for pid in tracked if pid in table and table[pid][2] != "Z"}
         left |= {pid for pid, (_, pgid, state) in table.items() if pgid in groups and state != "Z"}
         if not left:
