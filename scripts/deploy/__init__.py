@@ -40,7 +40,7 @@ from .bundle import (
 from .cli import LAUNCHER_OPTIONS, build_parser, launcher_overrides, main
 from .commands import print_commands
 from .errors import DeploymentError, PortInUse, RunFailed
-from .local import (
+from .localhost import (
     CLI_TIMEOUT,
     COMPLETED,
     NODE_ID_PATTERN,

@@ -22,6 +22,7 @@ APP_DIR_NAME = "fedica-app"  # `flwr build` wants [A-Za-z][A-Za-z0-9-]*
 
 
 def toml_string(value: str) -> str:
+    """``value`` as a TOML basic string."""
     # A JSON string is a valid TOML basic string (same escapes) as long as no astral character is escaped.
     return json.dumps(value, ensure_ascii=False)
 

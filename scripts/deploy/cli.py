@@ -10,9 +10,9 @@ from pathlib import Path
 
 from .commands import print_commands
 from .errors import DeploymentError, RunFailed
-from .local import run_deployment
+from .localhost import run_deployment
 from .options import DeploymentOptions
-from .overrides import hydra_value, compose, resolve_out_dir
+from .overrides import compose, hydra_value, resolve_out_dir
 
 LAUNCHER_OPTIONS = ("host", "superlink_port", "supernode_port", "tls", "node_auth", "startup_timeout", "run_timeout", "shutdown_grace", "out_dir")
 

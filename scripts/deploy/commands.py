@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .bundle import APP_DIR_NAME, toml_string, build_app, write_run_config
+from .bundle import APP_DIR_NAME, build_app, toml_string, write_run_config
 from .options import CONNECTION, DeploymentOptions, join_host_port
 from .overrides import config_overrides
 from .supernodes import deployment_node_configs, node_config_arg

@@ -66,6 +66,7 @@ class DeploymentOptions:
 
 
 def join_host_port(host: str, port: int) -> str:
+    """``host:port``, the host in brackets when it is an IPv6 address."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 

@@ -118,6 +118,7 @@ def process_table() -> dict[int, tuple[int, int, str]]:
 
 
 def descendants(roots: Iterable[int], table: Mapping[int, tuple[int, int, str]]) -> set[int]:
+    """``roots`` and every process below them in ``table`` (:func:`process_table`)."""
     children: dict[int, list[int]] = defaultdict(list)
     for pid, (ppid, _, _) in table.items():
         children[ppid].append(pid)
@@ -146,7 +147,7 @@ def terminate(processes: Sequence[ManagedProcess], grace: float) -> None:
     groups = {p.pid for p in processes} | {table[pid][1] for pid in tracked}
     groups.discard(own_group)
     for sig in (signal.SIGTERM, signal.SIGCONT):
-        _signal_groups(groups, sig)
+        signal_groups(groups, sig)
     deadline = time.monotonic() + grace
     while True:
         for process in processes:
@@ -161,7 +162,7 @@ def terminate(processes: Sequence[ManagedProcess], grace: float) -> None:
             break
         time.sleep(0.1)
     log.warning("processes %s did not stop within %.0f s of SIGTERM; sending SIGKILL", sorted(left), grace)
-    _signal_groups(groups | {table[pid][1] for pid in left if pid in table} - {own_group}, signal.SIGKILL)
+    signal_groups(groups | {table[pid][1] for pid in left if pid in table} - {own_group}, signal.SIGKILL)
     for pid in left:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
@@ -170,14 +171,15 @@ def terminate(processes: Sequence[ManagedProcess], grace: float) -> None:
             process.popen.wait(timeout=5)
 
 
-def _signal_groups(groups: Iterable[int], sig: int) -> None:
+def signal_groups(groups: Iterable[int], sig: int) -> None:
+    """Send ``sig`` to every process group of ``groups`` that still exists."""
     for group in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, sig)
 
 
 @contextlib.contextmanager
-def _sigterm_raises_interrupt() -> Iterator[None]:
+def sigterm_raises_interrupt() -> Iterator[None]:
     """In the main thread, turn SIGTERM into KeyboardInterrupt so that the processes are shut down as on Ctrl-C."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -198,7 +200,7 @@ def _swallow(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def _uninterruptible() -> Iterator[None]:
+def uninterruptible() -> Iterator[None]:
     """A second Ctrl-C must not cut the shutdown short (main thread only).
 
     The signals are swallowed by a handler rather than ignored: an ignored signal stays ignored
