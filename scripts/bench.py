@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from fedica.results import versions, write_json_atomic
+from fedica.scripts.bench_common import synthetic_components
 
 MNIST_SIZED = [
     "algorithm=fedgem",
@@ -148,28 +149,6 @@ def bench_fedgem_simulation(repeats: int, inprocess_wall: float | None) -> dict[
     }
 
 
-def _components(
-    m: int, d: int, seed: int = 0, overlap: float = 0.4, n_true: int = 10
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """m components of m/10 clients with 10 components each, around ``n_true`` true centres.
-
-    Each centre is the true centre plus N(0, 0.1^2) noise per coordinate; ball radii are
-    ``overlap`` x 0.1 x U(0.5, 1.5), so ``overlap`` sets how many balls meet (0.4: almost none
-    with 100 members per cluster, as late in a run; 1: about 0.45 m overlapping pairs, a third
-    of the components merge; 2: nearly every pair within a cluster meets).
-    With ``n_true`` = 10 the components per true cluster grow with m (G grows, K fixed), and so
-    do the overlapping pairs; with ``n_true`` = m / 100 every cluster keeps 100 members.
-    """
-    rng = np.random.default_rng(seed)
-    n_clients = m // 10
-    truth = rng.normal(scale=10.0 * max(1.0, (n_true / 10) ** (1 / d)), size=(n_true, d))
-    owners = np.repeat(np.arange(n_clients), 10)
-    ids = np.concatenate([rng.choice(n_true, 10, replace=False) for _ in range(n_clients)])
-    centers = truth[ids] + rng.normal(scale=0.1, size=(m, d))
-    radii = overlap * 0.1 * rng.uniform(0.5, 1.5, size=m)
-    return centers, radii**2, owners, np.ones(m)
-
-
 def _all_pairs_candidates(centers: np.ndarray, radii: np.ndarray, owners: np.ndarray) -> int:
     """All-pairs overlap test (the authors' approach, vectorised), in row blocks to bound memory."""
     count = 0
@@ -190,9 +169,9 @@ def bench_server_step(
     rows = []
     for m, workload in [(m, w) for w in ("fixed_K", "fixed_density") for m in sizes]:
         if workload == "fixed_K":
-            centers, eps, owners, weights = _components(m, 10, n_true=10)
+            centers, eps, owners, weights = synthetic_components(m, 10, n_true=10)
         else:
-            centers, eps, owners, weights = _components(m, 10, n_true=max(10, m // 100), overlap=1.0)
+            centers, eps, owners, weights = synthetic_components(m, 10, n_true=max(10, m // 100), overlap=1.0)
         radii = np.sqrt(eps)
         kd, (pairs, _) = timed(lambda: candidate_pairs(centers, radii, owners, algorithm="kd_tree"), repeats)
         step, result = timed(lambda: server_step(centers, eps, owners, weights), repeats)

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from fedica.scripts.bench_common import synthetic_components
+
 FEDGEM_THOUSAND = [
     "algorithm=fedgem", "scenario=blobs", "scenario.n_clients=1000", "scenario.n_clusters=50", "scenario.dim=10",
     "scenario.r_min=4", "scenario.n_train=500000", "scenario.n_test=50000", "algorithm.rounds=10",
@@ -59,12 +61,10 @@ def child_run(overrides: list[str]) -> dict[str, Any]:
 
 def bench_server_step_million() -> dict[str, Any]:
     """The server step at 1,000,000 components, 100 per true cluster (the fixed-density workload)."""
-    from fedica.scripts.bench import _components
-
     from fedica.fedgem.merging import server_step
 
     m = 1_000_000
-    centers, eps, owners, weights = _components(m, 10, n_true=m // 100, overlap=1.0)
+    centers, eps, owners, weights = synthetic_components(m, 10, n_true=m // 100, overlap=1.0)
     start = time.perf_counter()
     step = server_step(centers, eps, owners, weights)
     seconds = time.perf_counter() - start

@@ -51,7 +51,7 @@ def main(cfg: DictConfig) -> None:
         print(f"fedica-run: configuration error: {first_line}", file=sys.stderr)
         sys.exit(2)
     from fedica.scripts.engines import run_engine
-    from fedica.server.app import write_result
+    from fedica.server.harness.outputs import write_result
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     if is_complete_result(out_dir / RESULT_FILE):

@@ -1,4 +1,9 @@
-"""fedica's ServerApp, and the one function every engine drives: :func:`run_federation`.
+"""fedica's ServerApp ``app``: it composes the run's config, drives the harness and writes the result.
+
+The run itself is the harness's (:func:`fedica.server.harness.runner.run_federation`, which every
+engine drives, and :func:`fedica.server.harness.outputs.write_result`); they are importable from
+here too, beside this module's :func:`compose_config` and :func:`configure_logging`, which the
+command-line tools share.
 
 Under ``flwr run .`` the scenario is chosen with the same Hydra configs as
 ``fedica-run``: the run-config key ``overrides`` holds Hydra overrides (for example
@@ -13,122 +18,22 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import time
-import warnings
-from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fedica.server.federation import Federation
-from fedica.server.fedgem import run_fedgem, write_site_labels
-from fedica.server.records import config_to_json
-from fedica.server.rfica import run_rfica
+from fedica.server.harness.outputs import write_result
+from fedica.server.harness.runner import run_federation
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
-from sklearn.exceptions import ConvergenceWarning
 
-from fedica.attacks import hostile_clients
-from fedica.config import client_count, validate_config
+from fedica.config import validate_config
 from fedica.protocol import RunStopped
-from fedica.results import (
-    PARTIAL_RESULT_FILE,
-    RESULT_FILE,
-    SUMMARY_FILE,
-    format_summary,
-    versions,
-    write_json_atomic,
-)
+from fedica.results import PARTIAL_RESULT_FILE, format_summary
 
 log = logging.getLogger("fedica.server")
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-
-_RUNNERS = {"rfica": run_rfica, "fedgem": run_fedgem}
-
-
-def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping[int, int] | None = None) -> dict[str, Any]:
-    """Run the configured algorithm over ``grid`` and assemble the result (docs/INTERFACE.md section 3).
-
-    Parameters
-    ----------
-    grid : flwr.serverapp.Grid
-        Any Grid: Flower's simulation or deployment runtime, or the in-process one.
-    cfg : mapping
-        The validated run configuration (what :func:`fedica.config.validate_config` returned).
-    bound_partitions : mapping of node id to partition id, optional
-        Who is who, from a source the nodes cannot forge (see :class:`Federation`).
-
-    Returns
-    -------
-    result : dict
-    """
-    start = time.perf_counter()
-    expected = client_count(cfg["scenario"])
-    federation = Federation(
-        grid, expected=expected, min_clients=int(cfg["min_clients"]), round_timeout=float(cfg["round_timeout"]),
-        node_wait_timeout=float(cfg["node_wait_timeout"]), min_nodes=cfg.get("min_nodes"),
-        common_values={"cfg": config_to_json(cfg)},
-        hostile_partitions=hostile_clients(expected, cfg["attack"], seed=int(cfg["seed"])),
-        bound_partitions=None if bound_partitions is None else dict(bound_partitions),
-        scenario_name=str(cfg["scenario"].get("name", "")))
-    header = {
-        "algorithm": cfg["algorithm"]["name"],
-        "scenario": dict(cfg["scenario"]),
-        "engine": cfg["engine"]["name"],
-        "seed": cfg["seed"],
-        "config": dict(cfg),
-        "versions": versions(),
-        "history": federation.history,
-    }
-    # Recorded under the filters in force (ResourceWarnings, say, stay ignored), so that none reaches the terminal.
-    with warnings.catch_warnings(record=True) as caught:
-        try:
-            partial = _RUNNERS[cfg["algorithm"]["name"]](federation, cfg)
-        except RunStopped as err:
-            # Nothing already computed is lost: the caller writes this as partial_result.json.
-            err.partial = {
-                **header,
-                "status": f"stopped: {err}",
-                "clients": federation.clients_record(0),
-                "participation": federation.participation,
-                "timings": {"total": time.perf_counter() - start},
-                "warnings": count_warnings(caught),
-            }
-            raise
-    partial["timings"]["total"] = time.perf_counter() - start
-    return {**header, **partial, "warnings": count_warnings(caught)}
-
-
-# Warnings that ordinary runs raise and that say nothing about the result: counted in result.json,
-# not shown (an EM or k-means start that stops at its iteration limit is still scored like any other).
-EXPECTED_WARNINGS = (ConvergenceWarning,)
-
-
-def count_warnings(caught: list[warnings.WarningMessage]) -> dict[str, int]:
-    """How often each warning was raised during the run (``Category: first line``); unexpected ones are logged once."""
-    counts: dict[str, int] = {}
-    for warning in caught:
-        key = f"{warning.category.__name__}: {str(warning.message).splitlines()[0] if str(warning.message) else ''}"
-        if key not in counts and not issubclass(warning.category, EXPECTED_WARNINGS):
-            log.warning("%s (%s:%d)", key, warning.filename, warning.lineno)
-        counts[key] = counts.get(key, 0) + 1
-    expected = sum(n for w, n in counts.items() if w.split(":")[0] in {c.__name__ for c in EXPECTED_WARNINGS})
-    if expected:
-        log.info("%d expected warnings (%s) counted in result.json's warnings", expected,
-                 ", ".join(c.__name__ for c in EXPECTED_WARNINGS))
-    return counts
-
-
-def write_result(out_dir: str | os.PathLike, result: Mapping[str, Any], *, name: str = RESULT_FILE) -> Path:
-    """Write ``result.json`` (atomically; or ``name``) and ``summary.txt`` into ``out_dir``."""
-    out_dir = Path(out_dir)
-    labels = write_site_labels(result, out_dir) if name == RESULT_FILE else []
-    if labels:
-        result = {**result, "fedgem": {**result["fedgem"], "labels_files": labels}}
-    path = write_json_atomic(out_dir / name, result)
-    (out_dir / SUMMARY_FILE).write_text(format_summary(result) + "\n")
-    return path
 
 
 def compose_config(overrides: list[str]) -> dict[str, Any]:

@@ -114,9 +114,6 @@ class Federation:
     rejected: list[dict[str, Any]] = field(default_factory=list)
     partition_of: dict[int, int] = field(default_factory=dict)
     participation: list[dict[str, Any]] = field(default_factory=list)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    # The clients an ``attack`` config made hostile: recorded in the result only, never used by the server.
-    hostile_partitions: list[int] = field(default_factory=list)
     bound_partitions: dict[int, int] | None = None
     scenario_name: str = ""
 

@@ -1,24 +1,14 @@
-"""``FedGEMStrategy``: FedGEM as a Flower strategy, and fedica's FedGEM run (the result it writes)."""
+"""``FedGEMStrategy``: FedGEM as a Flower strategy (fedica's own run of it: :mod:`fedica.server.harness.fedgem_run`)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import time
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fedica.server.comparators import flower_driver
-from fedica.server.federation import Federation
 from fedica.server.strategy import ProtocolStrategy
 from flwr.app import Array, ArrayRecord, MetricRecord
 
-from fedica.data.files import read_rows
-from fedica.data.scenarios import scenario_client_data, true_n_clusters
-from fedica.evaluation.baselines import evaluate_clustering, run_baselines
-from fedica.fedgem.local import assign_labels
 from fedica.fedgem.server import FedGEMServer, FedGEMSettings
 from fedica.parameters import FEDGEM_PARAMETERS as _P
 from fedica.protocol import GEM_EVALUATE, GEM_FINAL, GEM_ROUND, GEM_SILHOUETTE, Request
@@ -130,106 +120,3 @@ class FedGEMStrategy(ProtocolStrategy):
     @property
     def history_(self) -> list[dict[str, Any]]:
         return self.server.history
-
-
-def scenario_silhouettes(cfg: Mapping[str, Any], server: FedGEMServer) -> dict[str, float]:
-    """FedGEM's silhouettes (pooled and per client), scored exactly as the comparators'.
-
-    A silhouette needs the points, which never leave a client: for a simulated scenario the
-    server regenerates the clients' test data (as for the comparators) and labels it with each
-    client's consensus model, as the client itself does in the evaluation stage.
-    """
-    payloads = server.consensus_payloads()
-    partitions = sorted(payloads)
-    clients = [scenario_client_data(cfg["scenario"], p, int(cfg["seed"])) for p in partitions]
-    labels = [payloads[p]["global-ids"][assign_labels(c.X_test, payloads[p]["centroids"])]
-              for p, c in zip(partitions, clients)]
-    scores = evaluate_clustering(clients, labels)
-    return {key: scores[key] for key in ("silhouette", "local_silhouette")}
-
-
-def write_site_labels(result: Mapping[str, Any], out_dir: str | os.PathLike) -> list[str]:
-    """Every site's rows labelled with its consensus model: ``labels_site<g>.csv`` (``row,cluster``) in ``out_dir``.
-
-    For a FedGEM run on ``scenario=files``: ``row`` counts the file's data rows from 0 (a header is
-    not a row), ``cluster`` is the global cluster id, as in ``fedgem.global_centroids``; each site's
-    rows go to the nearest of its consensus centroids, as the site itself labels its points. The
-    files are read here, so only where every site's file is on this machine (not a deployment,
-    whose sites keep their files and labels). Returns the files written (none for other runs).
-    """
-    scenario = result["scenario"]
-    if result["algorithm"] != "fedgem" or scenario["name"] != "files" or result["engine"] == "deployment":
-        return []
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    centroids = np.asarray(result["fedgem"]["global_centroids"], dtype=np.float64)
-    written = []
-    for partition, global_ids in sorted(result["fedgem"]["client_mapping"].items(), key=lambda item: int(item[0])):
-        global_ids = np.asarray(global_ids, dtype=np.int64)
-        X = read_rows(scenario["paths"][int(partition)], label_column=scenario.get("label_column"))
-        clusters = global_ids[assign_labels(X, centroids[global_ids])]
-        path = out_dir / f"labels_site{partition}.csv"
-        np.savetxt(path, np.c_[np.arange(X.shape[0]), clusters], fmt="%d", delimiter=",", header="row,cluster", comments="")
-        written.append(str(path))
-    return written
-
-
-def run_fedgem(federation: Federation, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """fedica's FedGEM run over a federation: the strategy, then the result's sections (and the baselines).
-
-    Returns
-    -------
-    partial_result : dict
-        ``metrics``, ``clients``, ``history``, ``timings`` and ``fedgem`` entries of the result.
-    """
-    alg = cfg["algorithm"]
-    settings = FedGEMSettings.from_config(alg, min_clients=int(cfg["min_clients"]), seed=int(cfg["seed"]))
-    strategy = FedGEMStrategy(**{k: v for k, v in vars(settings).items() if k not in ("min_clients", "seed")},
-                              random_state=settings.seed, evaluate=True, min_clients=settings.min_clients,
-                              min_available_nodes=federation.expected, client_config=federation.common_values)
-    try:
-        strategy.start(federation.grid, timeout=federation.round_timeout, federation=federation)
-    finally:
-        if strategy.server is not None:
-            federation.history.extend(strategy.server.history)
-    server = strategy.server
-    fedgem_metrics = {**server.evaluation, "super_clusters": server.aggregation.k_hat, "upsilon": server.upsilon,
-                      "rounds": alg["rounds"]}
-    if federation.hostile_partitions:
-        # The books know who was hostile (the server never did): the honest clients' view beside everyone's.
-        honest = [p for p in server.evaluated if p not in set(federation.hostile_partitions)]
-        fedgem_metrics.update({f"honest_{k}": v for k, v in server.evaluation_over(honest).items()})
-    true_k = true_n_clusters(cfg["scenario"])
-    if true_k is not None:
-        fedgem_metrics["k_true"] = true_k
-    if cfg["scenario"]["name"] != "files":
-        fedgem_metrics.update(scenario_silhouettes(cfg, server))
-
-    result_metrics = {"fedgem": fedgem_metrics}
-    timings = {"fedgem": server.client_seconds + server.server_seconds, "fedgem_clients_sum": server.client_seconds,
-               "fedgem_server": server.server_seconds}
-    if cfg["baselines"] and cfg["scenario"]["name"] != "files":
-        start = time.perf_counter()
-        baseline_metrics, baseline_timings = run_baselines(cfg["scenario"], cfg["baseline_methods"], seed=int(cfg["seed"]),
-                                                           n_init=alg["n_init"], driver=flower_driver(federation),
-                                                           partitions=server.final.partitions)
-        log.info("baselines %s in %.2f s", list(baseline_metrics), time.perf_counter() - start)
-        result_metrics.update(baseline_metrics)
-        timings.update(baseline_timings)
-    mapping = {str(p): labels.tolist() for p, labels in strategy.site_mapping_.items()}
-    return {
-        "metrics": result_metrics,
-        "clients": federation.clients_record(len(server.final.partitions)),
-        "history": server.history,
-        "timings": timings,
-        "fedgem": {
-            "global_centroids": server.aggregation.global_centroids,
-            "client_mapping": mapping,
-            "client_local_ari": server.client_aris,
-            "local_clusters": {str(p): m.n_components for p, m in sorted(server.models.items())},
-            "upsilon": server.upsilon,
-            "upsilon_tuning": server.tuning,
-            "participation": federation.participation,
-            "hostile_clients": federation.hostile_partitions,
-        },
-    }

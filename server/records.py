@@ -10,16 +10,11 @@ travels as JSON in ``values["cfg"]`` (:func:`config_to_json`), so that every eng
 from __future__ import annotations
 
 import json
-import logging
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
-
-log = logging.getLogger("fedica.server")
 
 ARRAYS = "arrays"
 VALUES = "values"
@@ -81,17 +76,3 @@ def _python_scalar(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
-
-
-def run_output_dir() -> Path:
-    """Where result.json goes: Hydra's run folder under fedica-run, else ``$FEDICA_OUT``, else the working folder."""
-    fallback = Path(os.environ.get("FEDICA_OUT") or ".")
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if not HydraConfig.initialized():
-            return fallback
-        return Path(HydraConfig.get().runtime.output_dir or fallback)
-    except Exception as err:  # noqa: BLE001 - Hydra's compose API (flwr run) sets no run folder
-        log.debug("no Hydra run folder (%s); files go to %s", err, fallback)
-        return fallback

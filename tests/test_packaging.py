@@ -34,8 +34,8 @@ def installed(tmp_path_factory):
 def test_installing_adds_no_generic_top_level_package(installed):
     top_level = {p.name for p in installed.iterdir() if p.is_dir() and not p.name.endswith((".dist-info", "__pycache__")) and p.name != "bin"}
     assert top_level == {"fedica"}
-    for module in ("server/app.py", "server/strategy.py", "clients/app.py", "scripts/run.py", "conf/config.yaml",
-                   "conf/algorithm/fedgem.yaml"):
+    for module in ("server/app.py", "server/strategy.py", "server/inprocess.py", "server/harness/runner.py",
+                   "clients/app.py", "scripts/run.py", "conf/config.yaml", "conf/algorithm/fedgem.yaml"):
         assert (installed / "fedica" / module).is_file(), module
 
 
@@ -45,7 +45,7 @@ def test_installed_package_imports_its_flower_side_and_not_the_generic_names(ins
         "from fedica.server import FedGEMStrategy, RFICAStrategy\n"
         "from flwr.serverapp.strategy import Strategy\n"
         "assert issubclass(FedGEMStrategy, Strategy) and issubclass(RFICAStrategy, Strategy)\n"
-        "import fedica.clients.app, fedica.scripts.run\n"
+        "import fedica.clients.app, fedica.scripts.run, fedica.server.app, fedica.server.harness.runner\n"
         "for name in ('server', 'clients', 'scripts', 'conf'):\n"
         "    try:\n"
         "        importlib.import_module(name)\n"

@@ -9,7 +9,7 @@ import functools
 import numpy as np
 from scipy.spatial.distance import pdist
 
-from fedica.data.common import ClientData, _apportion, _readonly, _resolve_k_range
+from fedica.data.common import ClientData, apportion, mark_readonly, resolve_k_range
 from fedica.seeding import generator
 from fedica.validation import check_partition, check_seed
 
@@ -107,7 +107,7 @@ def client_cluster_sets(n_clients: int, n_clusters: int, k_min: int, k_max: int,
     """
     if n_clients < 1:
         raise ValueError(f"n_clients must be >= 1, got {n_clients}")
-    k_min, k_max = _resolve_k_range(n_clusters, k_min, k_max)
+    k_min, k_max = resolve_k_range(n_clusters, k_min, k_max)
     if n_clients * k_max < n_clusters:
         raise ValueError(
             f"n_clients * k_max must be >= n_clusters so that every cluster is on some client, got "
@@ -167,8 +167,8 @@ def _blobs_structure(n_clients, n_clusters, dim, r_min, n_train, n_test, setting
     sets = client_cluster_sets(n_clients, n_clusters, k_min, k_max,
                                random_state=generator(seed, "scenario.cluster_sets"))
     shares = client_shares(setting, n_clients, random_state=generator(seed, "blobs.shares"))
-    train_counts = _apportion(n_train, shares)
-    test_counts = _apportion(n_test, shares)
+    train_counts = apportion(n_train, shares)
+    test_counts = apportion(n_test, shares)
     too_small = np.flatnonzero((train_counts < [s.size for s in sets]) | (test_counts < 1))
     if too_small.size:
         g = int(too_small[0])
@@ -176,7 +176,7 @@ def _blobs_structure(n_clients, n_clusters, dim, r_min, n_train, n_test, setting
             f"n_train={n_train} / n_test={n_test} too small: client {g} would get {train_counts[g]} training and "
             f"{test_counts[g]} test points for its {sets[g].size} clusters (need >= K_g training, >= 1 test)"
         )
-    _readonly(centers, train_counts, test_counts, *sets)
+    mark_readonly(centers, train_counts, test_counts, *sets)
     return centers, tuple(sets), train_counts, test_counts
 
 
@@ -217,7 +217,7 @@ def blobs_client_data(partition_id: int, *, n_clients: int, n_clusters: int, dim
     """
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
-    k_min, k_max = _resolve_k_range(n_clusters, k_min, k_max)
+    k_min, k_max = resolve_k_range(n_clusters, k_min, k_max)
     g = check_partition(partition_id, n_clients)
     centers, sets, train_counts, test_counts = _blobs_structure(
         int(n_clients), int(n_clusters), int(dim), float(r_min), int(n_train), int(n_test), setting,
@@ -230,7 +230,7 @@ def blobs_client_data(partition_id: int, *, n_clients: int, n_clusters: int, dim
     rng = generator(seed, "blobs.points", g)
 
     def draw(total):
-        counts = _apportion(total, proportions, minimum=1 if total >= clusters.size else 0)
+        counts = apportion(total, proportions, minimum=1 if total >= clusters.size else 0)
         labels = rng.permutation(np.repeat(clusters, counts))
         return centers[labels] + rng.standard_normal((labels.size, centers.shape[1])), labels
 

@@ -10,7 +10,7 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 from fedica.data.blobs import client_cluster_sets
-from fedica.data.common import ClientData, _readonly, _resolve_k_range, deal_classes
+from fedica.data.common import ClientData, deal_classes, mark_readonly, resolve_k_range
 from fedica.seeding import generator
 from fedica.validation import check_partition, check_seed, check_test_fraction
 
@@ -54,7 +54,7 @@ def _waveform_base_waves() -> np.ndarray:
 @functools.lru_cache(maxsize=8)
 def _waveform_dataset(n_samples: int, seed: int):
     X, y = waveform(n_samples, random_state=generator(seed, "waveform.points"))
-    _readonly(X, y)
+    mark_readonly(X, y)
     return X, y
 
 
@@ -62,7 +62,7 @@ def _waveform_dataset(n_samples: int, seed: int):
 def _digits_dataset():
     X, y = load_digits(return_X_y=True)
     X, y = X.astype(np.float64), y.astype(np.int64)
-    _readonly(X, y)
+    mark_readonly(X, y)
     return X, y
 
 
@@ -79,13 +79,13 @@ def _class_partition(dataset: str, dataset_args: tuple, n_clients: int, test_fra
     sets = client_cluster_sets(n_clients, classes.size, k_min, k_max,
                                random_state=generator(seed, "scenario.cluster_sets"))
     train_idx, test_idx, train_owner, test_owner = deal_classes(y, sets, test_fraction, seed)
-    _readonly(train_idx, test_idx, train_owner, test_owner, *sets)
+    mark_readonly(train_idx, test_idx, train_owner, test_owner, *sets)
     return X, y, train_idx, test_idx, train_owner, test_owner, tuple(sets)
 
 
 def _class_client_data(partition_id, dataset, dataset_args, n_clients, test_fraction, k_min, k_max, seed):
     g = check_partition(partition_id, n_clients)
-    k_min, k_max = _resolve_k_range(3 if dataset == "waveform" else 10, k_min, k_max)
+    k_min, k_max = resolve_k_range(3 if dataset == "waveform" else 10, k_min, k_max)
     X, y, train_idx, test_idx, train_owner, test_owner, sets = _class_partition(
         dataset, dataset_args, int(n_clients), check_test_fraction(test_fraction), k_min, k_max,
         check_seed(seed))

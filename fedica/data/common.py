@@ -57,7 +57,7 @@ class ClientData:
         return int(self.X_train.shape[0])
 
 
-def _apportion(total: int, fractions: np.ndarray, minimum: int = 0) -> np.ndarray:
+def apportion(total: int, fractions: np.ndarray, minimum: int = 0) -> np.ndarray:
     """Integer counts summing exactly to ``total``, proportional to ``fractions`` (largest-remainder method).
 
     Every entry first gets ``minimum``; the rest is split by the fractions, floors first, then one extra unit each
@@ -74,7 +74,8 @@ def _apportion(total: int, fractions: np.ndarray, minimum: int = 0) -> np.ndarra
     return counts + minimum
 
 
-def _resolve_k_range(n_clusters: int, k_min: int, k_max: int | None) -> tuple[int, int]:
+def resolve_k_range(n_clusters: int, k_min: int, k_max: int | None) -> tuple[int, int]:
+    """The range of local cluster counts ``(k_min, k_max)``, ``k_max`` None meaning ``n_clusters - 1``; checked."""
     k_max = n_clusters - 1 if k_max is None else k_max
     if not 1 <= k_min <= k_max <= n_clusters:
         raise ValueError(
@@ -84,7 +85,7 @@ def _resolve_k_range(n_clusters: int, k_min: int, k_max: int | None) -> tuple[in
     return int(k_min), int(k_max)
 
 
-def _readonly(*arrays: np.ndarray) -> None:
+def mark_readonly(*arrays: np.ndarray) -> None:
     """Cached arrays are shared between calls; make accidental in-place edits fail loudly."""
     for array in arrays:
         array.setflags(write=False)

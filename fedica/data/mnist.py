@@ -30,7 +30,7 @@ from sklearn.decomposition import PCA
 from threadpoolctl import threadpool_limits
 
 from fedica.data.blobs import client_cluster_sets
-from fedica.data.common import ClientData, _readonly, _resolve_k_range, deal_classes
+from fedica.data.common import ClientData, deal_classes, mark_readonly, resolve_k_range
 from fedica.seeding import generator
 from fedica.validation import check_partition, check_seed, check_test_fraction
 
@@ -63,7 +63,7 @@ def mnist_embedded() -> tuple[np.ndarray, np.ndarray]:
     with threadpool_limits(limits=1, user_api="blas"):
         X = PCA(n_components=MNIST_DIM, svd_solver="covariance_eigh").fit_transform(pixels / 255.0)
     X, y = np.ascontiguousarray(X, dtype=np.float64), np.asarray(y, dtype=np.int64)
-    _readonly(X, y)
+    mark_readonly(X, y)
     return X, y
 
 
@@ -74,7 +74,7 @@ def _mnist_partition(n_clients: int, test_fraction: float, k_min: int, k_max: in
     sets = client_cluster_sets(n_clients, MNIST_CLASSES, k_min, k_max,
                                random_state=generator(seed, "scenario.cluster_sets"))
     parts = deal_classes(y, sets, test_fraction, seed)
-    _readonly(*parts, *sets)
+    mark_readonly(*parts, *sets)
     return (*parts, tuple(sets))
 
 
@@ -103,7 +103,7 @@ def mnist_client_data(partition_id: int, *, n_clients: int = 100, test_fraction:
         10 features; labels in 0..9; ``n_components`` is the number of digits the client holds.
     """
     g = check_partition(partition_id, n_clients)
-    k_min, k_max = _resolve_k_range(MNIST_CLASSES, k_min, k_max)
+    k_min, k_max = resolve_k_range(MNIST_CLASSES, k_min, k_max)
     train_idx, test_idx, train_owner, test_owner, sets = _mnist_partition(
         int(n_clients), check_test_fraction(test_fraction), k_min, k_max, check_seed(seed))
     X, y = mnist_embedded()

@@ -472,7 +472,7 @@ def afcl(clients: Sequence[ClientData], *, learning_rate: float = 1e-3, beta: fl
         An int is the run's seed (the clients' k-means++ streams); otherwise an int seed is drawn from it.
     driver : callable, optional
         ``driver(protocol)`` answers the protocol's requests over some transport (Flower's, in
-        ``fedica.server.comparators``); None: the clients' data, in memory.
+        ``fedica.server.harness.comparators``); None: the clients' data, in memory.
     partitions : sequence of int, optional
         The partition id of each client (default: its position in ``clients``).
 
@@ -495,7 +495,7 @@ def afcl(clients: Sequence[ClientData], *, learning_rate: float = 1e-3, beta: fl
 def afcl_result(state: AFCLState, clients: Sequence[ClientData]) -> BaselineResult:
     """What a finished AFCL protocol gives: every client's test labels (nearest final seed) and its books.
 
-    Any transport's run ends here (:func:`afcl` in memory, ``fedica.server.comparators`` over Flower).
+    Any transport's run ends here (:func:`afcl` in memory, ``fedica.server.harness.comparators`` over Flower).
     """
     labels = [np.argmin(cdist((c.X_test - state.offset) / state.scale, state.seeds, "sqeuclidean"), axis=1)
               for c in clients]

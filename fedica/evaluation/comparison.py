@@ -3,7 +3,7 @@
 The one-shot comparators (:mod:`fedica.evaluation.baselines`) and the iterative federated ones
 (:mod:`fedica.evaluation.ffcm`, :mod:`fedica.evaluation.afcl`) all return a :class:`BaselineResult`.
 A federated comparator's protocol runs over a transport's ``driver`` (Flower's, in
-``fedica.server.comparators``) or, with none, in memory over the clients' data with the one
+``fedica.server.harness.comparators``) or, with none, in memory over the clients' data with the one
 in-memory driver of the protocol kit (:class:`fedica.protocol.InMemoryFederation`), the clients
 answering with the comparator's own entries of the client task registry (its ``TASKS``, which
 :data:`fedica.tasks.CLIENT_TASKS` holds too).

@@ -406,7 +406,7 @@ def ffcm(clients: Sequence[ClientData], n_clusters: int, *, variant: str = "avg1
         An int is the run's seed; otherwise an int seed is drawn from it.
     driver : callable, optional
         ``driver(protocol)`` answers the protocol's requests over some transport (Flower's, in
-        ``fedica.server.comparators``); None: the clients' data, in memory.
+        ``fedica.server.harness.comparators``); None: the clients' data, in memory.
     partitions : sequence of int, optional
         The partition id of each client (default: its position in ``clients``).
 
@@ -426,7 +426,7 @@ def ffcm(clients: Sequence[ClientData], n_clusters: int, *, variant: str = "avg1
 def ffcm_result(state: FFCMState, clients: Sequence[ClientData]) -> BaselineResult:
     """What a finished FFCM protocol gives: every client's test labels (nearest global centre) and its books.
 
-    Any transport's run ends here (:func:`ffcm` in memory, ``fedica.server.comparators`` over Flower).
+    Any transport's run ends here (:func:`ffcm` in memory, ``fedica.server.harness.comparators`` over Flower).
     """
     labels = [nearest_centre(c.X_test, state.centres) for c in clients]
     info = {"rounds": len(state.history), "upload_bytes": int(state.upload_bytes), "client_seconds": state.client_seconds,

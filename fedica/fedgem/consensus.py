@@ -11,7 +11,7 @@ from scipy import sparse
 from fedica.validation import as_centers, as_int_vector, as_vector
 
 
-def _segment_sum(values, labels, n_segments, row_weights):
+def segment_sum(values, labels, n_segments, row_weights):
     """Weighted sum of the rows of ``values`` (r, d) per label -> (n_segments, d)."""
     indicator = sparse.csr_matrix(
         (row_weights, (labels, np.arange(labels.shape[0]))),
@@ -235,7 +235,7 @@ def consensus_centers(centers, radii, weights, labels):
     n_clusters = int(labels.max()) + 1
     sizes = np.bincount(labels, minlength=n_clusters)
     weighted_mean = (
-        _segment_sum(centers, labels, n_clusters, weights)
+        segment_sum(centers, labels, n_clusters, weights)
         / np.bincount(labels, weights=weights, minlength=n_clusters)[:, None]
     )
     # consensus[l] is cluster l's common point; agreed[l] says whether it exists.

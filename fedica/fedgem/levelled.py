@@ -19,9 +19,9 @@ from scipy.spatial import cKDTree
 
 from fedica.fedgem.overlaps import (
     TooManyOverlaps,
-    _larger_end_lookups,
-    _pair_distances,
-    _radius_classes,
+    larger_end_lookups,
+    pair_distances,
+    radius_classes,
     sampled_overlaps,
     spatial_order,
 )
@@ -104,7 +104,7 @@ def levelled_labels(centers, radii, owner_code, levels, *, sample=None, max_pair
     # The geometry runs in spatial order (cache); the pairs' order and ties use the original rows.
     spatial = spatial_order(centers)
     local_centers, local_radii = centers[spatial], radii[spatial]
-    classes = _radius_classes(local_radii)
+    classes = radius_classes(local_radii)
     union = ConstrainedUnion(owner_code)
     previous = -1.0
     for threshold in levels:
@@ -123,7 +123,7 @@ def levelled_labels(centers, radii, owner_code, levels, *, sample=None, max_pair
         keep = (owner_code[first] != owner_code[second]) & (roots[first] != roots[second])
         key = unique_keys(np.minimum(first[keep], second[keep]) * m + np.maximum(first[keep], second[keep]))
         first, second = np.divmod(key, m)
-        distance = _pair_distances(centers, first, second)
+        distance = pair_distances(centers, first, second)
         radius_sum = radii[first] + radii[second]
         ratio = np.divide(distance, radius_sum, out=np.zeros_like(distance), where=radius_sum > 0)
         keep = (distance <= radius_sum) & (ratio > previous) & (ratio <= threshold)
@@ -157,8 +157,8 @@ def _live_candidates(centers, reach, classes, roots, union):
     # Every pair with a small end, from its larger end: a small one looks among everyone, a
     # large one among the small.
     found = [
-        _larger_end_lookups(centers, reach, classes, small, np.arange(centers.shape[0])),
-        _larger_end_lookups(centers, reach, classes, large, small),
+        larger_end_lookups(centers, reach, classes, small, np.arange(centers.shape[0])),
+        larger_end_lookups(centers, reach, classes, large, small),
     ]
     large_roots = np.flatnonzero(sizes >= _SMALL_SET)
     if large_roots.size > 1:
@@ -182,6 +182,6 @@ def _large_set_candidates(centers, reach, classes, roots, large_roots, union):
     found = []
     for a, b in near.tolist():
         if union.joinable(int(large_roots[a]), int(large_roots[b])):
-            found.append(_larger_end_lookups(centers, reach, classes, members[a], members[b]))
-            found.append(_larger_end_lookups(centers, reach, classes, members[b], members[a]))
+            found.append(larger_end_lookups(centers, reach, classes, members[a], members[b]))
+            found.append(larger_end_lookups(centers, reach, classes, members[b], members[a]))
     return found

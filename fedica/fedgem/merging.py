@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedica.fedgem.consensus import _segment_sum, consensus_centers
+from fedica.fedgem.consensus import consensus_centers, segment_sum
 from fedica.fedgem.superclusters import super_clusters
 from fedica.validation import as_centers, as_vector
 
@@ -118,7 +118,7 @@ def final_aggregation(centers, eps_final, owners, weights, *, max_pairs=None):
     labels = super_clusters(centers, radii, owners, max_pairs=max_pairs)
     k_hat = int(labels.max()) + 1 if m else 0
     global_centroids = (
-        _segment_sum(centers, labels, k_hat, weights)
+        segment_sum(centers, labels, k_hat, weights)
         / np.bincount(labels, weights=weights, minlength=k_hat)[:, None]
     )
     return FinalAggregation(labels=labels, global_centroids=global_centroids, k_hat=k_hat)

@@ -36,7 +36,7 @@ _RADIUS_CLASS_FACTOR = 4.0
 # Up to this many components all pairs are compared directly (measured faster than the
 # KD-trees, d = 10), in blocks of about this many distances (512 KiB: small blocks stay in
 # cache and avoid a fresh memory mapping per call, measured 20% faster than one big block).
-_BRUTE_FORCE_MAX = 1_000
+BRUTE_FORCE_MAX = 1_000
 
 
 _BRUTE_FORCE_BLOCK = 2**16
@@ -115,7 +115,7 @@ def sampled_overlaps(centers, radii, owners, *, n_samples=_ESTIMATE_SAMPLES, ran
     return SampledOverlaps(i, j, ratio, m * (m - 1) / 2 / max(1, distinct.sum()))
 
 
-def _pair_distances(centers, first, second):
+def pair_distances(centers, first, second):
     """``||c_first - c_second||`` (p,), in blocks, so that the (p, d) differences never exist at once."""
     distance = np.empty(first.shape[0])
     for start in range(0, first.shape[0], _DIFFERENCE_BLOCK):
@@ -125,7 +125,7 @@ def _pair_distances(centers, first, second):
     return distance
 
 
-def _radius_classes(radii):
+def radius_classes(radii):
     """Class id per radius (m,), 0 for the largest radii: a class starts at the largest radius
     not yet classed and holds every radius above that divided by ``_RADIUS_CLASS_FACTOR``."""
     order = np.argsort(-radii, kind="stable")
@@ -150,11 +150,11 @@ def _flatten_neighbours(neighbour_lists):
     return np.repeat(np.arange(len(neighbour_lists)), counts), neighbours
 
 
-def _larger_end_lookups(centers, radii, classes, queries, targets):
+def larger_end_lookups(centers, radii, classes, queries, targets):
     """Candidate pairs (query, target), index arrays, holding every overlapping pair of a
     query and a target whose radius is at most the query's (the pair's larger end).
 
-    ``classes`` are :func:`_radius_classes` of ``radii``; ``queries`` and ``targets`` are
+    ``classes`` are :func:`radius_classes` of ``radii``; ``queries`` and ``targets`` are
     row indices. A query makes at most two lookups: in its own class's targets with radius
     ``2 r_j``, and in one tree of all smaller classes' targets with ``r_j`` plus their
     largest radius. Equal radii are found from both ends when both are queries and targets.
@@ -197,7 +197,7 @@ def _pairs_by_kd_tree(centers, radii):
     spatial = spatial_order(centers)
     centers, radii = centers[spatial], radii[spatial]
     everyone = np.arange(centers.shape[0])
-    query, other = _larger_end_lookups(centers, radii, _radius_classes(radii), everyone, everyone)
+    query, other = larger_end_lookups(centers, radii, radius_classes(radii), everyone, everyone)
     once = (radii[query] > radii[other]) | (query > other)
     return spatial[query[once]], spatial[other[once]]
 
@@ -229,7 +229,7 @@ def _exact_overlaps(centers, radii, owners, first, second):
     # Sorting one int64 key per pair is several times faster than sorting the rows.
     key = np.sort(np.minimum(first, second) * m + np.maximum(first, second))
     first, second = np.divmod(key, m)
-    distance = _pair_distances(centers, first, second)
+    distance = pair_distances(centers, first, second)
     keep = distance <= radii[first] + radii[second]
     return np.column_stack([first[keep], second[keep]]), distance[keep]
 
@@ -309,7 +309,7 @@ def candidate_pairs(centers, radii, owners, *, algorithm="auto", max_pairs=None)
                 " (about 110 bytes each)"
             )
 
-    if algorithm == "brute" or (algorithm == "auto" and m <= _BRUTE_FORCE_MAX):
+    if algorithm == "brute" or (algorithm == "auto" and m <= BRUTE_FORCE_MAX):
         pairs, distance = _overlaps_by_brute_force(centers, radii, owners)
     else:
         pairs, distance = _exact_overlaps(centers, radii, owners, *_pairs_by_kd_tree(centers, radii))

@@ -23,14 +23,12 @@ from fedica.evaluation.metrics import (
     k_hat_from_predictions,
     weighted_local_ari,
 )
+from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.local import uncertainty_radius
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.overlaps import TooManyOverlaps
 from fedica.fedgem.selection import Candidate, bic, icl, merge_path, path_sizes
 from fedica.fedgem.trust import (
-    ClientModel,
-    Components,
-    Support,
     admit_components,
     cap_counts,
     cluster_support,

@@ -10,8 +10,8 @@ from scipy import sparse
 from scipy.sparse.csgraph import connected_components
 
 from fedica.fedgem.levelled import levelled_labels, ratio_levels
-from fedica.fedgem.overlaps import _BRUTE_FORCE_MAX, candidate_pairs
-from fedica.fedgem.union import _UNION_CHUNK, ConstrainedUnion
+from fedica.fedgem.overlaps import BRUTE_FORCE_MAX, candidate_pairs
+from fedica.fedgem.union import UNION_CHUNK, ConstrainedUnion
 from fedica.validation import as_centers, as_int_vector, as_vector
 
 
@@ -23,7 +23,7 @@ def _first_appearance_labels(keys):
     return rank[inverse.reshape(-1)]
 
 
-def _constrained_union_find(n_nodes, edges, node_owner, *, chunk_size=_UNION_CHUNK):
+def _constrained_union_find(n_nodes, edges, node_owner, *, chunk_size=UNION_CHUNK):
     """Roots (n_nodes,) after :meth:`ConstrainedUnion.add_edges` of ``edges`` (p, 2), in order."""
     union = ConstrainedUnion(node_owner)
     union.add_edges(edges, chunk_size=chunk_size)
@@ -81,7 +81,7 @@ def super_clusters(centers, radii, owners, *, max_pairs=None):
         return np.empty(0, dtype=np.int64)
     owner_code = np.unique(owners, return_inverse=True)[1].reshape(-1)
     radii = as_vector(radii, m, "radii")
-    if m > _BRUTE_FORCE_MAX:
+    if m > BRUTE_FORCE_MAX:
         levels, sample = ratio_levels(centers, radii, owner_code)
         if levels is not None:
             roots = levelled_labels(centers, radii, owner_code, levels, sample=sample, max_pairs=max_pairs)

@@ -14,10 +14,10 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
+from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.local import final_radius, min_centroid_distance
 from fedica.fedgem.merging import FinalAggregation, final_aggregation, server_step
 
@@ -27,38 +27,6 @@ log = logging.getLogger("fedica.server")
 # mass a client gives one of its clusters. Genuine clusters held by one small client are that
 # light: at 0.25 one of 10 seeds of section 6.2's client-imbalance workload lost one.
 SUPPORT_MASS_SHARE = 0.1
-
-
-@dataclass
-class ClientModel:
-    """What the server knows of one client: its declared sizes and the centroids it was sent last."""
-
-    n_points: int            # the count the server uses (declared, capped by count_cap_factor)
-    weights: np.ndarray      # (K_g,) pi
-    centroids: np.ndarray    # (K_g, d) the centroids the server sent (or the client reported at initialisation)
-
-    declared_points: int = 0
-
-    @property
-    def n_components(self) -> int:
-        return self.weights.shape[0]
-
-
-@dataclass
-class Components:
-    """All clients' components stacked for a server step."""
-
-    partitions: list[int]
-    centers: np.ndarray   # (m, d)
-    eps: np.ndarray       # (m,)
-    owners: np.ndarray    # (m,) partition id of each component
-    weights: np.ndarray   # (m,) N_g * pi_k
-
-    def slices(self) -> dict[int, slice]:
-        """Each client's rows: its components are stacked contiguously, in the order of ``partitions``."""
-        starts = np.flatnonzero(np.r_[True, self.owners[1:] != self.owners[:-1]]) if self.owners.size else []
-        ends = list(starts[1:]) + [self.owners.size]
-        return {int(self.owners[a]): slice(int(a), int(b)) for a, b in zip(starts, ends)}
 
 
 def cap_counts(models: Mapping[int, ClientModel], factor: float | None) -> None:
@@ -190,15 +158,6 @@ def trusted_server_step(
                        max_pairs=max_pairs)
     new_centers[keep] = step.new_centers
     return new_centers, step.n_super_clusters + int(excluded.sum()), excluded
-
-
-@dataclass(frozen=True)
-class Support:
-    """What a global cluster needs to be counted (:func:`unsupported_clusters`)."""
-
-    quorum: int
-    typical_mass: float
-    masses: np.ndarray   # (m,) each final component's weight, its client's count capped at the median
 
 
 def cluster_support(models: Mapping[int, ClientModel], final: Components, hostile_fraction: float) -> Support | None:

@@ -7,7 +7,7 @@ import numpy as np
 
 # Edges per chunk of the constrained union-find (ConstrainedUnion.add_edges), and the size
 # mostly settled chunks may grow to.
-_UNION_CHUNK = 2048
+UNION_CHUNK = 2048
 _UNION_CHUNK_MAX = 2**17
 
 
@@ -65,7 +65,7 @@ class ConstrainedUnion:
         """Whether two roots are distinct sets that share no owner."""
         return root_a != root_b and self.owner_sets[root_a].isdisjoint(self.owner_sets[root_b])
 
-    def add_edges(self, edges, *, chunk_size=_UNION_CHUNK):
+    def add_edges(self, edges, *, chunk_size=UNION_CHUNK):
         """Take ``edges`` (p, 2) in their order; a union is skipped when the sets share an owner.
 
         Edges are taken ``chunk_size`` at a time (a chunk after a mostly settled one is up

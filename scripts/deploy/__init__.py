@@ -40,7 +40,7 @@ from .bundle import (
 from .cli import LAUNCHER_OPTIONS, build_parser, launcher_overrides, main
 from .commands import print_commands
 from .errors import DeploymentError, PortInUse, RunFailed
-from .local import (
+from .localhost import (
     CLI_TIMEOUT,
     COMPLETED,
     NODE_ID_PATTERN,
@@ -58,10 +58,6 @@ from .processes import (
     start_process,
     terminate,
 )
-
-# The process-table helpers, for tests that check that no process outlives a deployment.
-from .processes import _descendants as _descendants
-from .processes import _process_table as _process_table
 from .supernodes import deployment_node_configs, node_config_arg
 from .tls import TlsFiles, certificate_names, make_node_key, make_tls_files
 

@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from .bundle import _toml_string
+from .bundle import toml_string
 from .errors import DeploymentError
 
 REGISTRATION = re.compile(r"supernode-(\d+)\.json")
@@ -45,7 +45,7 @@ def bind(out_dir: Path) -> dict[int, int]:
         raise DeploymentError(f"{run_config} does not exist: give the --out-dir of fedica-deploy --print-commands")
     bound = registered_nodes(out_dir / "keys")
     lines = [line for line in run_config.read_text().splitlines() if not line.startswith("node-partitions")]
-    lines.append(f"node-partitions = {_toml_string(','.join(f'{n}:{p}' for n, p in sorted(bound.items(), key=lambda i: i[1])))}")
+    lines.append(f"node-partitions = {toml_string(','.join(f'{n}:{p}' for n, p in sorted(bound.items(), key=lambda i: i[1])))}")
     run_config.write_text("\n".join(lines) + "\n")
     return bound
 

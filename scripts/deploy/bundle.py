@@ -21,7 +21,8 @@ APP_CONFIG = {"overrides": "", "out-dir": "", "node-partitions": ""}
 APP_DIR_NAME = "fedica-app"  # `flwr build` wants [A-Za-z][A-Za-z0-9-]*
 
 
-def _toml_string(value: str) -> str:
+def toml_string(value: str) -> str:
+    """``value`` as a TOML basic string."""
     # A JSON string is a valid TOML basic string (same escapes) as long as no astral character is escaped.
     return json.dumps(value, ensure_ascii=False)
 
@@ -34,11 +35,11 @@ def write_run_config(path: Path, overrides: Sequence[str], out_dir: Path,
     SuperNodes) binds every partition to its node, so that no other node can answer for it.
     """
     text = (
-        f"overrides = {_toml_string(' '.join(shlex.quote(o) for o in overrides))}\n"
-        f"out-dir = {_toml_string(str(out_dir))}\n"
+        f"overrides = {toml_string(' '.join(shlex.quote(o) for o in overrides))}\n"
+        f"out-dir = {toml_string(str(out_dir))}\n"
     )
     if node_partitions:
-        text += f"node-partitions = {_toml_string(','.join(f'{n}:{p}' for n, p in node_partitions.items()))}\n"
+        text += f"node-partitions = {toml_string(','.join(f'{n}:{p}' for n, p in node_partitions.items()))}\n"
     path.write_text(text)
     return path
 
@@ -52,19 +53,19 @@ def app_pyproject() -> str:
     lines = [
         "[project]",
         'name = "fedica"',
-        f"version = {_toml_string(version)}",
+        f"version = {toml_string(version)}",
         'description = "fedica (RF-ICA and FedGEM) as a Flower App, built by fedica-deploy"',
         'license = "Apache-2.0"',
         "dependencies = []",
         "",
         "[tool.flwr.app]",
-        f"publisher = {_toml_string(APP_PUBLISHER)}",
+        f"publisher = {toml_string(APP_PUBLISHER)}",
         "",
         "[tool.flwr.app.components]",
-        *(f"{key} = {_toml_string(value)}" for key, value in APP_COMPONENTS.items()),
+        *(f"{key} = {toml_string(value)}" for key, value in APP_COMPONENTS.items()),
         "",
         "[tool.flwr.app.config]",
-        *(f"{key} = {_toml_string(value)}" for key, value in APP_CONFIG.items()),
+        *(f"{key} = {toml_string(value)}" for key, value in APP_CONFIG.items()),
     ]
     return "\n".join(lines) + "\n"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from .commands import print_commands
 from .errors import DeploymentError, RunFailed
-from .local import run_deployment
+from .localhost import run_deployment
 from .options import DeploymentOptions
-from .overrides import _hydra_value, compose, resolve_out_dir
+from .overrides import compose, hydra_value, resolve_out_dir
 
 LAUNCHER_OPTIONS = ("host", "superlink_port", "supernode_port", "tls", "node_auth", "startup_timeout", "run_timeout", "shutdown_grace", "out_dir")
 
@@ -52,7 +52,7 @@ def launcher_overrides(args: argparse.Namespace) -> list[str]:
         values["host"] = "0.0.0.0"  # the SuperNodes connect from other machines
     if values["out_dir"] is not None:
         values["out_dir"] = str(Path(values["out_dir"]).expanduser().resolve())
-    options = [f"engine.{key}={_hydra_value(value)}" for key, value in values.items() if value is not None]
+    options = [f"engine.{key}={hydra_value(value)}" for key, value in values.items() if value is not None]
     return ["engine=deployment", *[o for o in args.overrides if o not in chosen], *options]
 
 

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .bundle import APP_DIR_NAME, _toml_string, build_app, write_run_config
-from .options import CONNECTION, DeploymentOptions, _join_host_port
+from .bundle import APP_DIR_NAME, build_app, toml_string, write_run_config
+from .options import CONNECTION, DeploymentOptions, join_host_port
 from .overrides import config_overrides
 from .supernodes import deployment_node_configs, node_config_arg
 from .tls import certificate_names, make_node_key, make_tls_files
@@ -34,7 +34,7 @@ def print_commands(cfg: Mapping[str, Any], out_dir: Path, superlink_address: str
     app_dir = build_app(app_root)
     results_dir = out_dir / "result"
     run_config = write_run_config(out_dir / "run_config.toml", config_overrides(cfg), results_dir)
-    address = _join_host_port(superlink_address, options.superlink_port)
+    address = join_host_port(superlink_address, options.superlink_port)
     superlink, connection, tls_note = _superlink_setup(options, out_dir, superlink_address, address)
 
     lines = [
@@ -63,12 +63,12 @@ def _superlink_setup(
     """The SuperLink's command, the submitting machine's connection entry, and a note on TLS (writes ``certs/``)."""
     superlink = ["flower-superlink", "--host", options.host, "--port", str(options.superlink_port),
                  "--database", "fedica-superlink.db", "--disable-runtime-dependency-installation"]
-    connection = [f"[superlink.{CONNECTION}]", f"address = {_toml_string(address)}"]
+    connection = [f"[superlink.{CONNECTION}]", f"address = {toml_string(address)}"]
     tls_note = []
     if options.tls:
         tls = make_tls_files(out_dir / "certs", certificate_names(options, [superlink_address]), days=365)
         superlink += ["--ssl-ca-certfile", str(tls.ca_cert), "--ssl-certfile", str(tls.server_cert), "--ssl-keyfile", str(tls.server_key)]
-        connection.append(f"root-certificates = {_toml_string(str(tls.ca_cert))}")
+        connection.append(f"root-certificates = {toml_string(str(tls.ca_cert))}")
         tls_note = [f"# TLS: the SuperLink's certificate is valid for {', '.join(certificate_names(options, [superlink_address]))}.",
                     f"# Copy {tls.ca_cert} (the CA, not secret) to every site; {tls.server_key} stays on the SuperLink."]
     else:

@@ -62,10 +62,11 @@ class DeploymentOptions:
 
     @property
     def superlink_address(self) -> str:
-        return _join_host_port(self.connect_host, self.superlink_port)
+        return join_host_port(self.connect_host, self.superlink_port)
 
 
-def _join_host_port(host: str, port: int) -> str:
+def join_host_port(host: str, port: int) -> str:
+    """``host:port``, the host in brackets when it is an IPv6 address."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 

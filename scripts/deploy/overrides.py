@@ -44,11 +44,11 @@ def _diff_overrides(base: Mapping[str, Any], cfg: Mapping[str, Any], prefix: str
     for key, value in cfg.items():
         path = f"{prefix}{key}"
         if key not in base:
-            overrides.append(f"+{path}={_hydra_value(value)}")
+            overrides.append(f"+{path}={hydra_value(value)}")
         elif isinstance(value, Mapping) and isinstance(base[key], Mapping):
             overrides += _diff_overrides(base[key], value, f"{path}.")
         elif value != base[key] or type(value) is not type(base[key]):
-            overrides.append(f"{path}={_hydra_value(value)}")
+            overrides.append(f"{path}={hydra_value(value)}")
     overrides += [f"~{prefix}{key}" for key in base if key not in cfg]
     return overrides
 
@@ -57,7 +57,7 @@ def _diff_overrides(base: Mapping[str, Any], cfg: Mapping[str, Any], prefix: str
 _PLAIN_HYDRA_STRING = re.compile(r"[A-Za-z_/][\w./-]*")
 
 
-def _hydra_value(value: Any) -> str:
+def hydra_value(value: Any) -> str:
     """``value`` in Hydra's override grammar."""
     if value is None:
         return "null"
@@ -76,9 +76,9 @@ def _hydra_value(value: Any) -> str:
         escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
         return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped) + "'"
     if isinstance(value, Mapping):
-        return "{" + ",".join(f"{key}:{_hydra_value(item)}" for key, item in value.items()) + "}"
+        return "{" + ",".join(f"{key}:{hydra_value(item)}" for key, item in value.items()) + "}"
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_hydra_value(item) for item in value) + "]"
+        return "[" + ",".join(hydra_value(item) for item in value) + "]"
     raise DeploymentError(f"cannot pass a value of type {type(value).__name__} to the ServerApp: {value!r}")
 
 

@@ -94,7 +94,7 @@ def start_process(name: str, command: Sequence[str], log_path: Path, env: Mappin
     return ManagedProcess(name, popen, log_path)
 
 
-def _process_table() -> dict[int, tuple[int, int, str]]:
+def process_table() -> dict[int, tuple[int, int, str]]:
     """``pid -> (parent pid, process group, state)`` of every process on the machine."""
     table: dict[int, tuple[int, int, str]] = {}
     proc = Path("/proc")
@@ -117,7 +117,8 @@ def _process_table() -> dict[int, tuple[int, int, str]]:
     return table
 
 
-def _descendants(roots: Iterable[int], table: Mapping[int, tuple[int, int, str]]) -> set[int]:
+def descendants(roots: Iterable[int], table: Mapping[int, tuple[int, int, str]]) -> set[int]:
+    """``roots`` and every process below them in ``table`` (:func:`process_table`)."""
     children: dict[int, list[int]] = defaultdict(list)
     for pid, (ppid, _, _) in table.items():
         children[ppid].append(pid)
@@ -141,18 +142,18 @@ def terminate(processes: Sequence[ManagedProcess], grace: float) -> None:
     if not processes:
         return
     own_group = os.getpgrp()
-    table = _process_table()
-    tracked = _descendants([p.pid for p in processes], table)
+    table = process_table()
+    tracked = descendants([p.pid for p in processes], table)
     groups = {p.pid for p in processes} | {table[pid][1] for pid in tracked}
     groups.discard(own_group)
     for sig in (signal.SIGTERM, signal.SIGCONT):
-        _signal_groups(groups, sig)
+        signal_groups(groups, sig)
     deadline = time.monotonic() + grace
     while True:
         for process in processes:
             process.popen.poll()  # reap
-        table = _process_table()
-        tracked |= _descendants([pid for pid in tracked if pid in table], table)
+        table = process_table()
+        tracked |= descendants([pid for pid in tracked if pid in table], table)
         left = {pid for pid in tracked if pid in table and table[pid][2] != "Z"}
         left |= {pid for pid, (_, pgid, state) in table.items() if pgid in groups and state != "Z"}
         if not left:
@@ -161,7 +162,7 @@ def terminate(processes: Sequence[ManagedProcess], grace: float) -> None:
             break
         time.sleep(0.1)
     log.warning("processes %s did not stop within %.0f s of SIGTERM; sending SIGKILL", sorted(left), grace)
-    _signal_groups(groups | {table[pid][1] for pid in left if pid in table} - {own_group}, signal.SIGKILL)
+    signal_groups(groups | {table[pid][1] for pid in left if pid in table} - {own_group}, signal.SIGKILL)
     for pid in left:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
@@ -170,14 +171,15 @@ def terminate(processes: Sequence[ManagedProcess], grace: float) -> None:
             process.popen.wait(timeout=5)
 
 
-def _signal_groups(groups: Iterable[int], sig: int) -> None:
+def signal_groups(groups: Iterable[int], sig: int) -> None:
+    """Send ``sig`` to every process group of ``groups`` that still exists."""
     for group in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, sig)
 
 
 @contextlib.contextmanager
-def _sigterm_raises_interrupt() -> Iterator[None]:
+def sigterm_raises_interrupt() -> Iterator[None]:
     """In the main thread, turn SIGTERM into KeyboardInterrupt so that the processes are shut down as on Ctrl-C."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -198,7 +200,7 @@ def _swallow(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def _uninterruptible() -> Iterator[None]:
+def uninterruptible() -> Iterator[None]:
     """A second Ctrl-C must not cut the shutdown short (main thread only).
 
     The signals are swallowed by a handler rather than ignored: an ignored signal stays ignored

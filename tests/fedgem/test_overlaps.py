@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fedica.fedgem.overlaps import (
     TooManyOverlaps,
-    _radius_classes,
+    radius_classes,
     candidate_pairs,
     estimated_overlapping_pairs,
 )
@@ -22,7 +22,7 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 @given(st.lists(st.floats(0, 1e6) | st.just(0.0), min_size=1, max_size=60))
 def test_radius_classes_hold_radii_within_a_factor_four_below_their_largest(radii):
     radii = np.array(radii)
-    classes = _radius_classes(radii)
+    classes = radius_classes(radii)
     largest = [radii[classes == c].max() for c in range(classes.max() + 1)]
     assert set(classes.tolist()) == set(range(len(largest)))
     assert all(b <= a / 4 for a, b in itertools.pairwise(largest))  # classes descend, a factor 4 apart

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedica.scripts import bench
+from fedica.scripts import bench, bench_common
 
 from fedica.fedgem.overlaps import candidate_pairs
 
 
 def test_all_pairs_reference_agrees_with_the_kdtree_search():
-    centers, eps, owners, _ = bench._components(2_000, 10, seed=3, overlap=2.0)
+    centers, eps, owners, _ = bench_common.synthetic_components(2_000, 10, seed=3, overlap=2.0)
     radii = np.sqrt(eps)
     pairs, _ = candidate_pairs(centers, radii, owners)
     assert bench._all_pairs_candidates(centers, radii, owners) == len(pairs) > 1000
@@ -35,7 +35,7 @@ def test_server_step_benchmark_runs_at_small_scale():
     row = report["rows"][0]
     assert row["components"] == 1_000 and 10 <= row["super_clusters"] <= 1_000
     assert row["server_step_peak_mib"] > 0
-    centers, eps, owners, _ = bench._components(1_000, 10, n_true=10)
+    centers, eps, owners, _ = bench_common.synthetic_components(1_000, 10, n_true=10)
     assert row["overlapping_pairs"] == bench._all_pairs_candidates(centers, np.sqrt(eps), owners)
 
 

@@ -16,7 +16,7 @@ def _ignored_signals(pid):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status")
 def test_a_process_started_during_the_shutdown_can_still_be_interrupted():
-    with processes._uninterruptible():
+    with processes.uninterruptible():
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         try:
             assert _ignored_signals(child.pid) == set()

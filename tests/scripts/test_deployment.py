@@ -34,6 +34,7 @@ from fedica.scripts.deploy import (
     compose,
     config_overrides,
     make_node_key,
+    processes,
     run_deployment,
 )
 from fedica.scripts.engines import run_inprocess
@@ -130,12 +131,12 @@ def _engine_overrides(options):
 
 
 def _process_tree(roots):
-    table = deploy._process_table()
-    return deploy._descendants(roots, table)
+    table = processes.process_table()
+    return processes.descendants(roots, table)
 
 
 def _still_running(pids):
-    table = deploy._process_table()
+    table = processes.process_table()
     return sorted(pid for pid in pids if pid in table and table[pid][2] != "Z")
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from fedica.clients.app import app as client_app
 from fedica.scripts.engines import run_engine, run_inprocess
-from fedica.server.app import compose_config, write_result
+from fedica.server.app import compose_config
+from fedica.server.harness.outputs import write_result
 from fedica.server.records import ARRAYS, VALUES
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -333,8 +334,8 @@ def test_federated_comparators_run_on_flowers_simulation(comparators_inprocess):
 
 def test_a_run_with_fewer_nodes_than_clients_stops_unless_allowed():
     from fedica.clients.app import app
-    from fedica.scripts.engines import InProcessGrid
-    from fedica.server.app import run_federation
+    from fedica.server.inprocess import InProcessGrid
+    from fedica.server.harness.runner import run_federation
 
     cfg = compose_config(SEPARATED_BLOBS + ["node_wait_timeout=0.5", "baseline_methods=[k-fed,ffcm-avg2]"])
     three_of_five = [{"partition-id": p, "num-partitions": 5} for p in (0, 1, 3)]

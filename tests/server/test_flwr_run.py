@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from fedica.clients.app import app as client_app
 from fedica.scripts.deploy import processes
-from fedica.scripts.engines import InProcessGrid
 from fedica.server.federation import SIMULATION_SETTLE_SECONDS, Federation
+from fedica.server.inprocess import InProcessGrid
 from flwr.proto.task_pb2 import Task
 from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
 from flwr.server.superlink.linkstate import LinkStateFactory
@@ -135,14 +135,14 @@ def _listening_pid(port):
 
 def _stop(pid, timeout=30.0):
     """SIGTERM ``pid`` and what it started; whatever is left after ``timeout`` gets SIGKILL."""
-    tree = processes._descendants([pid], processes._process_table())
+    tree = processes.descendants([pid], processes.process_table())
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for each in sorted(tree):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(each, sig)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            table = processes._process_table()
+            table = processes.process_table()
             if all(each not in table or table[each][2] == "Z" for each in tree):
                 return
             time.sleep(0.2)

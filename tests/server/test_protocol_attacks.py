@@ -9,8 +9,8 @@ from fedica.server.app import compose_config, parse_node_partitions
 from fedica.server.federation import Federation
 
 from fedica import attacks
+from fedica.fedgem.components import ClientModel
 from fedica.fedgem.trust import (
-    ClientModel,
     admit_components,
     clip_to_order_statistics,
     unsupported_clusters,

@@ -18,19 +18,19 @@ from typing import Any
 
 from fedica.results import PARTIAL_RESULT_FILE, write_json_atomic
 
-from .bundle import _toml_string, build_app, write_run_config
+from .bundle import build_app, toml_string, write_run_config
 from .errors import DeploymentError, RunFailed
 from .options import CONNECTION, DeploymentOptions, check_ports_free
 from .overrides import config_overrides, resolve_out_dir
 from .processes import (
     ManagedProcess,
-    _signal_groups,
-    _sigterm_raises_interrupt,
-    _uninterruptible,
     flower_environment,
     flower_executable,
+    signal_groups,
+    sigterm_raises_interrupt,
     start_process,
     terminate,
+    uninterruptible,
 )
 from .supernodes import deployment_node_configs, node_config_arg
 from .tls import TlsFiles, certificate_names, make_node_key, make_tls_files
@@ -123,7 +123,7 @@ class LocalDeployment:
 
     def close(self) -> None:
         """Stop every process (SuperNodes first, so that they leave the federation cleanly) and delete the temporary files."""
-        with _uninterruptible():
+        with uninterruptible():
             terminate(self.supernodes + self._extra, self.options.shutdown_grace)
             if self.superlink is not None:
                 terminate([self.superlink], self.options.shutdown_grace)
@@ -138,12 +138,12 @@ class LocalDeployment:
 
     def _write_cli_config(self) -> None:
         self.cli_home.mkdir(parents=True, exist_ok=True)
-        lines = ["[superlink]", f"default = {_toml_string(CONNECTION)}", "", f"[superlink.{CONNECTION}]",
-                 f"address = {_toml_string(self.options.superlink_address)}"]
+        lines = ["[superlink]", f"default = {toml_string(CONNECTION)}", "", f"[superlink.{CONNECTION}]",
+                 f"address = {toml_string(self.options.superlink_address)}"]
         if self.tls is None:
             lines.append("insecure = true")
         else:
-            lines.append(f"root-certificates = {_toml_string(str(self.tls.ca_cert))}")
+            lines.append(f"root-certificates = {toml_string(str(self.tls.ca_cert))}")
         (self.cli_home / "config.toml").write_text("\n".join(lines) + "\n")
 
     def _start_superlink(self) -> ManagedProcess:
@@ -235,7 +235,7 @@ class LocalDeployment:
     def stop_supernode(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to SuperNode ``index``'s whole process group (SIGKILL: a crashed site)."""
         process = self.supernodes[index]
-        _signal_groups([process.pid], sig)
+        signal_groups([process.pid], sig)
         if sig == signal.SIGKILL:
             process.popen.wait(timeout=10)
 
@@ -458,7 +458,7 @@ def run_deployment(
     overrides = config_overrides(cfg)
     out_dir = resolve_out_dir(options)
     try:
-        with _sigterm_raises_interrupt(), LocalDeployment(options, deployment_node_configs(cfg), out_dir / "deployment") as deployment:
+        with sigterm_raises_interrupt(), LocalDeployment(options, deployment_node_configs(cfg), out_dir / "deployment") as deployment:
             if on_ready is not None:
                 on_ready(deployment)
             return deployment.run(overrides, out_dir)

@@ -17,7 +17,7 @@ from fedica.server.federation import Federation
 from fedica.server.strategy import ProtocolStrategy
 from flwr.app import ArrayRecord
 
-from fedica.evaluation.baselines import ProtocolDriver
+from fedica.protocol import ProtocolDriver
 from fedica.protocol import Reply, Request
 
 log = logging.getLogger("fedica.server")

@@ -1,0 +1,111 @@
+"""fedica's FedGEM run: :class:`~fedica.server.fedgem.FedGEMStrategy` over the run's federation, then the result's sections.
+
+Beside the strategy's own numbers the run scores what only an experiment can: the honest clients
+apart from the hostile ones (:class:`~fedica.server.harness.books.RunBooks`), the silhouettes on the
+scenario's regenerated test data, and the comparators (:mod:`fedica.evaluation.baselines`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from fedica.server.federation import Federation
+from fedica.server.fedgem import FedGEMStrategy
+from fedica.server.harness.books import RunBooks
+from fedica.server.harness.comparators import flower_driver
+
+from fedica.data.scenarios import scenario_client_data, true_n_clusters
+from fedica.evaluation.baselines import evaluate_clustering, run_baselines
+from fedica.fedgem.local import assign_labels
+from fedica.fedgem.server import FedGEMServer, FedGEMSettings
+
+log = logging.getLogger("fedica.server")
+
+
+def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """fedica's FedGEM run over a federation: the strategy, then the result's sections (and the baselines).
+
+    Parameters
+    ----------
+    federation : Federation
+        The run's transport and its books of who answered.
+    books : RunBooks
+        The experiment's records: who is hostile; FedGEM's rounds are added to ``books.history``.
+    cfg : mapping
+        The validated run configuration.
+
+    Returns
+    -------
+    partial_result : dict
+        ``metrics``, ``clients``, ``history``, ``timings`` and ``fedgem`` entries of the result.
+    """
+    alg = cfg["algorithm"]
+    settings = FedGEMSettings.from_config(alg, min_clients=int(cfg["min_clients"]), seed=int(cfg["seed"]))
+    strategy = FedGEMStrategy(**{k: v for k, v in vars(settings).items() if k not in ("min_clients", "seed")},
+                              random_state=settings.seed, evaluate=True, min_clients=settings.min_clients,
+                              min_available_nodes=federation.expected, client_config=federation.common_values)
+    try:
+        strategy.start(federation.grid, timeout=federation.round_timeout, federation=federation)
+    finally:
+        if strategy.server is not None:
+            books.history.extend(strategy.server.history)
+    server = strategy.server
+    fedgem_metrics = {**server.evaluation, "super_clusters": server.aggregation.k_hat, "upsilon": server.upsilon,
+                      "rounds": alg["rounds"]}
+    if books.hostile_partitions:
+        # The books know who was hostile (the server never did): the honest clients' view beside everyone's.
+        honest = [p for p in server.evaluated if p not in set(books.hostile_partitions)]
+        fedgem_metrics.update({f"honest_{k}": v for k, v in server.evaluation_over(honest).items()})
+    true_k = true_n_clusters(cfg["scenario"])
+    if true_k is not None:
+        fedgem_metrics["k_true"] = true_k
+    if cfg["scenario"]["name"] != "files":
+        fedgem_metrics.update(scenario_silhouettes(cfg, server))
+
+    result_metrics = {"fedgem": fedgem_metrics}
+    timings = {"fedgem": server.client_seconds + server.server_seconds, "fedgem_clients_sum": server.client_seconds,
+               "fedgem_server": server.server_seconds}
+    if cfg["baselines"] and cfg["scenario"]["name"] != "files":
+        start = time.perf_counter()
+        baseline_metrics, baseline_timings = run_baselines(cfg["scenario"], cfg["baseline_methods"], seed=int(cfg["seed"]),
+                                                           n_init=alg["n_init"], driver=flower_driver(federation),
+                                                           partitions=server.final.partitions)
+        log.info("baselines %s in %.2f s", list(baseline_metrics), time.perf_counter() - start)
+        result_metrics.update(baseline_metrics)
+        timings.update(baseline_timings)
+    mapping = {str(p): labels.tolist() for p, labels in strategy.site_mapping_.items()}
+    return {
+        "metrics": result_metrics,
+        "clients": federation.clients_record(len(server.final.partitions)),
+        "history": server.history,
+        "timings": timings,
+        "fedgem": {
+            "global_centroids": server.aggregation.global_centroids,
+            "client_mapping": mapping,
+            "client_local_ari": server.client_aris,
+            "local_clusters": {str(p): m.n_components for p, m in sorted(server.models.items())},
+            "upsilon": server.upsilon,
+            "upsilon_tuning": server.tuning,
+            "participation": federation.participation,
+            "hostile_clients": books.hostile_partitions,
+        },
+    }
+
+
+def scenario_silhouettes(cfg: Mapping[str, Any], server: FedGEMServer) -> dict[str, float]:
+    """FedGEM's silhouettes (pooled and per client), scored exactly as the comparators'.
+
+    A silhouette needs the points, which never leave a client: for a simulated scenario the
+    server regenerates the clients' test data (as for the comparators) and labels it with each
+    client's consensus model, as the client itself does in the evaluation stage.
+    """
+    payloads = server.consensus_payloads()
+    partitions = sorted(payloads)
+    clients = [scenario_client_data(cfg["scenario"], p, int(cfg["seed"])) for p in partitions]
+    labels = [payloads[p]["global-ids"][assign_labels(c.X_test, payloads[p]["centroids"])]
+              for p, c in zip(partitions, clients)]
+    scores = evaluate_clustering(clients, labels)
+    return {key: scores[key] for key in ("silhouette", "local_silhouette")}

@@ -1,0 +1,110 @@
+"""The files a run writes: ``result.json`` and ``summary.txt``, and beside them the sites' labels (FedGEM) or sources (RF-ICA).
+
+The sites' files are read on this machine, so only for engines that run every site here (not a
+deployment, whose sites keep their files); nothing is sent over the federation for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedica.data.files import read_rows
+from fedica.data.scenarios import ica_scenario_data
+from fedica.fedgem.local import assign_labels
+from fedica.results import RESULT_FILE, SUMMARY_FILE, format_summary, write_json_atomic
+
+log = logging.getLogger("fedica.server")
+
+SOURCES_FILE = "sources_site{site}.csv"
+
+
+def write_result(out_dir: str | os.PathLike, result: Mapping[str, Any], *, name: str = RESULT_FILE) -> Path:
+    """Write ``result.json`` (atomically; or ``name``) and ``summary.txt`` into ``out_dir``."""
+    out_dir = Path(out_dir)
+    labels = write_site_labels(result, out_dir) if name == RESULT_FILE else []
+    if labels:
+        result = {**result, "fedgem": {**result["fedgem"], "labels_files": labels}}
+    path = write_json_atomic(out_dir / name, result)
+    (out_dir / SUMMARY_FILE).write_text(format_summary(result) + "\n")
+    return path
+
+
+def run_output_dir() -> Path:
+    """Where result.json goes: Hydra's run folder under fedica-run, else ``$FEDICA_OUT``, else the working folder."""
+    fallback = Path(os.environ.get("FEDICA_OUT") or ".")
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return fallback
+        return Path(HydraConfig.get().runtime.output_dir or fallback)
+    except Exception as err:  # noqa: BLE001 - Hydra's compose API (flwr run) sets no run folder
+        log.debug("no Hydra run folder (%s); files go to %s", err, fallback)
+        return fallback
+
+
+def write_site_labels(result: Mapping[str, Any], out_dir: str | os.PathLike) -> list[str]:
+    """Every site's rows labelled with its consensus model: ``labels_site<g>.csv`` (``row,cluster``) in ``out_dir``.
+
+    For a FedGEM run on ``scenario=files``: ``row`` counts the file's data rows from 0 (a header is
+    not a row), ``cluster`` is the global cluster id, as in ``fedgem.global_centroids``; each site's
+    rows go to the nearest of its consensus centroids, as the site itself labels its points. The
+    files are read here, so only where every site's file is on this machine (not a deployment,
+    whose sites keep their files and labels). Returns the files written (none for other runs).
+    """
+    scenario = result["scenario"]
+    if result["algorithm"] != "fedgem" or scenario["name"] != "files" or result["engine"] == "deployment":
+        return []
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    centroids = np.asarray(result["fedgem"]["global_centroids"], dtype=np.float64)
+    written = []
+    for partition, global_ids in sorted(result["fedgem"]["client_mapping"].items(), key=lambda item: int(item[0])):
+        global_ids = np.asarray(global_ids, dtype=np.int64)
+        X = read_rows(scenario["paths"][int(partition)], label_column=scenario.get("label_column"))
+        clusters = global_ids[assign_labels(X, centroids[global_ids])]
+        path = out_dir / f"labels_site{partition}.csv"
+        np.savetxt(path, np.c_[np.arange(X.shape[0]), clusters], fmt="%d", delimiter=",", header="row,cluster", comments="")
+        written.append(str(path))
+    return written
+
+
+def write_site_sources(scenario: Mapping[str, Any], unmixing: np.ndarray, seed: int, out_dir: str | os.PathLike
+                       ) -> list[str]:
+    """Write every site's recovered sources as ``sources_site<g>.csv`` in ``out_dir``.
+
+    Site ``g``'s sources are ``(X_g - mean(X_g)) @ unmixing.T`` for its observations ``X_g`` of shape
+    (n_g, r): each site is centred by its own mean, as its local FastICA was. Only for engines that run every
+    site on this machine (the config refuses ``write_sources`` in a deployment), where the launcher can read
+    the sites' files; nothing is sent over the federation for it.
+
+    Parameters
+    ----------
+    scenario : mapping
+        The run's ``scenario`` section (any RF-ICA scenario).
+    unmixing : ndarray of shape (r, r)
+    seed : int
+    out_dir : str or os.PathLike
+
+    Returns
+    -------
+    paths : list of str
+        The files written, site by site; each has a header ``s0,...,s<r-1>`` and one row per sample.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    header = ",".join(f"s{i}" for i in range(unmixing.shape[0]))
+    written = []
+    for site in range(len(scenario["paths"]) if scenario["name"] == "files" else int(scenario["n_clients"])):
+        X = ica_scenario_data(scenario, site, seed).T
+        path = out_dir / SOURCES_FILE.format(site=site)
+        np.savetxt(path, (X - X.mean(axis=0)) @ unmixing.T, delimiter=",", header=header, comments="", fmt="%.10g")
+        written.append(str(path.resolve()))
+    log.info("wrote the recovered sources of %d sites to %s", len(written), out_dir.resolve())
+    return written

@@ -1,0 +1,82 @@
+"""fedica's RF-ICA run: :class:`~fedica.server.rfica.RFICAStrategy` over the run's federation, every method scored.
+
+The scores need the scenario's true mixing matrix A*, which only an experiment has; the
+strategy itself never sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from fedica.server.federation import Federation
+from fedica.server.harness.books import RunBooks
+from fedica.server.harness.outputs import run_output_dir, write_site_sources
+from fedica.server.rfica import RFICAStrategy
+
+from fedica.data.scenarios import ica_poor_sites, ica_scenario_truth
+from fedica.evaluation.ica import ica_error
+
+METHODS = ("rf-ica", "f-ica", "simple-mean", "simple-median")
+
+
+def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """fedica's RF-ICA run: the strategy, then every method scored against the scenario's A* (if it has one).
+
+    Parameters
+    ----------
+    federation : Federation
+        The run's transport and its books of who answered.
+    books : RunBooks
+        The experiment's records (who is hostile).
+    cfg : mapping
+        The validated run configuration.
+
+    Returns
+    -------
+    partial_result : dict
+        The ``metrics``, ``clients``, ``timings`` and ``rfica`` entries of the result. Without a ground truth
+        (scenario ``files``) every ``error`` and ``rfica.true_mixing`` are None. ``rfica.estimate`` is the
+        aggregated mixing matrix, ``rfica.unmixing`` its inverse; with ``scenario.write_sources`` the sites'
+        recovered sources are written (:func:`fedica.server.harness.outputs.write_site_sources`) and ``rfica.sources_files`` lists them.
+    """
+    sc, alg, seed = cfg["scenario"], cfg["algorithm"], int(cfg["seed"])
+    strategy = RFICAStrategy(contrast=alg["contrast"], init=alg["init"], benchmark=alg["benchmark"],
+                             kmeans_restarts=alg["kmeans_restarts"], gm_tol=alg["gm_tol"], random_state=seed,
+                             r=sc.get("r"), min_available_nodes=federation.expected, min_clients=federation.min_clients,
+                             client_config=federation.common_values)
+    strategy.start(federation.grid, timeout=federation.round_timeout, federation=federation)
+    state = strategy.state
+    aggregate = state.aggregate
+    truth = ica_scenario_truth(sc, seed)
+    estimates_by_method = {"rf-ica": aggregate.rf_ica, "f-ica": aggregate.f_ica,
+                           "simple-mean": aggregate.simple_mean, "simple-median": aggregate.simple_median}
+    metrics = {name: {"error": None if truth is None else ica_error(estimate, truth)}
+               for name, estimate in estimates_by_method.items()}
+    clients_sum = float(np.sum(state.client_seconds))
+    # Every method starts from the same local estimates (the clients' work), then takes its own server step.
+    fit_seconds = {name: clients_sum + aggregate.method_seconds[name] for name in METHODS}
+    poor = ica_poor_sites(sc, seed)
+    rfica = {
+        "benchmark_client": state.partitions[aggregate.benchmark],
+        "estimate": aggregate.rf_ica,
+        "unmixing": strategy.components_,
+        "estimates": estimates_by_method,
+        "true_mixing": truth,
+        "client_partitions": state.partitions,
+        "n_samples": state.n_samples,
+        # The sites the scenario makes poor on purpose (all kinds together), None when unknown.
+        "corrupted_clients": None if poor is None else sorted(g for sites in poor.values() for g in sites),
+        "poor_sites": poor,
+        "hostile_clients": books.hostile_partitions,
+        "participation": federation.participation,
+    }
+    if sc.get("write_sources"):
+        rfica["sources_files"] = write_site_sources(sc, strategy.components_, seed, run_output_dir())
+    return {
+        "metrics": metrics,
+        "clients": federation.clients_record(len(state.estimates)),
+        "timings": {**fit_seconds, "clients_sum": clients_sum, "server": state.server_seconds},
+        "rfica": rfica,
+    }

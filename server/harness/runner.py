@@ -1,0 +1,104 @@
+"""The one function every engine drives: :func:`run_federation`, and the warnings a run counts.
+
+``fedica-run`` (every engine), fedica's ServerApp (:mod:`fedica.server.app`) and the benchmarks
+call :func:`run_federation` with a Grid and a validated config; it returns the result that
+:func:`fedica.server.harness.outputs.write_result` writes (docs/INTERFACE.md section 3).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from fedica.server.federation import Federation
+from fedica.server.harness.books import RunBooks
+from fedica.server.harness.fedgem_run import run_fedgem
+from fedica.server.harness.rfica_run import run_rfica
+from fedica.server.records import config_to_json
+from flwr.serverapp import Grid
+from sklearn.exceptions import ConvergenceWarning
+
+from fedica.attacks import hostile_clients
+from fedica.config import client_count
+from fedica.protocol import RunStopped
+from fedica.results import versions
+
+log = logging.getLogger("fedica.server")
+
+_RUNNERS = {"rfica": run_rfica, "fedgem": run_fedgem}
+
+
+def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping[int, int] | None = None) -> dict[str, Any]:
+    """Run the configured algorithm over ``grid`` and assemble the result (docs/INTERFACE.md section 3).
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        Any Grid: Flower's simulation or deployment runtime, or the in-process one.
+    cfg : mapping
+        The validated run configuration (what :func:`fedica.config.validate_config` returned).
+    bound_partitions : mapping of node id to partition id, optional
+        Who is who, from a source the nodes cannot forge (see :class:`fedica.server.federation.Federation`).
+
+    Returns
+    -------
+    result : dict
+    """
+    start = time.perf_counter()
+    expected = client_count(cfg["scenario"])
+    federation = Federation(
+        grid, expected=expected, min_clients=int(cfg["min_clients"]), round_timeout=float(cfg["round_timeout"]),
+        node_wait_timeout=float(cfg["node_wait_timeout"]), min_nodes=cfg.get("min_nodes"),
+        common_values={"cfg": config_to_json(cfg)},
+        bound_partitions=None if bound_partitions is None else dict(bound_partitions),
+        scenario_name=str(cfg["scenario"].get("name", "")))
+    books = RunBooks(hostile_partitions=hostile_clients(expected, cfg["attack"], seed=int(cfg["seed"])))
+    header = {
+        "algorithm": cfg["algorithm"]["name"],
+        "scenario": dict(cfg["scenario"]),
+        "engine": cfg["engine"]["name"],
+        "seed": cfg["seed"],
+        "config": dict(cfg),
+        "versions": versions(),
+        "history": books.history,
+    }
+    # Recorded under the filters in force (ResourceWarnings, say, stay ignored), so that none reaches the terminal.
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            partial = _RUNNERS[cfg["algorithm"]["name"]](federation, books, cfg)
+        except RunStopped as err:
+            # Nothing already computed is lost: the caller writes this as partial_result.json.
+            err.partial = {
+                **header,
+                "status": f"stopped: {err}",
+                "clients": federation.clients_record(0),
+                "participation": federation.participation,
+                "timings": {"total": time.perf_counter() - start},
+                "warnings": count_warnings(caught),
+            }
+            raise
+    partial["timings"]["total"] = time.perf_counter() - start
+    return {**header, **partial, "warnings": count_warnings(caught)}
+
+
+# Warnings that ordinary runs raise and that say nothing about the result: counted in result.json,
+# not shown (an EM or k-means start that stops at its iteration limit is still scored like any other).
+EXPECTED_WARNINGS = (ConvergenceWarning,)
+
+
+def count_warnings(caught: list[warnings.WarningMessage]) -> dict[str, int]:
+    """How often each warning was raised during the run (``Category: first line``); unexpected ones are logged once."""
+    counts: dict[str, int] = {}
+    for warning in caught:
+        key = f"{warning.category.__name__}: {str(warning.message).splitlines()[0] if str(warning.message) else ''}"
+        if key not in counts and not issubclass(warning.category, EXPECTED_WARNINGS):
+            log.warning("%s (%s:%d)", key, warning.filename, warning.lineno)
+        counts[key] = counts.get(key, 0) + 1
+    expected = sum(n for w, n in counts.items() if w.split(":")[0] in {c.__name__ for c in EXPECTED_WARNINGS})
+    if expected:
+        log.info("%d expected warnings (%s) counted in result.json's warnings", expected,
+                 ", ".join(c.__name__ for c in EXPECTED_WARNINGS))
+    return counts
