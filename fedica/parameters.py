@@ -7,7 +7,7 @@ scikit-learn's estimators declare ``_parameter_constraints`` with ``Interval`` a
 and :data:`RFICA_PARAMETERS` come:
 
 - the defaults of :class:`fedica.FedGEM`, :class:`fedica.RFICA`, the server's
-  :class:`fedica.fedgem.server.FedGEMSettings` and the Flower strategies;
+  :class:`fedica.fedgem.coordinator.FedGEMSettings` and the Flower strategies;
 - the checks those run before any work (:meth:`Declaration.check`), each failure one
   ``ValueError`` or ``TypeError`` line ``name=value: rule``;
 - the keys of the ``algorithm`` config section and their rules (:mod:`fedica.config`), so that a
@@ -16,7 +16,7 @@ and :data:`RFICA_PARAMETERS` come:
   and defaults.
 
 The option lists stay in the modules that implement them (FastICA's contrasts and starts, the
-benchmark rules); FedGEM's tuning criteria are defined here because :mod:`fedica.fedgem.server`
+benchmark rules); FedGEM's tuning criteria are defined here because :mod:`fedica.fedgem.coordinator`
 imports this module (it re-exports them as ``UPSILON_CRITERIA``).
 """
 
@@ -36,7 +36,7 @@ from fedica.rfica.local import CONTRASTS, INITS
 __all__ = ["Interval", "Options", "PositiveNumbers", "Parameter", "Declaration", "UPSILON_CRITERIA",
            "FEDGEM_PARAMETERS", "RFICA_PARAMETERS"]
 
-# How ``upsilon="auto"`` chooses the final partition (fedica.fedgem.server implements both).
+# How ``upsilon="auto"`` chooses the final partition (fedica.fedgem.coordinator implements both).
 UPSILON_CRITERIA = ("likelihood", "silhouette")
 
 # A violated rule: the exception to raise (TypeError: no constraint takes a value of this type)

@@ -9,7 +9,7 @@ import numpy as np
 from fedica.server.strategy import ProtocolStrategy
 from flwr.app import Array, ArrayRecord, MetricRecord
 
-from fedica.fedgem.server import FedGEMServer, FedGEMSettings
+from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 from fedica.parameters import FEDGEM_PARAMETERS as _P
 from fedica.protocol import GEM_EVALUATE, GEM_FINAL, GEM_ROUND, GEM_SILHOUETTE, Request
 

@@ -9,7 +9,7 @@ from fedica.server.strategy import ProtocolStrategy
 from flwr.app import Array, ArrayRecord
 
 from fedica.parameters import RFICA_PARAMETERS as _P
-from fedica.rfica.server import RFICAState, rfica_protocol
+from fedica.rfica.coordinator import RFICAState, rfica_protocol
 
 
 class RFICAStrategy(ProtocolStrategy):

@@ -1,7 +1,7 @@
 """The common machinery of fedica's Flower strategies: a fedica protocol run as a ``Strategy``.
 
 A fedica algorithm's server is a generator of :class:`~fedica.protocol.Request` objects
-(:meth:`fedica.fedgem.server.FedGEMServer.run`, :func:`fedica.rfica.server.rfica_protocol`).
+(:meth:`fedica.fedgem.coordinator.FedGEMServer.run`, :func:`fedica.rfica.coordinator.rfica_protocol`).
 A strategy turns each request into Flower messages in ``configure_train`` or
 ``configure_evaluate`` (by the task's category), and feeds the decoded replies back to the
 protocol in ``aggregate_train`` or ``aggregate_evaluate``. ``start`` runs the stages until the

@@ -12,7 +12,7 @@ import yaml
 import fedica
 from fedica import parameters
 from fedica.fedgem import estimator as fedgem_estimator
-from fedica.fedgem.server import FedGEMSettings
+from fedica.fedgem.coordinator import FedGEMSettings
 from fedica.parameters import FEDGEM_PARAMETERS, RFICA_PARAMETERS, UPSILON_CRITERIA, Interval, Options, Parameter, PositiveNumbers
 from fedica.rfica import aggregation, local
 from fedica.rfica import estimator as rfica_estimator

@@ -2,7 +2,7 @@
 
 A comparator of FedGEM (FedGEM paper, section 6.1), written as a real federated protocol:
 :func:`ffcm_protocol` is the server, a generator of :class:`~fedica.protocol.Request` that is sent
-the clients' :class:`~fedica.protocol.Reply` lists (like :func:`fedica.rfica.server.rfica_protocol`);
+the clients' :class:`~fedica.protocol.Reply` lists (like :func:`fedica.rfica.coordinator.rfica_protocol`);
 :func:`client_reply` is the whole client side, a pure function of one client's training points and
 one request; :func:`ffcm` drives both in memory and labels the test points.
 

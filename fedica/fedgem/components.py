@@ -1,6 +1,6 @@
 """FedGEM's server-side records of the clients' models: what the protocol and its trust rules share.
 
-The FedGEM server (:mod:`fedica.fedgem.server`) fills them from the clients' replies; the trust
+The FedGEM server (:mod:`fedica.fedgem.coordinator`) fills them from the clients' replies; the trust
 rules (:mod:`fedica.fedgem.trust`) read them (docs/ALGORITHMS.md section 2.5).
 """
 

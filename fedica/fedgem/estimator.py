@@ -12,7 +12,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from fedica.data.common import ClientData
 from fedica.fedgem.local import assign_labels, estimate_n_components
-from fedica.fedgem.server import FedGEMServer, FedGEMSettings
+from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 from fedica.parameters import FEDGEM_PARAMETERS
 from fedica.protocol import ArraySite, InMemoryFederation
 from fedica.seeding import generator, sklearn_seed

@@ -11,7 +11,7 @@ from sklearn.utils.validation import check_is_fitted
 from fedica.data.common import ClientData
 from fedica.parameters import RFICA_PARAMETERS
 from fedica.protocol import ArraySite, InMemoryFederation, Reply
-from fedica.rfica.server import (
+from fedica.rfica.coordinator import (
     RFICAState,
     aggregate_estimates,
     receive_estimates,

@@ -20,7 +20,7 @@ from fedica.server.harness.comparators import flower_driver
 from fedica.data.scenarios import scenario_client_data, true_n_clusters
 from fedica.evaluation.baselines import evaluate_clustering, run_baselines
 from fedica.fedgem.local import assign_labels
-from fedica.fedgem.server import FedGEMServer, FedGEMSettings
+from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 
 log = logging.getLogger("fedica.server")
 

@@ -16,7 +16,7 @@ from fedica import FedGEM, RFICA
 from fedica.config import validate_config
 from fedica.data.common import ClientData
 from fedica.data.scenarios import scenario_client_data
-from fedica.fedgem.server import FedGEMServer, FedGEMSettings
+from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 from fedica.hostile import hostile_kind
 from fedica.protocol import (
     GEM_INIT,

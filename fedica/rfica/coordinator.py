@@ -1,6 +1,6 @@
-"""RF-ICA's server, as a protocol any transport can drive: one exchange, then the robust aggregation.
+"""RF-ICA's coordinator: the server side of its protocol, which any transport can drive: one exchange, then the robust aggregation.
 
-:func:`rfica_protocol` is a generator like :meth:`fedica.fedgem.server.FedGEMServer.run`: it
+:func:`rfica_protocol` is a generator like :meth:`fedica.fedgem.coordinator.FedGEMServer.run`: it
 yields one :class:`~fedica.protocol.Request` (every client's local FastICA) and is sent the
 replies. :class:`fedica.RFICA` answers in memory, ``RFICAStrategy`` over a Flower Grid.
 """

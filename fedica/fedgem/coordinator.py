@@ -1,4 +1,4 @@
-"""FedGEM's server, as a protocol any transport can drive (docs/ALGORITHMS.md section 2).
+"""FedGEM's coordinator: the server side of its protocol, which any transport can drive (docs/ALGORITHMS.md section 2).
 
 :meth:`FedGEMServer.run` is a generator: it yields a :class:`~fedica.protocol.Request` (what to
 ask which clients), and is sent back the valid-looking :class:`~fedica.protocol.Reply` list.
