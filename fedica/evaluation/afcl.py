@@ -43,11 +43,18 @@ from scipy.spatial.distance import cdist, pdist, squareform
 from sklearn.cluster import kmeans_plusplus
 
 from fedica.data.common import ClientData
-from fedica.evaluation.comparison import BaselineResult, baseline_result, check_clients, run_protocol, run_seed
+from fedica.evaluation.comparison import (
+    BaselineResult,
+    answer_on_array,
+    baseline_result,
+    check_clients,
+    comparator_task,
+    run_protocol,
+    run_seed,
+)
 from fedica.protocol import (
     AFCL_INIT,
     AFCL_ROUND,
-    ArraySite,
     ClientTasks,
     Handler,
     InvalidReply,
@@ -55,7 +62,6 @@ from fedica.protocol import (
     ProtocolState,
     Reply,
     Request,
-    Site,
     majority_width,
     reported_seconds,
     require_array,
@@ -115,20 +121,8 @@ def _client_round(X: np.ndarray, n_components: int, arrays: Mapping[str, np.ndar
             "centroids": centroids, "scatter": scatter}
 
 
-def _site_task(step) -> Handler:
-    """A task handler over a site: ``step`` on the site's training points and K_g, timed, with its point count."""
-    def handle(site: Site, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> tuple[dict, dict]:
-        data = site.points(values)
-        X = np.asarray(data.X_train, dtype=np.float64)
-        start = time.perf_counter()
-        reply = step(X, data.n_components, arrays, values, site.partition_id)
-        return reply, {"n-points": int(X.shape[0]), "fit-seconds": time.perf_counter() - start}
-
-    return handle
-
-
 # AFCL's entries in the client task registry (fedica.tasks.CLIENT_TASKS).
-TASKS: dict[str, Handler] = {AFCL_INIT: _site_task(_client_init), AFCL_ROUND: _site_task(_client_round)}
+TASKS: dict[str, Handler] = {AFCL_INIT: comparator_task(_client_init), AFCL_ROUND: comparator_task(_client_round)}
 
 
 def client_reply(task: str, X: np.ndarray, n_components: int, arrays: Mapping[str, np.ndarray],
@@ -158,8 +152,7 @@ def client_reply(task: str, X: np.ndarray, n_components: int, arrays: Mapping[st
     values : dict
         ``n-points`` and the client's own ``fit-seconds``.
     """
-    X = np.asarray(X, dtype=np.float64)
-    return TASKS[task](ArraySite(ClientData(X, None, X[:0], None, n_components), partition_id), arrays, values)
+    return answer_on_array(TASKS, task, X, n_components, arrays, values, partition_id)
 
 
 # ------------------------------------------------------------------------------------------------ server side

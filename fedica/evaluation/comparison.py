@@ -12,14 +12,23 @@ answering with the comparator's own entries of the client task registry (its ``T
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from fedica.data.common import ClientData
-from fedica.protocol import ArraySite, ClientTasks, InMemoryFederation, ProtocolDriver, ProtocolRun, ProtocolState
+from fedica.protocol import (
+    ArraySite,
+    ClientTasks,
+    Handler,
+    InMemoryFederation,
+    ProtocolDriver,
+    ProtocolRun,
+    ProtocolState,
+)
 from fedica.seeding import sklearn_seed
 from fedica.validation import check_seed
 
@@ -101,3 +110,26 @@ def run_protocol(state: ProtocolState, protocol: ProtocolRun, tasks: ClientTasks
     ids = range(len(clients)) if partitions is None else partitions
     sites = {p: ArraySite(client, p) for p, client in zip(ids, clients)}
     InMemoryFederation(sites, tasks, state.rejected).run(protocol)
+
+
+# step(X, n_components, arrays, values, partition_id) -> the reply's arrays: a comparator client's work.
+ClientStep = Callable[[np.ndarray, int, Mapping[str, np.ndarray], Mapping[str, Any], int], dict[str, np.ndarray]]
+
+
+def comparator_task(step: ClientStep) -> Handler:
+    """A comparator's task handler: ``step`` on the site's training points and K_g, with its point count and its own time."""
+    def handle(site, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> tuple[dict, dict]:
+        data = site.points(values)
+        X = np.asarray(data.X_train, dtype=np.float64)
+        start = time.perf_counter()
+        reply = step(X, int(data.n_components), arrays, values, site.partition_id)
+        return reply, {"n-points": int(X.shape[0]), "fit-seconds": time.perf_counter() - start}
+
+    return handle
+
+
+def answer_on_array(tasks: Mapping[str, Handler], task: str, X, n_components: int, arrays: Mapping[str, np.ndarray],
+                    values: Mapping[str, Any], partition_id: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """What the registry's handler of ``task`` replies for a client whose training points are the array ``X``."""
+    X = np.asarray(X, dtype=np.float64)
+    return tasks[task](ArraySite(ClientData(X, None, X[:0], None, n_components), partition_id), arrays, values)

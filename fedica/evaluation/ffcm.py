@@ -23,7 +23,6 @@ i.e. the nearest global centre.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +32,16 @@ from scipy.spatial.distance import cdist
 from sklearn.cluster import KMeans, kmeans_plusplus
 
 from fedica.data.common import ClientData
-from fedica.evaluation.comparison import BaselineResult, baseline_result, check_clients, run_protocol, run_seed
+from fedica.evaluation.comparison import (
+    BaselineResult,
+    answer_on_array,
+    baseline_result,
+    check_clients,
+    comparator_task,
+    run_protocol,
+    run_seed,
+)
 from fedica.protocol import (
-    ArraySite,
     FFCM_INIT,
     FFCM_ROUND,
     ClientTasks,
@@ -45,7 +51,6 @@ from fedica.protocol import (
     ProtocolState,
     Reply,
     Request,
-    Site,
     majority_width,
     reported_seconds,
     require_array,
@@ -140,40 +145,33 @@ def nearest_centre(X: np.ndarray, centres: np.ndarray) -> np.ndarray:
     return np.argmin(cdist(X, centres, "sqeuclidean"), axis=1)
 
 
-def _client_init(X: np.ndarray, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any],
-                 partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+def _client_init(X: np.ndarray, n_components: int, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any],
+                 partition_id: int) -> dict[str, np.ndarray]:
     n_clusters = int(values["n-clusters"])
     if X.shape[0] < n_clusters:
         raise ValueError(f"this client has {X.shape[0]} points, fewer than the K={n_clusters} centres it must fit")
     rng = generator(int(values["seed"]), "ffcm.client_init", partition_id)
     start, _ = kmeans_plusplus(X, n_clusters, random_state=sklearn_seed(rng))
-    return local_fuzzy_c_means(X, start, m=float(values["m"]), iterations=int(values["local-iterations"]),
-                               tol=float(values["tol"]))
+    return _fuzzy_reply(X, start, values)
 
 
-def _client_round(X: np.ndarray, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any],
-                  partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+def _client_round(X: np.ndarray, n_components: int, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any],
+                  partition_id: int) -> dict[str, np.ndarray]:
     centres = np.asarray(arrays["centres"], dtype=np.float64)
     if centres.ndim != 2 or centres.shape[1] != X.shape[1]:
         raise ValueError(f"the server sent centres of shape {centres.shape} for data with d={X.shape[1]}")
-    return local_fuzzy_c_means(X, centres, m=float(values["m"]), iterations=int(values["local-iterations"]),
-                               tol=float(values["tol"]))
+    return _fuzzy_reply(X, centres, values)
 
 
-def _site_task(step) -> Handler:
-    """A task handler over a site: ``step`` on the site's training points, timed, with the reply's counts."""
-    def handle(site: Site, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> tuple[dict, dict]:
-        X = np.asarray(site.points(values).X_train, dtype=np.float64)
-        start = time.perf_counter()
-        centres, supports = step(X, arrays, values, site.partition_id)
-        return ({"centres": centres, "supports": supports},
-                {"n-points": int(X.shape[0]), "fit-seconds": time.perf_counter() - start})
-
-    return handle
+def _fuzzy_reply(X: np.ndarray, start: np.ndarray, values: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The client's fuzzy c-means from ``start``: its K centres and their supports (``n_components`` is unused: K is global)."""
+    centres, supports = local_fuzzy_c_means(X, start, m=float(values["m"]), iterations=int(values["local-iterations"]),
+                                            tol=float(values["tol"]))
+    return {"centres": centres, "supports": supports}
 
 
 # FFCM's entries in the client task registry (fedica.tasks.CLIENT_TASKS).
-TASKS: dict[str, Handler] = {FFCM_INIT: _site_task(_client_init), FFCM_ROUND: _site_task(_client_round)}
+TASKS: dict[str, Handler] = {FFCM_INIT: comparator_task(_client_init), FFCM_ROUND: comparator_task(_client_round)}
 
 
 def client_reply(task: str, X: np.ndarray, n_components: int, arrays: Mapping[str, np.ndarray],
@@ -200,8 +198,7 @@ def client_reply(task: str, X: np.ndarray, n_components: int, arrays: Mapping[st
     values : dict
         ``n-points`` and the client's own ``fit-seconds``.
     """
-    X = np.asarray(X, dtype=np.float64)
-    return TASKS[task](ArraySite(ClientData(X, None, X[:0], None, n_components), partition_id), arrays, values)
+    return answer_on_array(TASKS, task, X, n_components, arrays, values, partition_id)
 
 
 # ------------------------------------------------------------------------------------------------ server side
