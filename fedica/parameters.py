@@ -16,8 +16,8 @@ and :data:`RFICA_PARAMETERS` come:
   and defaults.
 
 The option lists stay in the modules that implement them (FastICA's contrasts and starts, the
-benchmark rules); FedGEM's tuning criteria are defined here because :mod:`fedica.fedgem.coordinator`
-imports this module (it re-exports them as ``UPSILON_CRITERIA``).
+benchmark rules); FedGEM's tuning criteria (``UPSILON_CRITERIA``) are defined here because
+:mod:`fedica.fedgem.coordinator`, which implements them, imports this module.
 """
 
 from __future__ import annotations
