@@ -402,7 +402,7 @@ def _global_mixture(data: list[np.ndarray], labels: list[np.ndarray | None], mea
     spread = sum(float(np.square(X - pooled_mean).sum()) for X, _ in labelled) / (n * d)
     floor = _VARIANCE_FLOOR * max(spread, np.finfo(float).tiny)
     counted = np.maximum(counts, 1)
-    return counted / counted.sum(), max(squared_distances / (n * d), floor)
+    return counted / counted.sum(), float(max(squared_distances / (n * d), floor))
 
 
 def _log_weighted_densities(X: np.ndarray, means: np.ndarray, weights: np.ndarray, variance: float) -> np.ndarray:
