@@ -37,7 +37,7 @@ from fedica.parameters import Declaration
 __all__ = ["FORMAT", "FORMAT_VERSION", "DOCUMENT_MEMBER", "SaveLoadMixin", "read_result"]
 
 FORMAT = "fedica.estimator"
-# Raised when a change of the layout would make an older fedica misread a file; it refuses newer ones.
+# Increased with any change of the layout that an older fedica would misread; load refuses a newer one.
 FORMAT_VERSION = 1
 DOCUMENT_MEMBER = "__fedica__"
 

@@ -1,5 +1,6 @@
 """Keeping a fitted estimator: save/load in one portable .npz, and rebuilding from a run's result.json."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -111,6 +112,19 @@ def test_the_file_is_numpy_arrays_and_one_json_document_without_pickle(tmp_path,
     assert document["params"]["upsilon"] == 1.0
     assert document["attributes"]["n_clusters_"] == model.n_clusters_
     assert document["attributes"]["labels_"][4] is None
+
+
+def test_every_kind_of_value_comes_back_with_its_type(tmp_path, fedgem_models):
+    model = copy.copy(fedgem_models[1][0])
+    model.extra_ = {"nan": float("nan"), "inf": -float("inf"), "pair": (1, (2.5, "x")), 3: np.int32(7),
+                    "__hidden": [None, True, np.float32(0.5)], "empty": np.zeros((0, 3), dtype=np.int16),
+                    "a.0": np.arange(2), "a": [np.arange(3)]}
+    loaded = fedica.FedGEM.load(model.save(tmp_path / "extra.npz"))
+    assert_identical(loaded.extra_, model.extra_, "extra_")
+    model.extra_ = np.array([object()])
+    with pytest.raises(TypeError, match="extra_: an array of Python objects cannot be saved without pickle"):
+        model.save(tmp_path / "objects.npz")
+    assert not (tmp_path / "objects.npz").exists()
 
 
 def test_saving_an_unfitted_estimator_raises_not_fitted_error(tmp_path):
