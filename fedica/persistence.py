@@ -45,7 +45,7 @@ _TAGS = ("__array__", "__scalar__", "__tuple__", "__float__", "__dict__")
 
 
 def _fitted_attributes(estimator) -> dict[str, Any]:
-    # scikit-learn's convention, the one check_is_fitted reads: public attributes ending in "_".
+    # scikit-learn's convention: the fitted attributes are the public ones ending in "_".
     return {name: value for name, value in vars(estimator).items() if name.endswith("_") and not name.startswith("_")}
 
 

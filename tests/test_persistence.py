@@ -198,8 +198,9 @@ def test_loading_a_wrong_file_raises_one_line_naming_the_file_and_the_problem(tm
 
 
 def _fedica_run(out_dir, *overrides):
-    done = subprocess.run([sys.executable, "-m", "fedica", "engine=inprocess", "log_level=WARNING",
-                           f"hydra.run.dir={out_dir}", *overrides], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    command = [sys.executable, "-m", "fedica", "engine=inprocess", "log_level=WARNING", f"hydra.run.dir={out_dir}",
+               *overrides]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     return done, Path(out_dir)
 
 

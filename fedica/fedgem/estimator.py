@@ -235,8 +235,8 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
             One line naming the file: not a result, a stopped run's ``partial_result.json``, an
             RF-ICA result, or a key missing.
         """
-        result, params = read_result(path, "fedgem", FEDGEM_PARAMETERS,
-                                     ("global_centroids", "client_mapping", "local_clusters", "upsilon", "upsilon_tuning"))
+        keys = ("global_centroids", "client_mapping", "local_clusters", "upsilon", "upsilon_tuning")
+        result, params = read_result(path, "fedgem", FEDGEM_PARAMETERS, keys)
         section = result["fedgem"]
         model = cls(**params)
         n_sites = int(result["clients"]["expected"])
@@ -368,10 +368,10 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.rejected_ = server.rejected
 
 
-
 # The global mixture of predict_proba and score_samples (docs/ALGORITHMS.md section 2.11) is
 # estimated and evaluated in these two functions alone, so that another covariance model changes only them.
-def _global_mixture(data: list[np.ndarray], labels: list[np.ndarray | None], means: np.ndarray) -> tuple[np.ndarray, float]:
+def _global_mixture(data: list[np.ndarray], labels: list[np.ndarray | None],
+                    means: np.ndarray) -> tuple[np.ndarray, float]:
     """The weights and the one variance of the global mixture, from the sites' labelled points.
 
     Parameters
@@ -406,7 +406,7 @@ def _global_mixture(data: list[np.ndarray], labels: list[np.ndarray | None], mea
 
 
 def _log_weighted_densities(X: np.ndarray, means: np.ndarray, weights: np.ndarray, variance: float) -> np.ndarray:
-    """``log weights_k + log N(x; means_k, variance * I)`` for each row ``x`` of ``X``, shape (n_samples, n_clusters)."""
+    """``log weights_k + log N(x; means_k, variance * I)`` per row ``x`` of ``X``, shape (n_samples, n_clusters)."""
     d = X.shape[1]
     log_normaliser = -0.5 * d * np.log(2.0 * np.pi * variance)
     return np.log(weights) + log_normaliser - cdist(X, means, "sqeuclidean") / (2.0 * variance)

@@ -196,7 +196,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         model.site_mixings_ = model.labels_ = None
         model.benchmark_site_ = int(section["benchmark_client"])
         model.f_ica_, model.simple_mean_, model.simple_median_ = (
-            np.asarray(section["estimates"][name], dtype=np.float64) for name in ("f-ica", "simple-mean", "simple-median"))
+            np.asarray(section["estimates"][name], dtype=np.float64)
+            for name in ("f-ica", "simple-mean", "simple-median"))
         model.rejected_ = result["clients"]["rejected"]
         return model
 
