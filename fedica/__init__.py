@@ -7,7 +7,6 @@ The Flower side ships with it as :mod:`fedica.server` (ServerApp, strategies), :
 
 from pathlib import Path as _Path
 
-__version__ = "0.1.0"
 __all__ = ["FedGEM", "RFICA", "__version__"]
 
 # In a source checkout (and in the Flower App bundle built from it) the Flower side lives in the
@@ -21,3 +20,4 @@ if not (_Path(__file__).parent / "server").is_dir() and (_checkout / "server" / 
 
 from fedica.fedgem.estimator import FedGEM  # noqa: E402
 from fedica.rfica.estimator import RFICA  # noqa: E402
+from fedica.version import __version__  # noqa: E402

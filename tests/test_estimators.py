@@ -1,5 +1,6 @@
 """The library API (fedica.RFICA, fedica.FedGEM): scikit-learn conventions, and the same numbers as the federated run."""
 
+import copy
 import subprocess
 import sys
 
@@ -158,3 +159,95 @@ def test_fedgem_refuses_n_local_clusters_of_the_wrong_length():
     sites = [s.X_train for s in _blobs_sites(compose_config(BLOBS))]
     with pytest.raises(ValueError, match=r"^n_local_clusters=\[3, 3\]: must be one int or one per site \(5 sites\)"):
         fedica.FedGEM().fit(sites, [3, 3])
+
+
+# ---------------------------------------------------------------- the global mixture and the inverse transform
+
+
+@pytest.fixture(scope="module")
+def fitted_fedgem():
+    sites = [s.X_train for s in _blobs_sites(compose_config(BLOBS))]
+    return sites, fedica.FedGEM(random_state=0).fit(sites, 3)
+
+
+def test_fedgem_weights_and_variance_are_the_sites_labelled_points_shares_and_spread(fitted_fedgem):
+    sites, model = fitted_fedgem
+    points, labels = np.vstack(sites), np.concatenate(model.labels_)
+    counts = np.bincount(labels, minlength=model.n_clusters_)
+    assert counts.min() >= 1  # no floor at work here: the weights are the plain shares
+    np.testing.assert_allclose(model.weights_, counts / counts.sum(), rtol=1e-15)
+    residuals = points - model.means_[labels]
+    assert isinstance(model.covariance_, float)
+    assert model.covariance_ == pytest.approx(np.mean(residuals ** 2), rel=1e-12)
+
+
+def test_fedgem_global_mixture_floors_empty_clusters_and_a_degenerate_spread():
+    from fedica.fedgem.estimator import _global_mixture
+
+    means = np.array([[0.0, 0.0], [1.0, 1.0], [5.0, 5.0]])
+    points = np.repeat(means[:2], 3, axis=0)  # every point on its centre: no spread; cluster 2 empty
+    weights, variance = _global_mixture([points, points], [np.repeat([0, 1], 3)] * 2, means)
+    np.testing.assert_allclose(weights, np.array([6, 6, 1]) / 13)
+    assert variance == pytest.approx(1e-6 * points.var(axis=0).mean())
+
+
+def test_fedgem_predict_proba_and_score_samples_are_the_isotropic_mixtures_density(fitted_fedgem):
+    from scipy.stats import multivariate_normal
+
+    sites, model = fitted_fedgem
+    X = np.vstack([site[:40] for site in sites])
+    d = X.shape[1]
+    joint = np.column_stack([w * multivariate_normal(mean=c, cov=model.covariance_ * np.eye(d)).pdf(X)
+                             for w, c in zip(model.weights_, model.means_)])
+    proba = model.predict_proba(X)
+    assert proba.shape == (X.shape[0], model.n_clusters_)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(proba, joint / joint.sum(axis=1, keepdims=True), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(model.score_samples(X), np.log(joint.sum(axis=1)), rtol=1e-12)
+    assert model.score(X) == pytest.approx(np.log(joint.sum(axis=1)).mean(), rel=1e-12)
+
+
+def test_fedgem_predict_is_the_most_probable_cluster_when_the_weights_are_equal(fitted_fedgem):
+    sites, model = fitted_fedgem
+    X = np.vstack(sites + [np.random.default_rng(2).uniform(-15, 15, size=(500, 2))])
+    equal = copy.copy(model)  # the module's fitted model stays as it is
+    equal.weights_ = np.full(model.n_clusters_, 1.0 / model.n_clusters_)
+    np.testing.assert_array_equal(equal.predict(X), equal.predict_proba(X).argmax(axis=1))
+
+
+def test_fedgem_fit_predict_returns_the_fits_labels(fitted_fedgem):
+    sites, model = fitted_fedgem
+    labels = fedica.FedGEM(random_state=0).fit_predict(sites, 3)
+    assert isinstance(labels, list) and len(labels) == len(sites)
+    for ours, theirs in zip(labels, model.labels_):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_rfica_inverse_transform_undoes_transform():
+    rng = np.random.default_rng(3)
+    mixing = rng.standard_normal((4, 4))
+    sites = [rng.laplace(size=(3000, 4)) @ mixing.T + 10.0 for _ in range(5)]
+    fitted = fedica.RFICA(random_state=0).fit(sites)
+    aggregated = fedica.RFICA(random_state=0).aggregate(fitted.site_mixings_)
+    for model in (fitted, aggregated):
+        X = sites[2]
+        np.testing.assert_allclose(model.inverse_transform(model.transform(X)), X, rtol=0, atol=1e-10)
+        S = rng.standard_normal((7, 4))
+        np.testing.assert_allclose(model.inverse_transform(S), S @ model.mixing_.T + model.mean_, rtol=0, atol=0)
+    with pytest.raises(ValueError) as info:
+        fitted.inverse_transform(np.zeros((5, 3)))
+    assert str(info.value) == "S must have shape (n_samples, 4), got (5, 3)"
+
+
+def test_the_new_methods_refuse_unfitted_estimators_and_wrong_widths(fitted_fedgem):
+    from sklearn.exceptions import NotFittedError
+
+    X = np.zeros((3, 2))
+    for method in ("predict_proba", "score_samples", "score"):
+        with pytest.raises(NotFittedError):
+            getattr(fedica.FedGEM(), method)(X)
+        with pytest.raises(ValueError) as info:
+            getattr(fitted_fedgem[1], method)(np.zeros((4, 5)))
+        assert str(info.value) == "X must have shape (n_samples, 2), got (4, 5)"
+    with pytest.raises(NotFittedError):
+        fedica.RFICA().inverse_transform(X)

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from numbers import Integral
 from typing import Any
 
 import numpy as np
+from scipy.spatial.distance import cdist
+from scipy.special import logsumexp
 from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
 from fedica.data.common import ClientData
-from fedica.fedgem.local import assign_labels, estimate_n_components
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
+from fedica.fedgem.local import assign_labels, estimate_n_components
+from fedica.fedgem.selection import VARIANCE_FLOOR
 from fedica.parameters import FEDGEM_PARAMETERS
+from fedica.persistence import SaveLoadMixin, read_result
 from fedica.protocol import ArraySite, InMemoryFederation
 from fedica.seeding import generator, sklearn_seed
 from fedica.tasks import CLIENT_TASKS
@@ -22,7 +28,7 @@ from fedica.validation import check_seed, check_sites
 _P = FEDGEM_PARAMETERS  # short, for the signature below
 
 
-class FedGEM(BaseEstimator):
+class FedGEM(SaveLoadMixin, BaseEstimator):
     """Federated generalized EM for isotropic Gaussian mixtures when the global K is unknown.
 
     Each site runs EM steps on its own points and shares, per component, its M-step maximiser
@@ -30,6 +36,15 @@ class FedGEM(BaseEstimator):
     sites into super-clusters for ``rounds`` rounds, then a final aggregation with radii scaled
     by ``upsilon`` estimates the number of global clusters. This runs, in memory, exactly the
     protocol that fedica's Flower strategy runs over a network (docs/ALGORITHMS.md section 2).
+
+    ``predict_proba``, ``score_samples`` and ``score`` read the global clusters as one isotropic
+    Gaussian mixture (docs/ALGORITHMS.md section 2.11): centres ``means_``, weights ``weights_``
+    and one variance ``covariance_``, both computed by ``fit`` from the sites' points (which it
+    holds; a federated run never sends them). ``predict(X)`` stays the nearest global centre, so
+    it equals ``predict_proba(X).argmax(axis=1)`` exactly when the weights are equal.
+
+    ``save(path)`` and ``FedGEM.load(path)`` keep a fitted estimator in a portable ``.npz`` file
+    (:mod:`fedica.persistence`); ``FedGEM.from_result(path)`` rebuilds one from a run's ``result.json``.
 
     The parameters' defaults and rules are declared in :data:`fedica.parameters.FEDGEM_PARAMETERS`;
     ``fit`` checks them all before any work.
@@ -102,6 +117,17 @@ class FedGEM(BaseEstimator):
         Per round: ``super_clusters``, ``mean_radius``, ``centroid_shift``, ...
     rejected_ : list of dict
         Sites left out of a round, with the reason.
+    weights_ : ndarray of shape (n_clusters_,)
+        The global mixture's weights: the share of all sites' points that ``labels_`` assigns to
+        each global cluster, each cluster counting at least one point (so no weight is zero).
+    covariance_ : float
+        The global mixture's one variance (covariance ``covariance_ * I``): the maximum-likelihood
+        value, the mean over all sites' points and features of the squared distance to the
+        assigned global centre, floored at 1e-6 times the points' mean per-feature variance (the
+        floor of :func:`fedica.fedgem.selection.log_likelihoods`).
+
+    Sites left out of the final stage (``labels_`` None) count in neither ``weights_`` nor
+    ``covariance_``.
     """
 
     # The defaults are the declaration's (fedica.parameters), spelt out as scikit-learn's get_params reads them.
@@ -169,6 +195,65 @@ class FedGEM(BaseEstimator):
         self._store(server, data)
         return self
 
+    def fit_predict(self, sites: Sequence[Any], n_local_clusters: int | Sequence[int] | None = None) -> list:
+        """Fit on the sites (:meth:`fit`), then return ``labels_``.
+
+        Returns
+        -------
+        labels : list of ndarray of shape (n_samples_g,)
+            Each site's points labelled with global cluster ids (None for a site left out of the
+            final stage).
+        """
+        return self.fit(sites, n_local_clusters).labels_
+
+    @classmethod
+    def from_result(cls, path: str | os.PathLike) -> FedGEM:
+        """The fitted estimator of a FedGEM run's ``result.json`` (``fedica-run algorithm=fedgem``).
+
+        The parameters are the run's ``config.algorithm`` keys the estimator has, ``random_state``
+        its ``seed`` and ``min_clients`` its ``min_clients``; site ``g`` is the run's partition
+        ``g``. From the result's ``fedgem`` section come ``means_`` (``global_centroids``),
+        ``n_clusters_``, ``site_mapping_`` (``client_mapping``; None for a site outside the final
+        aggregation) and ``site_means_``, ``n_local_clusters_`` (``local_clusters``; 0 for a site
+        that never answered), ``upsilon_``, ``tuning_`` (``upsilon_tuning``, as the JSON holds it:
+        lists where a fit has arrays), and ``history_`` and ``rejected_`` from the result's
+        ``history`` and ``clients``. The sites' points never left them: ``labels_``, ``weights_``
+        and ``covariance_`` are None, so ``predict`` (with or without ``site``) works, while
+        ``predict_proba``, ``score_samples`` and ``score`` raise ``NotFittedError``.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+
+        Returns
+        -------
+        estimator : FedGEM
+
+        Raises
+        ------
+        ValueError
+            One line naming the file: not a result, a stopped run's ``partial_result.json``, an
+            RF-ICA result, or a key missing.
+        """
+        keys = ("global_centroids", "client_mapping", "local_clusters", "upsilon", "upsilon_tuning")
+        result, params = read_result(path, "fedgem", FEDGEM_PARAMETERS, keys)
+        section = result["fedgem"]
+        model = cls(**params)
+        n_sites = int(result["clients"]["expected"])
+        model.means_ = np.asarray(section["global_centroids"], dtype=np.float64)
+        model.n_clusters_ = model.means_.shape[0]
+        mapping = {int(p): np.asarray(ids, dtype=np.int64) for p, ids in section["client_mapping"].items()}
+        model.site_mapping_ = [mapping.get(g) for g in range(n_sites)]
+        model.site_means_ = [None if m is None else model.means_[m] for m in model.site_mapping_]
+        model.n_local_clusters_ = np.array([section["local_clusters"].get(str(g), 0) for g in range(n_sites)],
+                                           dtype=np.int64)
+        model.upsilon_ = float(section["upsilon"])
+        model.tuning_ = section["upsilon_tuning"]
+        model.history_ = result["history"]
+        model.rejected_ = result["clients"]["rejected"]
+        model.labels_ = model.weights_ = model.covariance_ = None
+        return model
+
     def predict(self, X, site: int | None = None) -> np.ndarray:
         """Global cluster ids of new points.
 
@@ -183,10 +268,7 @@ class FedGEM(BaseEstimator):
         -------
         labels : ndarray of shape (n_samples,)
         """
-        check_is_fitted(self, "means_")
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[1] != self.means_.shape[1]:
-            raise ValueError(f"X must have shape (n_samples, {self.means_.shape[1]}), got {X.shape}")
+        X = self._rows(X)
         if site is None:
             return assign_labels(X, self.means_)
         # A site left out of the final stage has no consensus model (its mapping is None).
@@ -196,6 +278,62 @@ class FedGEM(BaseEstimator):
             kind = ValueError if isinstance(site, Integral) and not isinstance(site, bool) else TypeError
             raise kind(f"site={site!r}: must be None or a site of the fit with a consensus model: {listed}")
         return self.site_mapping_[site][assign_labels(X, self.site_means_[site])]
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Posterior probability of each global cluster for each row of ``X``, under the global mixture.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        probabilities : ndarray of shape (n_samples, n_clusters_)
+            Each row sums to 1.
+        """
+        log_joint = self._log_joint(X)
+        return np.exp(log_joint - logsumexp(log_joint, axis=1, keepdims=True))
+
+    def score_samples(self, X) -> np.ndarray:
+        """Log density of each row of ``X`` under the global mixture.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        log_density : ndarray of shape (n_samples,)
+        """
+        return logsumexp(self._log_joint(X), axis=1)
+
+    def score(self, X, y=None) -> float:
+        """Mean log density of the rows of ``X`` under the global mixture (as ``GaussianMixture.score``).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        log_likelihood : float
+        """
+        return float(self.score_samples(X).mean())
+
+    def _rows(self, X) -> np.ndarray:
+        check_is_fitted(self, "means_")
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.means_.shape[1]:
+            raise ValueError(f"X must have shape (n_samples, {self.means_.shape[1]}), got {X.shape}")
+        return X
+
+    def _log_joint(self, X) -> np.ndarray:
+        X = self._rows(X)
+        if self.covariance_ is None:
+            raise NotFittedError("this FedGEM was rebuilt from a run's result, which holds no mixture weights or "
+                                 "variance: predict_proba, score_samples and score need fit on the sites' points")
+        return _log_weighted_densities(X, self.means_, self.weights_, self.covariance_)
 
     def _local_cluster_counts(self, data, n_local_clusters, seed) -> np.ndarray:
         if n_local_clusters is None:
@@ -223,8 +361,52 @@ class FedGEM(BaseEstimator):
         self.site_means_ = [None if m is None else self.means_[m] for m in self.site_mapping_]
         self.labels_ = [None if m is None else m[assign_labels(X, c)]
                         for X, m, c in zip(data, self.site_mapping_, self.site_means_)]
+        self.weights_, self.covariance_ = _global_mixture(data, self.labels_, self.means_)
         self.upsilon_ = server.upsilon
         self.tuning_ = server.tuning
         self.history_ = server.history
         self.rejected_ = server.rejected
 
+
+# The global mixture of predict_proba and score_samples (docs/ALGORITHMS.md section 2.11) is
+# estimated and evaluated in these two functions alone, so that another covariance model changes only them.
+def _global_mixture(data: list[np.ndarray], labels: list[np.ndarray | None],
+                    means: np.ndarray) -> tuple[np.ndarray, float]:
+    """The weights and the one variance of the global mixture, from the sites' labelled points.
+
+    Parameters
+    ----------
+    data : list of ndarray of shape (n_samples_g, n_features)
+    labels : list of ndarray of shape (n_samples_g,) or None
+        Each site's global cluster ids; None: the site counts in neither.
+    means : ndarray of shape (n_clusters, n_features)
+
+    Returns
+    -------
+    weights : ndarray of shape (n_clusters,)
+        Each cluster's share of the points, each counting at least one point.
+    variance : float
+        The maximum-likelihood variance around the assigned centres, floored as
+        :func:`fedica.fedgem.selection.log_likelihoods` floors a site's.
+    """
+    labelled = [(X, y) for X, y in zip(data, labels) if y is not None]
+    counts = np.zeros(means.shape[0])
+    squared_distances = 0.0
+    for X, y in labelled:
+        counts += np.bincount(y, minlength=means.shape[0])
+        residual = X - means[y]
+        squared_distances += float(np.einsum("nd,nd->", residual, residual))
+    n, d = counts.sum(), means.shape[1]
+    # The floor's spread, the pooled points' mean per-feature variance, site by site (no copy of all points).
+    pooled_mean = sum(X.sum(axis=0) for X, _ in labelled) / n
+    spread = sum(float(np.square(X - pooled_mean).sum()) for X, _ in labelled) / (n * d)
+    floor = VARIANCE_FLOOR * max(spread, np.finfo(float).tiny)
+    counted = np.maximum(counts, 1)
+    return counted / counted.sum(), float(max(squared_distances / (n * d), floor))
+
+
+def _log_weighted_densities(X: np.ndarray, means: np.ndarray, weights: np.ndarray, variance: float) -> np.ndarray:
+    """``log weights_k + log N(x; means_k, variance * I)`` per row ``x`` of ``X``, shape (n_samples, n_clusters)."""
+    d = X.shape[1]
+    log_normaliser = -0.5 * d * np.log(2.0 * np.pi * variance)
+    return np.log(weights) + log_normaliser - cdist(X, means, "sqeuclidean") / (2.0 * variance)

@@ -37,7 +37,7 @@ MAX_PATH_CENTRES = 4096
 
 # Smallest variance a client's consensus model may have (relative to its data's spread), so
 # that a degenerate candidate cannot claim an infinite likelihood.
-_VARIANCE_FLOOR = 1e-6
+VARIANCE_FLOOR = 1e-6
 
 
 @dataclass
@@ -181,7 +181,7 @@ def log_likelihoods(X: np.ndarray, candidates) -> tuple[np.ndarray, np.ndarray]:
         ambiguously the model assigns the client's points (ICL's penalty).
     """
     n, d = X.shape
-    floor = _VARIANCE_FLOOR * max(float(X.var(axis=0).mean()), np.finfo(float).tiny)
+    floor = VARIANCE_FLOOR * max(float(X.var(axis=0).mean()), np.finfo(float).tiny)
     # All candidates at once: their centres stacked in one (k, n) distance matrix, each
     # candidate a block of rows, so that every per-point value broadcasts over a contiguous
     # block in place (2x faster at 6,000 centres than the (n, k) layout's gathers).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -10,6 +11,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from fedica.data.common import ClientData
 from fedica.parameters import RFICA_PARAMETERS
+from fedica.persistence import SaveLoadMixin, read_result
 from fedica.protocol import ArraySite, InMemoryFederation, Reply
 from fedica.rfica.coordinator import (
     RFICAState,
@@ -23,7 +25,7 @@ from fedica.validation import check_seed, check_sites
 _P = RFICA_PARAMETERS  # short, for the signature below
 
 
-class RFICA(TransformerMixin, BaseEstimator):
+class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     """Robust federated ICA: local FastICA per site, then a robust one-shot aggregation.
 
     Every site estimates the mixing matrix of its own observations with symmetric FastICA;
@@ -34,6 +36,9 @@ class RFICA(TransformerMixin, BaseEstimator):
 
     The parameters' defaults and rules are declared in :data:`fedica.parameters.RFICA_PARAMETERS`;
     ``fit`` and ``aggregate`` check them all before any work.
+
+    ``save(path)`` and ``RFICA.load(path)`` keep a fitted estimator in a portable ``.npz`` file
+    (:mod:`fedica.persistence`); ``RFICA.from_result(path)`` rebuilds one from a run's ``result.json``.
 
     Parameters
     ----------
@@ -57,7 +62,8 @@ class RFICA(TransformerMixin, BaseEstimator):
     components_ : ndarray of shape (n_features, n_features)
         The unmixing matrix, the inverse of ``mixing_``.
     mean_ : ndarray of shape (n_features,)
-        The mean of all sites' observations, weighted by their sizes (removed by ``transform``).
+        The mean of all sites' observations, weighted by their sizes (removed by ``transform``);
+        zeros after ``aggregate`` and ``from_result`` (no site sends its mean).
     site_mixings_ : ndarray of shape (n_sites, n_features, n_features)
         Each site's own (unit-column) estimate.
     labels_ : ndarray of shape (n_sites, n_features)
@@ -134,6 +140,66 @@ class RFICA(TransformerMixin, BaseEstimator):
         if X.ndim != 2 or X.shape[1] != self.components_.shape[1]:
             raise ValueError(f"X must have shape (n_samples, {self.components_.shape[1]}), got {X.shape}")
         return (X - self.mean_) @ self.components_.T
+
+    def inverse_transform(self, S) -> np.ndarray:
+        """The observations of sources ``S``: ``S @ mixing_.T + mean_``.
+
+        Parameters
+        ----------
+        S : array-like of shape (n_samples, n_components)
+            ``n_components`` is ``mixing_.shape[1]``, the number of sources.
+
+        Returns
+        -------
+        X : ndarray of shape (n_samples, n_features)
+        """
+        check_is_fitted(self, "mixing_")
+        S = np.asarray(S, dtype=np.float64)
+        if S.ndim != 2 or S.shape[1] != self.mixing_.shape[1]:
+            raise ValueError(f"S must have shape (n_samples, {self.mixing_.shape[1]}), got {S.shape}")
+        return S @ self.mixing_.T + self.mean_
+
+    @classmethod
+    def from_result(cls, path: str | os.PathLike) -> RFICA:
+        """The fitted estimator of an RF-ICA run's ``result.json`` (``fedica-run algorithm=rfica``).
+
+        The parameters are the run's ``config.algorithm`` keys the estimator has, ``random_state``
+        its ``seed`` and ``min_clients`` its ``min_clients``. From the result's ``rfica`` section
+        come ``mixing_`` (``estimate``), ``components_`` (``unmixing``), ``benchmark_site_``
+        (``benchmark_client``, a partition id) and ``f_ica_``, ``simple_mean_``, ``simple_median_``
+        (``estimates``); ``rejected_`` from the result's ``clients``. No site sends its mean, so
+        ``mean_`` is zeros and ``transform`` does not centre: pass observations with their site's
+        mean removed (as the run's ``sources_site<g>.csv`` are computed). ``site_mixings_`` and
+        ``labels_`` stay with the run (the result holds neither): None.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+
+        Returns
+        -------
+        estimator : RFICA
+
+        Raises
+        ------
+        ValueError
+            One line naming the file: not a result, a stopped run's ``partial_result.json``, a
+            FedGEM result, or a key missing.
+        """
+        result, params = read_result(path, "rfica", RFICA_PARAMETERS,
+                                     ("estimate", "unmixing", "benchmark_client", "estimates"))
+        section = result["rfica"]
+        model = cls(**params)
+        model.mixing_ = np.asarray(section["estimate"], dtype=np.float64)
+        model.components_ = np.asarray(section["unmixing"], dtype=np.float64)
+        model.mean_ = np.zeros(model.mixing_.shape[0])
+        model.site_mixings_ = model.labels_ = None
+        model.benchmark_site_ = int(section["benchmark_client"])
+        model.f_ica_, model.simple_mean_, model.simple_median_ = (
+            np.asarray(section["estimates"][name], dtype=np.float64)
+            for name in ("f-ica", "simple-mean", "simple-median"))
+        model.rejected_ = result["clients"]["rejected"]
+        return model
 
     def _state(self, r: int) -> RFICAState:
         return RFICAState(contrast=self.contrast, init=self.init, benchmark=self.benchmark,

@@ -1,0 +1,259 @@
+"""Keeping a fitted estimator: one portable ``.npz`` file, and rebuilding one from a run's ``result.json``.
+
+The file is a numpy ``.npz`` archive (a zip of ``.npy`` arrays) that ``np.load(path,
+allow_pickle=False)`` reads: no pickle, so opening a file runs no code and needs no fedica class
+to exist. Its member ``__fedica__`` is a JSON document:
+
+- ``format`` (:data:`FORMAT`), ``format_version`` (:data:`FORMAT_VERSION`), ``fedica_version``
+  (the writer's), ``estimator`` (the class name, ``"FedGEM"`` or ``"RFICA"``);
+- ``params``: ``get_params()``;
+- ``attributes``: every fitted attribute (the public names ending in ``_``).
+
+Within ``params`` and ``attributes`` a JSON value stands for itself, except that every numpy
+array or numpy scalar is a member of the archive named by where it sits (``means_``,
+``site_mapping_.3``, ``tuning_.k_hats``) and the document holds ``{"__array__": name}`` or
+``{"__scalar__": name}`` there; a tuple is ``{"__tuple__": [...]}``, a non-finite float
+``{"__float__": "nan"}`` (the document stays strict JSON), and a mapping with a key that is not a
+string, or that starts with ``__``, is ``{"__dict__": [[key, value], ...]}``. So every value comes
+back with its type, every array with its dtype and bits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sklearn.utils.validation import check_is_fitted
+
+from fedica.parameters import Declaration
+from fedica.version import __version__
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "DOCUMENT_MEMBER", "SaveLoadMixin", "read_result"]
+
+FORMAT = "fedica.estimator"
+# Increased with any change of the layout that an older fedica would misread; load refuses a newer one.
+FORMAT_VERSION = 1
+DOCUMENT_MEMBER = "__fedica__"
+
+_TAGS = ("__array__", "__scalar__", "__tuple__", "__float__", "__dict__")
+
+
+def _fitted_attributes(estimator) -> dict[str, Any]:
+    # scikit-learn's convention: the fitted attributes are the public ones ending in "_".
+    return {name: value for name, value in vars(estimator).items() if name.endswith("_") and not name.startswith("_")}
+
+
+class _Encoder:
+    """Turns a value into JSON, putting its numpy arrays and scalars aside as named archive members."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def encode(self, value: Any, where: str) -> Any:
+        if value is None or isinstance(value, (bool, int, str)):
+            return value
+        if isinstance(value, float):
+            return value if math.isfinite(value) else {"__float__": repr(value)}
+        if isinstance(value, (np.ndarray, np.generic)):
+            if value.dtype.hasobject:  # np.savez would pickle it
+                raise TypeError(f"{where}: an array of Python objects cannot be saved without pickle")
+            # Two paths can spell the same name (a key "a.0" beside item 0 of "a"): the later one is renumbered.
+            name = where if where not in self.arrays else f"{where}#{len(self.arrays)}"
+            self.arrays[name] = np.asarray(value)
+            return {"__array__" if isinstance(value, np.ndarray) else "__scalar__": name}
+        if isinstance(value, tuple):
+            return {"__tuple__": [self.encode(v, f"{where}.{i}") for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return [self.encode(v, f"{where}.{i}") for i, v in enumerate(value)]
+        if isinstance(value, Mapping):
+            if all(isinstance(k, str) and not k.startswith("__") for k in value):
+                return {k: self.encode(v, f"{where}.{k}") for k, v in value.items()}
+            return {"__dict__": [[self.encode(k, f"{where}.key{i}"), self.encode(v, f"{where}.{k}")]
+                                 for i, (k, v) in enumerate(value.items())]}
+        raise TypeError(f"{where}: a {type(value).__name__} cannot be saved")
+
+
+def _member(archive, name: str, path: Path) -> np.ndarray:
+    if name not in archive.files:
+        raise ValueError(f"{path}: member {name!r} is missing (the file is incomplete or was altered)")
+    try:
+        return archive[name]
+    except (zipfile.BadZipFile, ValueError, OSError):  # a damaged member, or pickled data fedica never writes
+        raise ValueError(f"{path}: member {name!r} is unreadable (the file is damaged or was altered)") from None
+
+
+def _decode(value: Any, archive, path: Path) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, archive, path) for v in value]
+    if not isinstance(value, dict):
+        return value
+    tag = next(iter(value), None) if len(value) == 1 else None
+    if tag not in _TAGS:
+        return {k: _decode(v, archive, path) for k, v in value.items()}
+    content = value[tag]
+    if tag in ("__array__", "__scalar__"):
+        array = _member(archive, content, path)
+        return array if tag == "__array__" else array[()]
+    if tag == "__float__":
+        return float(content)
+    if tag == "__tuple__":
+        return tuple(_decode(v, archive, path) for v in content)
+    return {_decode(k, archive, path): _decode(v, archive, path) for k, v in content}
+
+
+class SaveLoadMixin:
+    """``save(path)`` and ``load(path)`` for fedica's estimators, in the format of this module."""
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the fitted estimator to ``path``, a portable ``.npz`` file (no pickle).
+
+        The file holds the parameters, every fitted attribute, fedica's version and the format
+        version (:mod:`fedica.persistence`); it is written whole or not at all (a temporary file
+        in the same folder, then a rename).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Written as given (no ``.npz`` is appended).
+
+        Returns
+        -------
+        path : Path
+
+        Raises
+        ------
+        sklearn.exceptions.NotFittedError
+            Before ``fit``.
+        """
+        check_is_fitted(self)
+        encoder = _Encoder()
+        document = {"format": FORMAT, "format_version": FORMAT_VERSION, "fedica_version": __version__,
+                    "estimator": type(self).__name__,
+                    "params": encoder.encode(self.get_params(), "params"),
+                    "attributes": {name: encoder.encode(value, name)
+                                   for name, value in _fitted_attributes(self).items()}}
+        members = {DOCUMENT_MEMBER: np.array(json.dumps(document, allow_nan=False)), **encoder.arrays}
+        path = Path(path)
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                np.savez_compressed(handle, **members)
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike):
+        """The estimator :meth:`save` wrote to ``path``, with the same parameters and fitted attributes.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+
+        Returns
+        -------
+        estimator : an instance of this class
+
+        Raises
+        ------
+        ValueError
+            One line naming the file and the problem: not a fedica estimator file, an estimator of
+            another class, a format version newer than this fedica reads, a missing member.
+        """
+        path = Path(path)
+        try:
+            loaded = np.load(path, allow_pickle=False)
+        except (zipfile.BadZipFile, EOFError, ValueError):
+            # np.load reads a file that is neither .npy nor .npz as pickle data, which it refuses (ValueError).
+            raise ValueError(f"{path}: not a fedica estimator file (not a .npz archive)") from None
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise ValueError(f"{path}: not a fedica estimator file (a single .npy array, not a .npz archive)")
+        with loaded as archive:
+            return cls._from_archive(archive, path)
+
+    @classmethod
+    def _from_archive(cls, archive, path: Path):
+        document = None
+        if DOCUMENT_MEMBER in archive.files:
+            try:
+                document = json.loads(_member(archive, DOCUMENT_MEMBER, path).item())
+            except (ValueError, TypeError):
+                document = None
+        if (not isinstance(document, dict) or document.get("format") != FORMAT
+                or not isinstance(document.get("params"), dict) or not isinstance(document.get("attributes"), dict)):
+            raise ValueError(f"{path}: not a fedica estimator file (no {DOCUMENT_MEMBER} document of format {FORMAT})")
+        version = document.get("format_version")
+        if not isinstance(version, int):
+            raise ValueError(f"{path}: not a fedica estimator file (format_version {version!r} is not an integer)")
+        if version > FORMAT_VERSION:
+            raise ValueError(f"{path}: format version {version!r} is newer than the {FORMAT_VERSION} this fedica reads "
+                             f"(written by fedica {document.get('fedica_version')}); load it with that version")
+        if document.get("estimator") != cls.__name__:
+            raise ValueError(f"{path}: holds a fedica.{document.get('estimator')}, not a fedica.{cls.__name__}")
+        params = _decode(document["params"], archive, path)
+        unknown = sorted(set(params) - set(cls().get_params()))
+        if unknown:
+            raise ValueError(f"{path}: parameters {unknown} are not {cls.__name__}'s")
+        estimator = cls(**params)
+        for name, value in document["attributes"].items():
+            setattr(estimator, name, _decode(value, archive, path))
+        return estimator
+
+
+def read_result(path: str | os.PathLike, algorithm: str, declaration: Declaration,
+                section_keys: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A complete run's ``result.json`` of ``algorithm``, and the estimator parameters the run used.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A ``result.json`` written by ``fedica-run`` (docs/INTERFACE.md section 3).
+    algorithm : {"fedgem", "rfica"}
+        The result's ``algorithm``, and the name of its own section.
+    declaration : Declaration
+        The estimator's parameters: those among the run's ``config.algorithm`` keys, and
+        ``random_state`` and ``min_clients`` from the config's ``seed`` and ``min_clients``.
+    section_keys : tuple of str
+        Keys the algorithm's section must hold.
+
+    Returns
+    -------
+    result : dict
+    params : dict
+
+    Raises
+    ------
+    ValueError
+        One line naming the file: not a JSON result, a stopped run's ``partial_result.json``, a result
+        of the other algorithm, or a missing key.
+    """
+    path = Path(path)
+    try:
+        result = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError(f"{path}: not a fedica-run result (not JSON)") from None
+    if not isinstance(result, dict) or "config" not in result:
+        raise ValueError(f"{path}: not a fedica-run result (no config)")
+    if "status" in result or "metrics" not in result:
+        raise ValueError(f"{path}: the partial result of a stopped run ({result.get('status', 'no metrics')}); "
+                         "only a complete result.json holds a fitted model")
+    if result.get("algorithm") != algorithm:
+        raise ValueError(f"{path}: a result of algorithm {result.get('algorithm')!r}, not {algorithm!r}")
+    missing = [key for key in ("clients", "history") if key not in result]
+    missing += [f"{algorithm}.{key}" for key in section_keys if key not in result.get(algorithm, {})]
+    if missing:
+        raise ValueError(f"{path}: the result lacks {', '.join(missing)}")
+    config = result["config"]
+    params = {name: value for name, value in config["algorithm"].items() if name in declaration}
+    params.update({name: config[key] for name, key in (("random_state", "seed"), ("min_clients", "min_clients"))
+                   if name in declaration and key in config})
+    return result, params
