@@ -208,3 +208,11 @@ def test_the_checks_find_a_cycle_a_private_import_and_a_wrong_direction_in_a_syn
     ]
     assert cycles({"fedica.a": {"fedica.a"}}) == [frozenset({"fedica.a"})]
     assert cycles({"fedica.a": {"fedica.b"}, "fedica.b": set()}) == []
+
+
+def test_the_server_package_init_imports_no_module_of_its_own():
+    # Under flwr run's simulation the ServerApp and the ClientApp (which imports fedica.server.records)
+    # load in two threads at once; an __init__ importing the strategies deadlocked them (_DeadlockError).
+    tree = ast.parse((REPO / "server" / "__init__.py").read_text())
+    imported = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert all(isinstance(node, ast.ImportFrom) and node.module == "importlib" for node in imported)
