@@ -74,19 +74,20 @@ def site_points(result: Mapping[str, Any]) -> dict[int, tuple[np.ndarray, np.nda
     return points
 
 
-def projection(fitted_on: np.ndarray) -> tuple[Any, tuple[str, str]]:
-    """A map to 2-D and its axis labels: the coordinates themselves up to 2 dimensions, else PCA fitted on ``fitted_on``."""
+def projection(fitted_on: np.ndarray, what: str) -> tuple[Any, tuple[str, str]]:
+    """A map to 2-D and its axis labels: the coordinates themselves up to 2 dimensions, else PCA fitted on ``fitted_on`` (``what``)."""
     dim = fitted_on.shape[1]
     if dim == 2:
         return (lambda X: X), ("x0", "x1")
     if dim == 1:
         return (lambda X: np.c_[X, np.zeros(len(X))]), ("x0", "(1-D data)")
+    if len(fitted_on) < 2:  # one global centre: no direction to fit
+        return (lambda X: X[:, :2]), ("x0", f"x1 (of d={dim})")
     from sklearn.decomposition import PCA
 
     pca = PCA(n_components=2).fit(fitted_on)
     share = pca.explained_variance_ratio_
-    source = "pooled test points" if fitted_on.shape[0] > 2 * dim else "global centres"
-    return pca.transform, tuple(f"PC{i + 1} ({100 * share[i]:.0f}% of variance; PCA of the {source}, d={dim})"
+    return pca.transform, tuple(f"PC{i + 1} ({100 * share[i]:.0f}% of variance; PCA of the {what}, d={dim})"
                                 for i in range(2))
 
 
@@ -106,19 +107,20 @@ def fedgem_figure(result: Mapping[str, Any], plt: Any) -> tuple[Any, list[str]]:
     if result["engine"] == "deployment":
         points: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         notes.append(DEPLOYMENT_NOTE + " (the global centres)")
-        to_2d, labels = projection(centroids)
+        to_2d, labels = projection(centroids, "global centres")
     else:
         points = site_points(result)
-        to_2d, labels = projection(np.vstack([X for X, _ in points.values()]))
+        to_2d, labels = projection(np.vstack([X for X, _ in points.values()]), "pooled test points")
     shown = list(points)[:MAX_SITE_PANELS]
     if len(points) > len(shown):
         notes.append(f"{len(points) - len(shown)} of {len(points)} sites not drawn in their own panel (all are pooled)")
 
     rows = 2 + max(0, -(-(len(shown) - 4) // SITE_COLUMNS))
-    fig = plt.figure(figsize=(3.2 * SITE_COLUMNS, 3.0 * rows + 0.6))
-    grid = fig.add_gridspec(rows, SITE_COLUMNS)
+    columns = SITE_COLUMNS if shown else 2  # a deployment's picture is the pooled panel alone
+    fig = plt.figure(figsize=(3.2 * columns, 3.0 * rows + 0.6))
+    grid = fig.add_gridspec(rows, columns)
     pooled = fig.add_subplot(grid[:2, :2])
-    cells = [grid[r, c] for r in range(2) for c in (2, 3)] + [grid[r, c] for r in range(2, rows) for c in range(SITE_COLUMNS)]
+    cells = [grid[r, c] for r in range(2) for c in range(2, columns)] + [grid[r, c] for r in range(2, rows) for c in range(columns)]
     centres = to_2d(centroids)
 
     def scatter(ax, X, clusters, size):
@@ -148,8 +150,8 @@ def fedgem_figure(result: Mapping[str, Any], plt: Any) -> tuple[Any, list[str]]:
         ax.set_xlim(limits[0])
         ax.set_ylim(limits[1])
         ax.tick_params(labelsize=7)
-    fig.suptitle("\n".join([run_title(result) + ": test points coloured by the global cluster of their site's "
-                            "consensus model", *notes]), fontsize=10)
+    drawn = ": test points coloured by the global cluster of their site's consensus model" if points else ""
+    fig.suptitle("\n".join([run_title(result) + drawn, *notes]), fontsize=10)
     fig.tight_layout()
     return fig, notes
 
