@@ -177,11 +177,15 @@ def drawn_site(rfica: Mapping[str, Any]) -> int:
     return next((s for s in sites if s not in avoid), sites[0])
 
 
-def heat_map(fig: Any, ax: Any, matrix: np.ndarray, title: str, scale: float) -> None:
+MIXING_AXES = ("column (source)", "row (observed channel)")
+UNMIXING_AXES = ("column (observed channel)", "row (source)")
+
+
+def heat_map(fig: Any, ax: Any, matrix: np.ndarray, title: str, scale: float, axes: tuple[str, str]) -> None:
     image = ax.imshow(matrix, cmap="RdBu_r", vmin=-scale, vmax=scale)
     ax.set_title(title, fontsize=9)
-    ax.set_xlabel("column (source)", fontsize=8)
-    ax.set_ylabel("row (observed channel)", fontsize=8)
+    ax.set_xlabel(axes[0], fontsize=8)
+    ax.set_ylabel(axes[1], fontsize=8)
     ax.set_xticks(range(matrix.shape[1]))
     ax.set_yticks(range(matrix.shape[0]))
     ax.tick_params(labelsize=7)
@@ -206,15 +210,19 @@ def rfica_figure(result: Mapping[str, Any], plt: Any) -> tuple[Any, list[str]]:
         notes.append(f"the first {n_drawn} of {r} sources drawn")
 
     maps = [(estimate if truth is None else aligned_columns(estimate, truth),
-             "RF-ICA estimate" + ("" if truth is None else " (columns matched to A*)"))]
+             "RF-ICA estimate" + ("" if truth is None else " (columns matched to A*)"), MIXING_AXES)]
     if truth is not None:
-        maps.append((truth, "true mixing A*"))
+        maps.append((truth, "true mixing A*", MIXING_AXES))
+    else:  # no truth to set beside it: the unmixing that made the sources below
+        maps.append((np.asarray(rfica["unmixing"], dtype=np.float64), "unmixing (its inverse; no true mixing known)",
+                     UNMIXING_AXES))
     # Subfigures keep the sources' rows tight under the taller heat maps.
     fig = plt.figure(figsize=(11, 0.45 * r + 3.2 + 0.9 * n_drawn), layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[0.45 * r + 2.4, 0.9 * n_drawn + 0.6]) if n_drawn else (fig, None)
-    scale = max(float(np.abs(m).max()) for m, _ in maps)
-    for ax, (matrix, title) in zip(top.subplots(1, len(maps), squeeze=False)[0], maps):
-        heat_map(top, ax, matrix, title, scale)
+    shared = max(float(np.abs(m).max()) for m, _, _ in maps)
+    for ax, (matrix, title, axes) in zip(top.subplots(1, 2), maps):
+        # The estimate and A* on one colour scale, to compare; the unmixing on its own.
+        heat_map(top, ax, matrix, title, shared if truth is not None else float(np.abs(matrix).max()), axes)
     if bottom is not None:
         draw_sources(bottom, Y, rfica, truth, site, n_drawn)
     error_text = "" if error is None else f", error vs A* {error:.4f}"

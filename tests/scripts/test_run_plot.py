@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from fedica.scripts import plot
 
-from fedica.data.scenarios import scenario_client_data
+from fedica.data.scenarios import ica_scenario_data, scenario_client_data
 
 SMALL_BLOBS = ["algorithm=fedgem", "scenario=blobs", "scenario.n_clients=4", "scenario.n_train=1000",
                "scenario.n_test=1000", "algorithm.rounds=3", "baselines=false"]
@@ -118,4 +118,20 @@ def test_a_deployments_picture_holds_only_the_result(fedgem_sweep, rfica_run, tm
 def test_an_rfica_run_draws_its_mixing_and_one_sites_sources(rfica_run, capsys):
     image, out = draw(capsys, rfica_run, "--out", str(rfica_run / "picture.png"))
     assert out == f"figure -> {rfica_run / 'picture.png'}\n"
+    assert_a_picture(image, 1000, 900)
+
+
+def test_an_rfica_files_run_draws_the_unmixing_beside_the_estimate(rfica_run, tmp_path, capsys):
+    # The run's estimate over files holding its sites' observations, as a files run has no A*.
+    result = json.loads((rfica_run / "result.json").read_text())
+    paths = []
+    for site in range(result["scenario"]["n_clients"]):
+        path = tmp_path / f"site{site}.csv"
+        np.savetxt(path, ica_scenario_data(result["scenario"], site, result["seed"]).T, delimiter=",")
+        paths.append(str(path))
+    result["scenario"] = {"name": "files", "paths": paths, "label_column": None, "n_components": None,
+                          "test_fraction": 0.3, "write_sources": False}
+    result["rfica"]["true_mixing"] = None
+    (tmp_path / "result.json").write_text(json.dumps(result))
+    image, _ = draw(capsys, tmp_path)
     assert_a_picture(image, 1000, 900)
