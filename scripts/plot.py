@@ -1,7 +1,7 @@
 """``fedica-plot``: turn a sweep's result JSONs into a figure (PNG) and a markdown table, or draw one run.
 
 A folder holding ``result.json`` is one run (``fedica-run``'s output folder): fedica-plot draws it
-into ``run.png`` there (:mod:`fedica.scripts.plot_run`). Any other folder is a sweep:
+into ``run.png`` there (:mod:`fedica.scripts.plot_run`). Any other folder is a sweep.
 
 Every run of a sweep wrote ``result.json`` with its full config; the experiment config's
 ``plot`` section says what to draw: ``x`` (a dotted config key), ``metrics`` (one row
@@ -177,7 +177,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("sweep_dir", metavar="DIR",
                         help="a run's folder (holding result.json: draws the run) or a multirun folder holding one result.json per run")
     parser.add_argument("--out", help=f"PNG path (default: <DIR>/figure.png for a sweep, <DIR>/{RUN_FIGURE} for a run)")
-    parser.add_argument("--table", help="markdown path (default: <sweep_dir>/table.md)")
+    parser.add_argument("--table", help="markdown path, for a sweep (default: <DIR>/table.md)")
     parser.add_argument("--x", help="config key on the x axis (default: the experiment's plot.x if swept, else the one swept key)")
     parser.add_argument("--metric", action="append", help="metric to draw (repeatable; default: the experiment's)")
     parser.add_argument("--no-figure", action="store_true", help="write only the markdown table")
