@@ -1,4 +1,7 @@
-"""``fedica-plot``: turn a sweep's result JSONs into a figure (PNG) and a markdown table.
+"""``fedica-plot``: turn a sweep's result JSONs into a figure (PNG) and a markdown table, or draw one run.
+
+A folder holding ``result.json`` is one run (``fedica-run``'s output folder): fedica-plot draws it
+into ``run.png`` there (:mod:`fedica.scripts.plot_run`). Any other folder is a sweep.
 
 Every run of a sweep wrote ``result.json`` with its full config; the experiment config's
 ``plot`` section says what to draw: ``x`` (a dotted config key), ``metrics`` (one row
@@ -15,6 +18,7 @@ are one standard deviation. Unreadable or missing result files are skipped with 
 
     fedica-plot multirun/rfica_fig1_k                     # writes multirun/rfica_fig1_k/figure.png and table.md
     fedica-plot multirun/rfica_fig1_k --out docs/figures/rfica_fig1_k.png --table docs/tables/rfica_fig1_k.md
+    fedica-plot outputs/2026-01-01/12-00-00                  # one run: writes outputs/2026-01-01/12-00-00/run.png
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from fedica.scripts.plot_runs import Layout, Run, choose_layout, load_runs
+from fedica.scripts.plot_run import RUN_FIGURE, plot_run
+from fedica.scripts.plot_runs import Layout, Run, choose_layout, load_runs, read_result
+
+from fedica.results import RESULT_FILE
 
 # What a table cell is, said in the heading of every table.
 SPREAD = "mean ± sd over n seeds"
@@ -167,9 +174,10 @@ def cell(p: Point | None) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="fedica-plot", description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep_dir", help="a multirun folder holding one result.json per run")
-    parser.add_argument("--out", help="PNG path (default: <sweep_dir>/figure.png)")
-    parser.add_argument("--table", help="markdown path (default: <sweep_dir>/table.md)")
+    parser.add_argument("sweep_dir", metavar="DIR",
+                        help="a run's folder (holding result.json: draws the run) or a multirun folder holding one result.json per run")
+    parser.add_argument("--out", help=f"PNG path (default: <DIR>/figure.png for a sweep, <DIR>/{RUN_FIGURE} for a run)")
+    parser.add_argument("--table", help="markdown path, for a sweep (default: <DIR>/table.md)")
     parser.add_argument("--x", help="config key on the x axis (default: the experiment's plot.x if swept, else the one swept key)")
     parser.add_argument("--metric", action="append", help="metric to draw (repeatable; default: the experiment's)")
     parser.add_argument("--no-figure", action="store_true", help="write only the markdown table")
@@ -187,6 +195,9 @@ def plot_spec(runs: Sequence[Run], metrics: list[str] | None) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if (Path(args.sweep_dir) / RESULT_FILE).is_file():
+        main_run(args)
+        return
     runs = load_runs(args.sweep_dir)
     spec = plot_spec(runs, args.metric)
     layout = choose_layout(runs, spec, args.x)
@@ -207,6 +218,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         out = Path(args.out) if args.out else sweep_dir / "figure.png"
         plot(table, spec, layout, out, spec.get("title", sweep_dir.name))
         print(f"figure -> {out}")
+
+
+def main_run(args: argparse.Namespace) -> None:
+    """One run's folder: its figure, into ``--out`` or ``run.png`` beside its result."""
+    sweep_only = [flag for flag, given in (("--table", args.table), ("--x", args.x), ("--metric", args.metric),
+                                           ("--no-figure", args.no_figure)) if given]
+    if sweep_only:
+        raise SystemExit(f"fedica-plot: {args.sweep_dir} is one run (it holds {RESULT_FILE}); "
+                         f"{', '.join(sweep_only)} is for a sweep's folder")
+    path = Path(args.sweep_dir) / RESULT_FILE
+    result = read_result(path)
+    if result is None:
+        raise SystemExit(f"fedica-plot: cannot draw {path}")
+    out = Path(args.out) if args.out else path.parent / RUN_FIGURE
+    for note in plot_run(result, out):
+        print(f"fedica-plot: {note}")
+    print(f"figure -> {out}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Any
 
 from fedica.server.harness.outputs import write_result
 from fedica.server.harness.runner import run_federation
+from fedica.server.strategy import FlowerHandOver
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -84,6 +85,10 @@ def configure_logging(level: str = "INFO") -> None:
     """fedica's own log lines at ``level``, each once; Flower's, Ray's and the database's kept to warnings."""
     fedica_log = logging.getLogger("fedica")
     fedica_log.setLevel(level)
+    # A strategy started earlier in this process may have handed fedica's lines to Flower's handlers
+    # (reach_flower_console); from here fedica's own handler or Hydra's prints them, once.
+    for handler in [h for h in fedica_log.handlers if isinstance(h, FlowerHandOver)]:
+        fedica_log.removeHandler(handler)
     # Under Hydra the root logger already prints (and writes the run's log file); elsewhere fedica brings its own handler.
     if not logging.getLogger().handlers and not fedica_log.handlers:
         handler = logging.StreamHandler()

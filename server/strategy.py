@@ -18,12 +18,43 @@ from typing import Any
 
 from fedica.server.federation import Federation
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedica.protocol import CATEGORY, EVALUATE, TRAIN, Reply, Request
 
 log = logging.getLogger("fedica.server")
+
+
+class FlowerHandOver(logging.Handler):
+    """Hands fedica's records to the handlers of Flower's logger, which reach the ServerApp's terminal.
+
+    Only to Flower's own handlers, not up to the root logger: a root handler added later prints
+    fedica's records once, through fedica's own propagation.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for handler in FLOWER_LOGGER.handlers:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+
+def reach_flower_console() -> None:
+    """Let fedica's progress lines reach the terminal the way Flower's own strategies' lines do.
+
+    A user's own ServerApp configures no handler for ``fedica``: its INFO lines would be lost
+    (Python prints bare warnings only, as a last resort). When nothing in the process prints them,
+    no handler on ``fedica`` or above it, they go to Flower's handlers at INFO. fedica's own
+    ServerApp (:func:`fedica.server.app.configure_logging` adds a handler, or leaves it to Hydra's
+    root handler) is left as it is, so that no line is printed twice.
+    """
+    fedica_log = logging.getLogger("fedica")
+    if fedica_log.hasHandlers():
+        return
+    fedica_log.addHandler(FlowerHandOver())
+    if fedica_log.level == logging.NOTSET:
+        fedica_log.setLevel(logging.INFO)
 
 
 class ProtocolStrategy(Strategy):
@@ -98,6 +129,7 @@ class ProtocolStrategy(Strategy):
         called after every stage with the current global model. ``federation`` lets fedica's
         own ServerApp keep its books (the result's ``clients`` entry) across the run.
         """
+        reach_flower_console()  # before the summary line (begin does it too, for loops that call begin alone)
         self.summary()
         self.begin(grid, timeout, federation)
         result = Result()
@@ -132,6 +164,7 @@ class ProtocolStrategy(Strategy):
 
     def begin(self, grid: Grid, timeout: float, federation: Federation | None = None) -> None:
         """Connect to the nodes and start the protocol (``start`` does this; exposed for custom loops)."""
+        reach_flower_console()
         self.federation = federation or Federation(
             grid, expected=self.min_available_nodes, min_clients=self.min_clients, round_timeout=timeout,
             node_wait_timeout=self.node_wait_timeout, common_values=self.client_config)

@@ -193,6 +193,11 @@ class FedGEMServer(ProtocolState):
             self.tuning["skipped"] = {str(u): why for u, why in self.skipped_upsilons.items()}
         if self.evaluate:
             self._evaluate((yield Request(GEM_EVALUATE, "evaluate", self.consensus_payloads())))
+        counts = [entry["excluded_components"] for entry in self.history if entry["excluded_components"]]
+        if counts:
+            log.warning("FedGEM: components with outlying radii took part in no merge in %d of %d rounds (%d in all, "
+                        "at most %d a round; each round's count is its history's excluded_components)",
+                        len(counts), len(self.history), sum(counts), max(counts))
 
     def consensus_payloads(self) -> dict[int, dict[str, np.ndarray]]:
         """Each client's consensus model: the global centroid and global id of each of its components."""
@@ -238,7 +243,7 @@ class FedGEMServer(ProtocolState):
                                                                      self.settings.max_overlap_pairs)
             except TooManyOverlaps as err:
                 raise OverBudget(f"FedGEM round {round_number}: {err}; raise algorithm.max_overlap_pairs") from err
-        log_excluded(components, excluded, round_number)
+        log_excluded(components, excluded, round_number, logging.DEBUG)  # the run sums them up at its end
         shifts = []
         for partition, part in components.slices().items():
             shifts.append(np.linalg.norm(new_centers[part] - self.models[partition].centroids, axis=1))

@@ -219,12 +219,16 @@ def final_radii(models: Mapping[int, ClientModel], final: Components, upsilon: f
     return radii
 
 
-def log_excluded(components: Components, excluded: np.ndarray, round_label: int | str) -> None:
-    """Say which clients' components took part in no merge."""
+def log_excluded(components: Components, excluded: np.ndarray, round_label: int | str, level: int = logging.WARNING) -> None:
+    """Say which clients' components took part in no merge, at ``level``.
+
+    The collaborative rounds pass DEBUG: on real data some component is excluded in almost every
+    round, and the run says so once at its end (:meth:`fedica.fedgem.coordinator.FedGEMServer.run`).
+    """
     if excluded.any():
         owners = sorted(set(components.owners[excluded].tolist()))
-        log.warning("round %s: %d components with outlying radii (clients %s) took part in no merge",
-                    round_label, int(excluded.sum()), owners)
+        log.log(level, "round %s: %d components with outlying radii (clients %s) took part in no merge",
+                round_label, int(excluded.sum()), owners)
 
 
 def clip_to_order_statistics(scores: np.ndarray, n_trim: int) -> np.ndarray:
