@@ -72,6 +72,11 @@ class FedGEM(BaseEstimator):
         a round above it raises :class:`fedica.fedgem.overlaps.TooManyOverlaps`. None: no budget.
     participation : float, default=1.0
         Share of the sites asked in each round.
+    covariance_type : {"spherical", "identity"}, default="spherical"
+        Each component's covariance. "spherical": ``sigma_k^2 I`` with ``sigma_k^2`` learned by its
+        site (never merged), which makes the result independent of the data's units; "identity":
+        the paper's unit covariance (the default of ``fedica-run``'s config, for the paper's
+        experiments). docs/ALGORITHMS.md section 2.11.
     min_clients : int, default=2
         Fewest valid sites a round needs.
     max_local_clusters : int, default=10
@@ -114,7 +119,7 @@ class FedGEM(BaseEstimator):
                  component_cap_factor=_P["component_cap_factor"].default,
                  max_hostile_fraction=_P["max_hostile_fraction"].default,
                  max_overlap_pairs=_P["max_overlap_pairs"].default, participation=_P["participation"].default,
-                 min_clients=_P["min_clients"].default, max_local_clusters=_P["max_local_clusters"].default,
+                 covariance_type=_P["covariance_type"].default, min_clients=_P["min_clients"].default, max_local_clusters=_P["max_local_clusters"].default,
                  random_state=_P["random_state"].default):
         self.rounds = rounds
         self.local_steps = local_steps
@@ -130,6 +135,7 @@ class FedGEM(BaseEstimator):
         self.max_hostile_fraction = max_hostile_fraction
         self.max_overlap_pairs = max_overlap_pairs
         self.participation = participation
+        self.covariance_type = covariance_type
         self.min_clients = min_clients
         self.max_local_clusters = max_local_clusters
         self.random_state = random_state
@@ -161,7 +167,7 @@ class FedGEM(BaseEstimator):
             radius_outlier_factor=self.radius_outlier_factor, count_cap_factor=self.count_cap_factor,
             component_cap_factor=self.component_cap_factor, max_hostile_fraction=self.max_hostile_fraction,
             max_overlap_pairs=self.max_overlap_pairs,
-            participation=self.participation, min_clients=self.min_clients, seed=seed)
+            participation=self.participation, covariance_type=self.covariance_type, min_clients=self.min_clients, seed=seed)
         server = FedGEMServer(settings, evaluate=False)
         sites = {g: ArraySite(ClientData(X, None, X[:0], None, int(k)), g)
                  for g, (X, k) in enumerate(zip(data, self.n_local_clusters_))}
@@ -207,8 +213,8 @@ class FedGEM(BaseEstimator):
             raise ValueError(f"n_local_clusters={n_local_clusters!r}: must be one int or one per site "
                              f"({len(data)} sites), got shape {counts.shape}")
         counts = np.broadcast_to(counts, (len(data),)).copy()
-        if counts.dtype.kind not in "iu" or np.any(counts < 2):
-            raise ValueError(f"n_local_clusters must be integers >= 2 (one, or one per site); got {n_local_clusters!r}")
+        if counts.dtype.kind not in "iu" or np.any(counts < 1):
+            raise ValueError(f"n_local_clusters must be integers >= 1 (one, or one per site); got {n_local_clusters!r}")
         for g, (X, k) in enumerate(zip(data, counts)):
             if X.shape[0] < k:
                 raise ValueError(f"site {g} has {X.shape[0]} points, fewer than its {k} local clusters")
