@@ -150,10 +150,22 @@ def adopted_centroids(site: Site, arrays: Mapping[str, Any], n_components: int, 
     return centroids
 
 
-def keep_variances(site: Site, variances: np.ndarray | None) -> None:
-    """Keep a spherical site's variances in its state (its local parameter between messages); identity has none."""
+def keep_variances(site: Site, variances: np.ndarray | None, maximisers: np.ndarray | None = None) -> None:
+    """Keep a spherical site's variances (and the maximisers they were estimated at) in its state; identity has none.
+
+    They are the site's local parameter between messages: the server never sees them before the final stage.
+    """
     if variances is not None:
         site.state["variances"] = variances
+        if maximisers is not None:
+            site.state["maximisers"] = maximisers
+
+
+def site_variances(site: Site, centroids: np.ndarray, values: Mapping[str, Any]) -> np.ndarray | None:
+    """The variances the site runs its next E-step with, at the server's ``centroids`` (None under identity)."""
+    if "maximisers" not in site.state:  # the first round starts from the site's own seeds and their variances
+        return site.state.get("variances")
+    return model_geometry(values).adopted_variances(site.state["variances"], site.state["maximisers"], centroids)
 
 
 def _init_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
@@ -167,15 +179,15 @@ def _init_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any])
 def _round_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
     centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
-    reply, variances = collaborative_round(data.X_train, centroids, values, site.state.get("variances"))
-    keep_variances(site, variances)
+    reply, variances = collaborative_round(data.X_train, centroids, values, site_variances(site, centroids, values))
+    keep_variances(site, variances, reply[0]["maximisers"])
     return reply
 
 
 def _final_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
-    return final_step(data.X_train, adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1]), values,
-                      site.state.get("variances"))
+    centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
+    return final_step(data.X_train, centroids, values, site_variances(site, centroids, values))
 
 
 def _silhouette_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:

@@ -70,6 +70,14 @@ class Identity:
         """The variances a site starts from, given its seeds (K_g, d); None: unit variance, fixed."""
         return None
 
+    def adopted_variances(self, variances: np.ndarray | None, maximisers: np.ndarray,
+                          centroids: np.ndarray) -> np.ndarray | None:
+        """The variances (K_g,) a site holds once it adopts the server's ``centroids`` (K_g, d); None: unit variance.
+
+        ``variances`` and ``maximisers`` are the site's own last M-step's.
+        """
+        return None
+
     def em_steps(self, X: np.ndarray, centroids: np.ndarray, weights: np.ndarray, variances: np.ndarray | None,
                  n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """``n_steps`` EM steps from ``centroids`` (K_g, d).
@@ -163,6 +171,18 @@ class Spherical(Identity):
         """
         pooled = cdist(seeds, X, "sqeuclidean").min(axis=0).mean() / X.shape[1]
         return np.full(seeds.shape[0], max(float(pooled), self._floor(X)))
+
+    def adopted_variances(self, variances: np.ndarray | None, maximisers: np.ndarray,
+                          centroids: np.ndarray) -> np.ndarray:
+        """The variance's conditional M-step at the adopted means: ``sigma_k^2 + ||theta_k - M_k||^2 / d``.
+
+        With the last step's responsibilities ``gamma``, the variance that maximises ``Q_k`` at a mean
+        ``m`` is ``sum_n gamma_nk ||x_n - m||^2 / (d Gamma_k) = sigma_k^2 + ||m - M_k||^2 / d``, where
+        ``sigma_k^2`` is the one at ``M_k``. A site that adopts the server's ``theta_k`` in the GEM
+        ball therefore holds ``(theta_k, sigma_k^2(theta_k))``, a pair whose ``Q_k`` is no smaller
+        than the old pair's: the generalised-EM step of both parameters (docs/ALGORITHMS.md 2.11).
+        """
+        return variances + ((centroids - maximisers) ** 2).sum(axis=1) / centroids.shape[1]
 
     def em_steps(self, X: np.ndarray, centroids: np.ndarray, weights: np.ndarray, variances: np.ndarray | None,
                  n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
