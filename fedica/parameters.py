@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 
+from fedica.fedgem.geometry import COVARIANCE_TYPES
 from fedica.rfica.aggregation import BENCHMARK_RULES
 from fedica.rfica.local import CONTRASTS, INITS
 
@@ -38,6 +39,9 @@ __all__ = ["Interval", "Options", "PositiveNumbers", "Parameter", "Declaration",
 
 # How ``upsilon="auto"`` chooses the final partition (fedica.fedgem.coordinator implements both).
 UPSILON_CRITERIA = ("likelihood", "silhouette")
+
+# Parameter.config_default when the config's default is the library's.
+_SAME_DEFAULT = object()
 
 # A violated rule: the exception to raise (TypeError: no constraint takes a value of this type)
 # and the rule, worded "must be ...".
@@ -175,6 +179,10 @@ class Parameter:
     in_config : bool, default=True
         A key of the config's ``algorithm`` section; False: a library argument only (the config
         has it at the top level, e.g. ``seed``, or not at all).
+    config_default : object, optional
+        The config's default (``conf/algorithm/<name>.yaml``) where it differs from the library's
+        ``default``: the paper's experiments keep the paper's model while the library defaults to
+        a better one. Omitted: the same as ``default`` (:attr:`run_default`).
     """
 
     name: str
@@ -183,6 +191,12 @@ class Parameter:
     doc: str
     none: bool = False
     in_config: bool = True
+    config_default: Any = field(default=_SAME_DEFAULT)
+
+    @property
+    def run_default(self) -> Any:
+        """The default of a ``fedica-run`` config (the algorithm's YAML): ``config_default``, else ``default``."""
+        return self.default if self.config_default is _SAME_DEFAULT else self.config_default
 
     def violation(self, value: Any) -> Violation | None:
         """The broken rule of ``value``, or None when it is allowed."""
@@ -211,7 +225,7 @@ class Declaration(Mapping[str, Parameter]):
         self.algorithm = algorithm
         self._parameters = {p.name: p for p in parameters}
         for p in parameters:  # a declaration whose default breaks its own rule is a bug here, not the user's
-            if p.violation(p.default) is not None:
+            if p.violation(p.default) is not None or p.violation(p.run_default) is not None:
                 raise AssertionError(f"{algorithm}: the default of {p.name} breaks its rule")
 
     def __getitem__(self, name: str) -> Parameter:
@@ -224,8 +238,12 @@ class Declaration(Mapping[str, Parameter]):
         return len(self._parameters)
 
     def defaults(self) -> dict[str, Any]:
-        """Every parameter's default, by name."""
+        """Every parameter's (library) default, by name."""
         return {name: p.default for name, p in self._parameters.items()}
+
+    def config_defaults(self) -> dict[str, Any]:
+        """The config's default of every key of the ``algorithm`` section (:attr:`Parameter.run_default`)."""
+        return {name: p.run_default for name, p in self._parameters.items() if p.in_config}
 
     @property
     def config_keys(self) -> tuple[str, ...]:
@@ -279,6 +297,11 @@ FEDGEM_PARAMETERS = Declaration(
     Parameter("max_overlap_pairs", _integer(1), 20_000_000,
               "Memory budget of one server step, in overlapping pairs of balls; None: no budget.", none=True),
     Parameter("participation", _real(0, 1, "right"), 1.0, "Share of the sites asked in each round."),
+    # The library learns each component's variance (results independent of the data's units); the
+    # config keeps the paper's identity covariance, so every experiment's result stays the paper's model's.
+    Parameter("covariance_type", (Options(COVARIANCE_TYPES),), "spherical",
+              "Each component's covariance: spherical (sigma_k^2 I, learned by its site) or identity (the paper's).",
+              config_default="identity"),
     Parameter("min_clients", _integer(1), 2, "Fewest valid sites a round needs.", in_config=False),
     Parameter("max_local_clusters", _integer(2), 10,
               "Largest K_g tried when a site's number of clusters is estimated.", in_config=False),

@@ -28,7 +28,7 @@ class FedGEMStrategy(ProtocolStrategy):
     ----------
     rounds, local_steps, upsilon, upsilon_grid, upsilon_criterion, guard_factor, n_init, silhouette_sample,
     radius_outlier_factor, count_cap_factor, component_cap_factor, max_hostile_fraction, max_overlap_pairs, participation,
-    random_state
+    covariance_type, random_state
         As for :class:`fedica.FedGEM`: declared in :data:`fedica.parameters.FEDGEM_PARAMETERS`, and checked
         against it here (``ValueError`` or ``TypeError`` naming the parameter).
     evaluate : bool, default=False
@@ -60,14 +60,15 @@ class FedGEMStrategy(ProtocolStrategy):
                  component_cap_factor: float | None = _P["component_cap_factor"].default,
                  max_hostile_fraction: float = _P["max_hostile_fraction"].default,
                  max_overlap_pairs: int | None = _P["max_overlap_pairs"].default,
-                 participation: float = _P["participation"].default, random_state: int = _P["random_state"].default,
+                 participation: float = _P["participation"].default,
+                 covariance_type: str = _P["covariance_type"].default, random_state: int = _P["random_state"].default,
                  evaluate: bool = False, **kwargs: Any):
         parameters = dict(rounds=rounds, local_steps=local_steps, upsilon=upsilon, upsilon_grid=upsilon_grid,
                           upsilon_criterion=upsilon_criterion, guard_factor=guard_factor, n_init=n_init,
                           silhouette_sample=silhouette_sample, radius_outlier_factor=radius_outlier_factor,
                           count_cap_factor=count_cap_factor, component_cap_factor=component_cap_factor,
                           max_hostile_fraction=max_hostile_fraction, max_overlap_pairs=max_overlap_pairs,
-                          participation=participation, random_state=random_state)
+                          participation=participation, covariance_type=covariance_type, random_state=random_state)
         _P.check(parameters)  # at construction: a bad value is one line now, not a failure after the rounds
         super().__init__(**kwargs)
         del parameters["random_state"]

@@ -33,14 +33,16 @@ def _blobs_sites(cfg):
     return [scenario_client_data(scenario, p, cfg["seed"]) for p in range(scenario["n_clients"])]
 
 
-@pytest.mark.parametrize("extra", [[], ["algorithm.upsilon=1.0"], ["algorithm.participation=0.6", "scenario.n_clients=8"]])
+@pytest.mark.parametrize("extra", [[], ["algorithm.upsilon=1.0"], ["algorithm.participation=0.6", "scenario.n_clients=8"],
+                                   ["algorithm.covariance_type=spherical"]])
 def test_fedgem_fit_equals_the_inprocess_federated_run(extra):
     cfg = compose_config(BLOBS + extra)
     result = run_inprocess(cfg)
     sites = _blobs_sites(cfg)
     alg = cfg["algorithm"]
     model = fedica.FedGEM(rounds=alg["rounds"], upsilon=alg["upsilon"], upsilon_grid=alg["upsilon_grid"],
-                          participation=alg["participation"], random_state=cfg["seed"])
+                          participation=alg["participation"], covariance_type=alg["covariance_type"],
+                          random_state=cfg["seed"])
     model.fit([s.X_train for s in sites], [s.n_components for s in sites])
     np.testing.assert_allclose(model.means_, np.asarray(result["fedgem"]["global_centroids"]), rtol=0, atol=1e-12)
     assert model.n_clusters_ == result["metrics"]["fedgem"]["super_clusters"]

@@ -12,6 +12,7 @@ import yaml
 import fedica
 from fedica import parameters
 from fedica.fedgem import estimator as fedgem_estimator
+from fedica.fedgem import geometry
 from fedica.fedgem.coordinator import FedGEMSettings
 from fedica.parameters import FEDGEM_PARAMETERS, RFICA_PARAMETERS, UPSILON_CRITERIA, Interval, Options, Parameter, PositiveNumbers
 from fedica.rfica import aggregation, local
@@ -84,8 +85,8 @@ def test_todays_defaults_are_unchanged():
         "rounds": 10, "local_steps": 1, "upsilon": "auto", "upsilon_grid": (0.1, 0.5, 1.0, 5.0, 10.0, 50.0),
         "upsilon_criterion": "likelihood", "guard_factor": 1.5, "n_init": 3, "silhouette_sample": 1000,
         "radius_outlier_factor": 10.0, "count_cap_factor": 10.0, "component_cap_factor": 3.0,
-        "max_hostile_fraction": 0.25, "max_overlap_pairs": 20_000_000, "participation": 1.0, "min_clients": 2,
-        "max_local_clusters": 10, "random_state": 0}
+        "max_hostile_fraction": 0.25, "max_overlap_pairs": 20_000_000, "participation": 1.0,
+        "covariance_type": "spherical", "min_clients": 2, "max_local_clusters": 10, "random_state": 0}
     assert RFICA_PARAMETERS.defaults() == {"contrast": "cube", "init": "random", "benchmark": "largest",
                                            "kmeans_restarts": 10, "gm_tol": 1e-10, "min_clients": 2,
                                            "random_state": 0}
@@ -124,10 +125,23 @@ def test_the_algorithm_yaml_holds_exactly_the_declared_keys_and_defaults(name, d
     conf = yaml.safe_load((CONF_DIR / "algorithm" / f"{name}.yaml").read_text())
     values = {k: v for k, v in conf.items() if k not in ("defaults", "name")}
     assert list(values) == list(declaration.config_keys)
+    assert values == {k: list(v) if isinstance(v, tuple) else v for k, v in declaration.config_defaults().items()}
     for key, value in values.items():
-        default = declaration[key].default
+        default = declaration[key].run_default
         assert (list(default) if isinstance(default, tuple) else default) == value, key
         assert type(value) is type(default) or isinstance(default, tuple), key
+
+
+def test_only_the_covariance_type_has_a_config_default_of_its_own():
+    # The library learns the variances (results independent of the data's units); the config, which runs
+    # the paper's experiments, keeps the paper's identity covariance (docs/ALGORITHMS.md section 2.11).
+    for declaration in (FEDGEM_PARAMETERS, RFICA_PARAMETERS):
+        differ = {k: (declaration[k].default, v) for k, v in declaration.config_defaults().items()
+                  if v != declaration[k].default}
+        assert differ == ({"covariance_type": ("spherical", "identity")} if declaration is FEDGEM_PARAMETERS else {})
+    assert FEDGEM_PARAMETERS["covariance_type"].constraints[0].values is geometry.COVARIANCE_TYPES
+    with pytest.raises(AssertionError, match="the default of c breaks its rule"):
+        parameters.Declaration("x", Parameter("c", (Options(("a",)),), "a", "", config_default="b"))
 
 
 # ---------------------------------------------------------------- the strategies refuse at construction
@@ -138,6 +152,7 @@ def test_the_algorithm_yaml_holds_exactly_the_declared_keys_and_defaults(name, d
     ({"rounds": "ten"}, TypeError, "rounds='ten': must be an integer >= 0"),
     ({"upsilon": "Auto"}, ValueError, "upsilon='Auto': must be a positive number or auto"),
     ({"upsilon_grid": []}, ValueError, "upsilon_grid=[]: must be a non-empty list of positive numbers"),
+    ({"covariance_type": "full"}, ValueError, "covariance_type='full': must be one of identity, spherical"),
 ])
 def test_the_fedgem_strategy_refuses_a_bad_parameter_at_construction(kwargs, kind, message):
     from fedica.server.fedgem import FedGEMStrategy
@@ -188,6 +203,7 @@ SITES = [np.random.default_rng(g).standard_normal((30, 2)) for g in range(3)]
     ({"participation": 1.5}, ValueError, "participation=1.5: must be in (0, 1]"),
     ({"max_local_clusters": 1}, ValueError, "max_local_clusters=1: must be >= 2"),
     ({"max_overlap_pairs": 0}, ValueError, "max_overlap_pairs=0: must be >= 1"),
+    ({"covariance_type": "diag"}, ValueError, "covariance_type='diag': must be one of identity, spherical"),
     ({"random_state": -3}, ValueError, "random_state=-3: must be >= 0"),
 ])
 @pytest.mark.parametrize("n_local_clusters", [None, 2])

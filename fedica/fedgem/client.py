@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from fedica.evaluation.metrics import adjusted_rand, contingency, mean_silhouettes
-from fedica.fedgem.local import assign_labels, em_step, kmeanspp_init, local_round
-from fedica.fedgem.selection import log_likelihoods
+from fedica.fedgem.geometry import Identity, geometry
+from fedica.fedgem.local import assign_labels, kmeanspp_init
 from fedica.protocol.messages import GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_ROUND, GEM_SILHOUETTE
 from fedica.protocol.tasks import Handler, Site
 from fedica.seeding import generator
@@ -39,30 +39,51 @@ def checked_centroids(centroids: Any, n_components: int, dim: int, name: str = "
     return centroids
 
 
-def initialise(X: np.ndarray, n_components: int, values: Mapping[str, Any], partition_id: int) -> Reply:
-    """The initial exchange: k-means++ centroids (best of ``n-init``), weights and the client's size."""
+def model_geometry(values: Mapping[str, Any]) -> Identity:
+    """The geometry the server's request names (``covariance-type``); a server that names none runs the paper's identity."""
+    return geometry(str(values.get("covariance-type", "identity")))
+
+
+def initialise(X: np.ndarray, n_components: int, values: Mapping[str, Any], partition_id: int) -> tuple[Reply, np.ndarray | None]:
+    """The initial exchange: k-means++ centroids (best of ``n-init``), weights and the client's size.
+
+    Also returns the variances the client starts from (None under ``identity``); they stay on the client.
+    """
     rng = generator(int(values["seed"]), "client.kmeanspp", partition_id)
     start = time.perf_counter()
     centroids = kmeanspp_init(X, n_components, n_init=int(values["n-init"]), random_state=rng)
+    variances = model_geometry(values).initial_variances(X, centroids)
     seconds = time.perf_counter() - start
     return ({"centroids": centroids, "weights": uniform_weights(n_components)},
-            {"n-points": X.shape[0], "fit-seconds": seconds})
+            {"n-points": X.shape[0], "fit-seconds": seconds}), variances
 
 
-def collaborative_round(X: np.ndarray, centroids: np.ndarray, values: Mapping[str, Any]) -> Reply:
-    """A collaborative round: ``local-steps`` EM steps; the maximisers and their squared radii."""
+def collaborative_round(X: np.ndarray, centroids: np.ndarray, values: Mapping[str, Any],
+                        variances: np.ndarray | None = None) -> tuple[Reply, np.ndarray | None]:
+    """A collaborative round: ``local-steps`` EM steps; the maximisers and their squared radii.
+
+    Also returns the client's new variances (None under ``identity``), which the reply does not carry.
+    """
     start = time.perf_counter()
-    maximisers, radii = local_round(X, centroids, uniform_weights(centroids.shape[0]), n_steps=int(values["local-steps"]))
+    maximisers, radii, variances = model_geometry(values).em_steps(
+        X, centroids, uniform_weights(centroids.shape[0]), variances, int(values["local-steps"]))
     seconds = time.perf_counter() - start
-    return {"maximisers": maximisers, "radii": radii}, {"n-points": X.shape[0], "fit-seconds": seconds}
+    return ({"maximisers": maximisers, "radii": radii}, {"n-points": X.shape[0], "fit-seconds": seconds}), variances
 
 
-def final_step(X: np.ndarray, centroids: np.ndarray) -> Reply:
-    """The final stage: one more EM step (the server computes the final radii itself)."""
+def final_step(X: np.ndarray, centroids: np.ndarray, values: Mapping[str, Any],
+               variances: np.ndarray | None = None) -> Reply:
+    """The final stage: one more EM step (the server computes the final radii itself).
+
+    A spherical client also sends its final variances: the final radius is a squared length, and
+    the server needs the model's unit of length for it (docs/ALGORITHMS.md section 2.11).
+    """
     start = time.perf_counter()
-    maximisers = em_step(X, centroids, uniform_weights(centroids.shape[0]))
+    model = model_geometry(values)
+    maximisers, _, variances = model.em_steps(X, centroids, uniform_weights(centroids.shape[0]), variances, 1)
     seconds = time.perf_counter() - start
-    return {"maximisers": maximisers}, {"n-points": X.shape[0], "fit-seconds": seconds}
+    arrays = {"maximisers": maximisers} if variances is None else {"maximisers": maximisers, "variances": variances}
+    return arrays, {"n-points": X.shape[0], "fit-seconds": seconds}
 
 
 def silhouettes(X: np.ndarray, candidates: Any, n_components: int, values: Mapping[str, Any], partition_id: int) -> Reply:
@@ -79,7 +100,7 @@ def silhouettes(X: np.ndarray, candidates: Any, n_components: int, values: Mappi
     return {"silhouettes": scores}, {"n-points": X.shape[0], "fit-seconds": seconds}
 
 
-def likelihoods(X: np.ndarray, centroids: Any, sizes: Any) -> Reply:
+def likelihoods(X: np.ndarray, centroids: Any, sizes: Any, values: Mapping[str, Any]) -> Reply:
     """The model selection: the log-likelihood of the client's points under each candidate global model.
 
     ``centroids`` stacks the candidates' global centroids, ``sizes`` says how many each has.
@@ -90,7 +111,7 @@ def likelihoods(X: np.ndarray, centroids: Any, sizes: Any) -> Reply:
             or centroids.shape != (int(sizes.sum()), X.shape[1]) or not np.all(np.isfinite(centroids))):
         raise ValueError(f"candidate centroids of shape {centroids.shape} and sizes {sizes.shape} do not fit d={X.shape[1]}")
     start = time.perf_counter()
-    scores, entropies = log_likelihoods(X, np.split(centroids, np.cumsum(sizes)[:-1]))
+    scores, entropies = model_geometry(values).log_likelihoods(X, np.split(centroids, np.cumsum(sizes)[:-1]))
     return ({"log-likelihoods": scores, "entropies": entropies},
             {"n-points": X.shape[0], "fit-seconds": time.perf_counter() - start})
 
@@ -129,22 +150,44 @@ def adopted_centroids(site: Site, arrays: Mapping[str, Any], n_components: int, 
     return centroids
 
 
+def keep_variances(site: Site, variances: np.ndarray | None, maximisers: np.ndarray | None = None) -> None:
+    """Keep a spherical site's variances (and the maximisers they were estimated at) in its state; identity has none.
+
+    They are the site's local parameter between messages: the server never sees them before the final stage.
+    """
+    if variances is not None:
+        site.state["variances"] = variances
+        if maximisers is not None:
+            site.state["maximisers"] = maximisers
+
+
+def site_variances(site: Site, centroids: np.ndarray, values: Mapping[str, Any]) -> np.ndarray | None:
+    """The variances the site runs its next E-step with, at the server's ``centroids`` (None under identity)."""
+    if "maximisers" not in site.state:  # the first round starts from the site's own seeds and their variances
+        return site.state.get("variances")
+    return model_geometry(values).adopted_variances(site.state["variances"], site.state["maximisers"], centroids)
+
+
 def _init_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
-    reply = initialise(data.X_train, data.n_components, values, site.partition_id)
+    reply, variances = initialise(data.X_train, data.n_components, values, site.partition_id)
     site.state["centroids"] = reply[0]["centroids"]
+    keep_variances(site, variances)
     return reply
 
 
 def _round_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
     centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
-    return collaborative_round(data.X_train, centroids, values)
+    reply, variances = collaborative_round(data.X_train, centroids, values, site_variances(site, centroids, values))
+    keep_variances(site, variances, reply[0]["maximisers"])
+    return reply
 
 
 def _final_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
-    return final_step(data.X_train, adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1]))
+    centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
+    return final_step(data.X_train, centroids, values, site_variances(site, centroids, values))
 
 
 def _silhouette_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
@@ -153,7 +196,7 @@ def _silhouette_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str,
 
 
 def _likelihood_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
-    return likelihoods(site.points(values).X_train, arrays["centroids"], arrays["sizes"])
+    return likelihoods(site.points(values).X_train, arrays["centroids"], arrays["sizes"], values)
 
 
 def _evaluate_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:

@@ -35,6 +35,7 @@ class Components:
     eps: np.ndarray       # (m,)
     owners: np.ndarray    # (m,) partition id of each component
     weights: np.ndarray   # (m,) N_g * pi_k
+    variances: np.ndarray | None = None   # (m,) sigma_k^2 of a spherical site's final components; None: unit variance
 
     def slices(self) -> dict[int, slice]:
         """Each client's rows: its components are stacked contiguously, in the order of ``partitions``."""

@@ -24,7 +24,7 @@ from fedica.evaluation.metrics import (
     weighted_local_ari,
 )
 from fedica.fedgem.components import ClientModel, Components, Support
-from fedica.fedgem.local import uncertainty_radius
+from fedica.fedgem.geometry import geometry
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.overlaps import TooManyOverlaps
 from fedica.fedgem.selection import Candidate, bic, icl, merge_path, path_sizes
@@ -99,6 +99,7 @@ class FedGEMSettings:
     max_hostile_fraction: float = _default("max_hostile_fraction")
     max_overlap_pairs: int | None = _default("max_overlap_pairs")
     participation: float = _default("participation")
+    covariance_type: str = _default("covariance_type")
     min_clients: int = _default("min_clients")
     seed: int = _default("random_state")
 
@@ -149,6 +150,7 @@ class FedGEMServer(ProtocolState):
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.geometry = geometry(self.settings.covariance_type)
         self.dim: int | None = None
         self.final: Components | None = None
         self.support: Support | None = None
@@ -170,13 +172,15 @@ class FedGEMServer(ProtocolState):
     def run(self) -> Protocol:
         """The whole protocol; see the module docstring for how to drive it."""
         s = self.settings
-        self._initialise((yield Request(GEM_INIT, "init", None, {"n-init": s.n_init, "seed": s.seed})))
+        # The covariance type travels with every request that runs the model, so the sites follow the server.
+        model = {"covariance-type": s.covariance_type}
+        self._initialise((yield Request(GEM_INIT, "init", None, {"n-init": s.n_init, "seed": s.seed, **model})))
         for round_number in range(1, s.rounds + 1):
             payloads = {p: {"centroids": self.models[p].centroids} for p in self._participants(round_number)}
-            replies = yield Request(GEM_ROUND, round_number, payloads, {"local-steps": s.local_steps})
+            replies = yield Request(GEM_ROUND, round_number, payloads, {"local-steps": s.local_steps, **model})
             self._collaborative_round(round_number, replies)
         payloads = {p: {"centroids": m.centroids} for p, m in self.models.items()}
-        self._final_stage((yield Request(GEM_FINAL, "final", payloads)))
+        self._final_stage((yield Request(GEM_FINAL, "final", payloads, model)))
         if s.upsilon != "auto":
             self.upsilon = float(s.upsilon)
             self._aggregate()
@@ -187,7 +191,7 @@ class FedGEMServer(ProtocolState):
             self._aggregate()
         else:
             candidates = self._likelihood_candidates()
-            replies = yield Request(GEM_LIKELIHOOD, "likelihood", self._candidate_payloads(candidates))
+            replies = yield Request(GEM_LIKELIHOOD, "likelihood", self._candidate_payloads(candidates), model)
             self._choose_by_likelihood(candidates, replies)
         if self.skipped_upsilons:
             self.tuning["skipped"] = {str(u): why for u, why in self.skipped_upsilons.items()}
@@ -260,8 +264,11 @@ class FedGEMServer(ProtocolState):
                  self.settings.rounds, len(components.partitions), n_super, self.history[-1]["mean_radius"])
 
     def _final_stage(self, replies: list[Reply]) -> None:
-        # eps of the final components holds each one's drift from the centroids the server sent.
-        self.final = self._collect(replies, "final", lambda reply, model, maximisers: uncertainty_radius(maximisers, model.centroids))
+        # eps of the final components holds each one's drift from the centroids the server sent; a
+        # spherical site also sends its variances, the unit of length of its final radii.
+        self.final = self._collect(replies, "final",
+                                   lambda reply, model, maximisers: self.geometry.uncertainty_radius(maximisers, model.centroids),
+                                   variances=self.geometry.learns_variance)
         self.require(len(self.final.partitions), "FedGEM final stage")
         self.support = cluster_support(self.models, self.final, self.settings.max_hostile_fraction)
 
@@ -354,8 +361,9 @@ class FedGEMServer(ProtocolState):
             totals, entropies = (robust_totals(np.array(scores), np.array(sizes, dtype=float), self.settings.max_hostile_fraction)
                                  for scores in (likelihoods, entropies))
             k_hats = np.array([c.aggregation.k_hat for c in candidates])
-            bics = bic(totals, k_hats, self.dim, n_points)
-            scores = icl(totals, entropies, k_hats, self.dim, n_points)
+            n_parameters = self.geometry.n_parameters(k_hats, self.dim)
+            bics = bic(totals, n_parameters, n_points)
+            scores = icl(totals, entropies, n_parameters, n_points)
             best = np.flatnonzero(scores <= scores.min() + 1e-9 * abs(scores.min()))
             chosen = int(best[np.argmin(k_hats[best])])
             log.info("model selection: K_hat %s, ICL %s -> K_hat %d", k_hats.tolist(), np.round(scores, 1).tolist(),
@@ -376,7 +384,7 @@ class FedGEMServer(ProtocolState):
         log_excluded(self.final, excluded, "final")
 
     def _final_aggregation(self, upsilon: float) -> tuple[FinalAggregation, np.ndarray]:
-        return trusted_final_aggregation(self.final, final_radii(self.models, self.final, upsilon),
+        return trusted_final_aggregation(self.final, final_radii(self.models, self.final, upsilon, self.geometry),
                                          self.settings.radius_outlier_factor, self.support, self.settings.max_overlap_pairs)
 
     def _grid_aggregations(self) -> list[tuple[float, FinalAggregation, np.ndarray]]:
@@ -469,20 +477,21 @@ class FedGEMServer(ProtocolState):
         if self.settings.local_steps > 1:
             return radii
         # The server never trusts a reported radius: with one EM step the exact radius is
-        # ||M_k - theta_k||^2 for the centroids theta it sent this client itself.
-        recomputed = uncertainty_radius(maximisers, model.centroids)
+        # ||M_k - theta_k||^2 for the centroids theta it sent this client itself (under either type).
+        recomputed = self.geometry.uncertainty_radius(maximisers, model.centroids)
         if not np.allclose(radii, recomputed, rtol=1e-6, atol=1e-9):
             log.warning("client %d: reported radii %s differ from the recomputed %s; the recomputed are used",
                         reply.partition_id, np.round(radii, 6).tolist(), np.round(recomputed, 6).tolist())
         return recomputed
 
-    def _collect(self, replies: list[Reply], round_label: int | str, read_radii) -> Components:
+    def _collect(self, replies: list[Reply], round_label: int | str, read_radii, *, variances: bool = False) -> Components:
         """Validate replies and stack every client's maximisers with the radii ``read_radii`` gives.
 
         ``read_radii(reply, model, maximisers)`` returns the client's (K_g,) squared radii or
-        raises :class:`InvalidReply`; a client the server never initialised is rejected.
+        raises :class:`InvalidReply`; a client the server never initialised is rejected. With
+        ``variances``, each reply's ``variances`` (K_g,), positive, are stacked too.
         """
-        partitions, centers, eps, owners, weights = [], [], [], [], []
+        partitions, centers, eps, owners, weights, spreads = [], [], [], [], [], []
         for reply in replies:
             model = self.models.get(reply.partition_id)
             if model is None:
@@ -491,6 +500,8 @@ class FedGEMServer(ProtocolState):
             try:
                 maximisers = validate_gem_components(reply.arrays, "maximisers", dim=self.dim, n_components=model.n_components)
                 radii = read_radii(reply, model, maximisers)
+                if variances:
+                    spreads.append(positive_array(reply.arrays, "variances", model.n_components))
             except InvalidReply as err:
                 self.reject(reply.partition_id, round_label, f"invalid reply: {err}")
                 continue
@@ -501,7 +512,17 @@ class FedGEMServer(ProtocolState):
             weights.append(model.n_points * model.weights)
             self.client_seconds += reported_seconds(reply)
         if not partitions:
-            return Components([], np.empty((0, self.dim or 0)), np.empty(0), np.empty(0, int), np.empty(0))
-        return Components(partitions, np.vstack(centers), np.concatenate(eps), np.concatenate(owners), np.concatenate(weights))
+            return Components([], np.empty((0, self.dim or 0)), np.empty(0), np.empty(0, int), np.empty(0),
+                              np.empty(0) if variances else None)
+        return Components(partitions, np.vstack(centers), np.concatenate(eps), np.concatenate(owners), np.concatenate(weights),
+                          np.concatenate(spreads) if variances else None)
+
+
+def positive_array(arrays: dict[str, Any], key: str, n_components: int) -> np.ndarray:
+    """A reply's (K_g,) array of positive finite values (a spherical site's variances), or :class:`InvalidReply`."""
+    values = require_array(arrays, key, (n_components,), nonnegative=True)
+    if np.any(values <= 0):
+        raise InvalidReply(f"{key!r} must be positive")
+    return values
 
 

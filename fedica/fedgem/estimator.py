@@ -38,7 +38,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     protocol that fedica's Flower strategy runs over a network (docs/ALGORITHMS.md section 2).
 
     ``predict_proba``, ``score_samples`` and ``score`` read the global clusters as one isotropic
-    Gaussian mixture (docs/ALGORITHMS.md section 2.11): centres ``means_``, weights ``weights_``
+    Gaussian mixture (docs/ALGORITHMS.md section 2.12): centres ``means_``, weights ``weights_``
     and one variance ``covariance_``, both computed by ``fit`` from the sites' points (which it
     holds; a federated run never sends them). ``predict(X)`` stays the nearest global centre, so
     it equals ``predict_proba(X).argmax(axis=1)`` exactly when the weights are equal.
@@ -87,6 +87,11 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         a round above it raises :class:`fedica.fedgem.overlaps.TooManyOverlaps`. None: no budget.
     participation : float, default=1.0
         Share of the sites asked in each round.
+    covariance_type : {"spherical", "identity"}, default="spherical"
+        Each component's covariance. "spherical": ``sigma_k^2 I`` with ``sigma_k^2`` learned by its
+        site (never merged), which makes the result independent of the data's units; "identity":
+        the paper's unit covariance (the default of ``fedica-run``'s config, for the paper's
+        experiments). docs/ALGORITHMS.md section 2.11.
     min_clients : int, default=2
         Fewest valid sites a round needs.
     max_local_clusters : int, default=10
@@ -140,7 +145,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
                  component_cap_factor=_P["component_cap_factor"].default,
                  max_hostile_fraction=_P["max_hostile_fraction"].default,
                  max_overlap_pairs=_P["max_overlap_pairs"].default, participation=_P["participation"].default,
-                 min_clients=_P["min_clients"].default, max_local_clusters=_P["max_local_clusters"].default,
+                 covariance_type=_P["covariance_type"].default, min_clients=_P["min_clients"].default, max_local_clusters=_P["max_local_clusters"].default,
                  random_state=_P["random_state"].default):
         self.rounds = rounds
         self.local_steps = local_steps
@@ -156,6 +161,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.max_hostile_fraction = max_hostile_fraction
         self.max_overlap_pairs = max_overlap_pairs
         self.participation = participation
+        self.covariance_type = covariance_type
         self.min_clients = min_clients
         self.max_local_clusters = max_local_clusters
         self.random_state = random_state
@@ -187,7 +193,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
             radius_outlier_factor=self.radius_outlier_factor, count_cap_factor=self.count_cap_factor,
             component_cap_factor=self.component_cap_factor, max_hostile_fraction=self.max_hostile_fraction,
             max_overlap_pairs=self.max_overlap_pairs,
-            participation=self.participation, min_clients=self.min_clients, seed=seed)
+            participation=self.participation, covariance_type=self.covariance_type, min_clients=self.min_clients, seed=seed)
         server = FedGEMServer(settings, evaluate=False)
         sites = {g: ArraySite(ClientData(X, None, X[:0], None, int(k)), g)
                  for g, (X, k) in enumerate(zip(data, self.n_local_clusters_))}
@@ -345,8 +351,8 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
             raise ValueError(f"n_local_clusters={n_local_clusters!r}: must be one int or one per site "
                              f"({len(data)} sites), got shape {counts.shape}")
         counts = np.broadcast_to(counts, (len(data),)).copy()
-        if counts.dtype.kind not in "iu" or np.any(counts < 2):
-            raise ValueError(f"n_local_clusters must be integers >= 2 (one, or one per site); got {n_local_clusters!r}")
+        if counts.dtype.kind not in "iu" or np.any(counts < 1):
+            raise ValueError(f"n_local_clusters must be integers >= 1 (one, or one per site); got {n_local_clusters!r}")
         for g, (X, k) in enumerate(zip(data, counts)):
             if X.shape[0] < k:
                 raise ValueError(f"site {g} has {X.shape[0]} points, fewer than its {k} local clusters")
@@ -368,7 +374,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.rejected_ = server.rejected
 
 
-# The global mixture of predict_proba and score_samples (docs/ALGORITHMS.md section 2.11) is
+# The global mixture of predict_proba and score_samples (docs/ALGORITHMS.md section 2.12) is
 # estimated and evaluated in these two functions alone, so that another covariance model changes only them.
 def _global_mixture(data: list[np.ndarray], labels: list[np.ndarray | None],
                     means: np.ndarray) -> tuple[np.ndarray, float]:

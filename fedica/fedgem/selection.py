@@ -217,12 +217,16 @@ def log_likelihoods(X: np.ndarray, candidates) -> tuple[np.ndarray, np.ndarray]:
     return scores, np.maximum(entropies, 0.0)
 
 
-def bic(total_log_likelihood: np.ndarray, k_hats: np.ndarray, dim: int, n_points: int) -> np.ndarray:
-    """BIC of each candidate from the clients' summed log-likelihoods (smaller is better)."""
-    return -2.0 * np.asarray(total_log_likelihood) + np.asarray(k_hats) * dim * np.log(n_points)
+def bic(total_log_likelihood: np.ndarray, n_parameters: np.ndarray, n_points: int) -> np.ndarray:
+    """BIC of each candidate (L,) from the clients' summed log-likelihoods (smaller is better).
+
+    ``n_parameters`` (L,) is each candidate's count of global parameters (the geometry's,
+    :meth:`fedica.fedgem.geometry.Identity.n_parameters`: ``K_hat d``).
+    """
+    return -2.0 * np.asarray(total_log_likelihood) + np.asarray(n_parameters) * np.log(n_points)
 
 
-def icl(total_log_likelihood: np.ndarray, total_entropy: np.ndarray, k_hats: np.ndarray, dim: int,
+def icl(total_log_likelihood: np.ndarray, total_entropy: np.ndarray, n_parameters: np.ndarray,
         n_points: int) -> np.ndarray:
-    """ICL (Biernacki et al. 2000) of each candidate: the BIC plus twice the assignments' entropy (smaller is better)."""
-    return bic(total_log_likelihood, k_hats, dim, n_points) + 2.0 * np.asarray(total_entropy)
+    """ICL (Biernacki et al. 2000) of each candidate (L,): the BIC plus twice the assignments' entropy (smaller is better)."""
+    return bic(total_log_likelihood, n_parameters, n_points) + 2.0 * np.asarray(total_entropy)

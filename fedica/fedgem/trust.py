@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from fedica.fedgem.components import ClientModel, Components, Support
-from fedica.fedgem.local import final_radius, min_centroid_distance
+from fedica.fedgem.geometry import Identity, separation
 from fedica.fedgem.merging import FinalAggregation, final_aggregation, server_step
 
 log = logging.getLogger("fedica.server")
@@ -133,8 +133,18 @@ def outlying_radii(eps: np.ndarray, factor: float | None, scale: Callable[[], fl
 
 
 def separation_scale(components: Components) -> float:
-    """The median over clients of the smallest distance between a client's own components."""
-    return float(np.median([min_centroid_distance(components.centers[part]) for part in components.slices().values()]))
+    """The median over clients of the smallest distance between a client's own components.
+
+    A client with one component has no such distance and takes no part; with none of two or more
+    the scale is 0 (the outlier rule's first condition alone decides).
+    """
+    distances = site_separations(components)
+    return float(np.median(distances[np.isfinite(distances)])) if np.isfinite(distances).any() else 0.0
+
+
+def site_separations(components: Components) -> np.ndarray:
+    """``Rmin_g`` of every client of ``components``, in the order of its partitions (NaN where K_g = 1)."""
+    return np.array([separation(components.centers[part]) for part in components.slices().values()])
 
 
 def trusted_server_step(
@@ -210,12 +220,45 @@ def trusted_final_aggregation(
     return FinalAggregation(labels, trusted.global_centroids, trusted.k_hat), excluded
 
 
-def final_radii(models: Mapping[int, ClientModel], final: Components, upsilon: float) -> np.ndarray:
-    """The final radii of the paper's heuristic, computed on the server from each client's maximisers and declared size."""
+def final_radii(models: Mapping[int, ClientModel], final: Components, upsilon: float,
+                geometry: Identity) -> np.ndarray:
+    """The final radii of the paper's heuristic, computed on the server from each client's maximisers and declared size.
+
+    ``eps_final_k = upsilon R_g sigma_k / (pi_k sqrt(N_g))`` (:meth:`fedica.fedgem.geometry.Identity.final_radius`;
+    ``sigma_k`` the client's reported final variance's root under ``spherical``, 1 under ``identity``).
+    ``R_g`` is the client's own ``Rmin_g``; a client with one component has none, and takes the
+    federation's: the median ``Rmin`` of the clients with two or more (the cluster separation the
+    heuristic measures is the federation's, docs/ALGORITHMS.md section 2.11), or, where no client
+    has two, ``sigma_k`` itself (a separation of one unit of length).
+
+    Parameters
+    ----------
+    models : mapping of int to ClientModel
+    final : Components
+        The final stage's components (with ``variances`` under ``spherical``).
+    upsilon : float
+    geometry : Identity
+        The run's geometry (:func:`fedica.fedgem.geometry.geometry`).
+
+    Returns
+    -------
+    eps_final : ndarray of shape (m,)
+    """
     radii = np.empty(final.centers.shape[0])
-    for partition, part in final.slices().items():
+    slices = final.slices()
+    borrowed = None
+    if any(part.stop - part.start < 2 for part in slices.values()):
+        own = site_separations(final)
+        borrowed = float(np.median(own[np.isfinite(own)])) if np.isfinite(own).any() else None
+    for partition, part in slices.items():
         model = models[partition]
-        radii[part] = final_radius(final.centers[part], model.weights, model.n_points, upsilon)
+        variances = None if final.variances is None else final.variances[part]
+        if part.stop - part.start >= 2:
+            radii[part] = geometry.final_radius(final.centers[part], model.weights, model.n_points, upsilon, variances)
+        else:
+            scale = borrowed if borrowed is not None else float(np.atleast_1d(geometry.length_scale(variances, 1))[0])
+            radii[part] = geometry.final_radius(final.centers[part], model.weights, model.n_points, upsilon, variances,
+                                                separation_g=scale)
     return radii
 
 

@@ -18,7 +18,7 @@ def _two_client_points(gap, rng, n=300):
 
 def _criterion(points, centres_per_candidate, k_hats):
     totals = sum(log_likelihoods(X, centres_per_candidate)[0] for X in points)
-    return bic(totals, np.asarray(k_hats), 2, sum(len(X) for X in points))
+    return bic(totals, np.asarray(k_hats) * 2, sum(len(X) for X in points))  # K_hat d parameters, d = 2
 
 
 def test_merging_two_separated_clusters_that_share_no_client_raises_the_criterion():
