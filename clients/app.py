@@ -18,9 +18,13 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
+# The package before its submodule: Flower's simulation loads the ClientApp in one thread while its
+# ServerApp thread imports fedica.server, and Python 3.11 locks a submodule before importing its
+# parent, so `from fedica.server.records import` alone can deadlock against it (_DeadlockError).
+import fedica.server  # noqa: F401
 import numpy as np
 from fedica.server.records import CLIENT_ERROR_CODE, pack, unpack
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord
@@ -86,12 +90,16 @@ def _site_scenario(cfg: Mapping[str, Any], partition_id: int, context: Context) 
 class ArraySource:
     """A user's clients: the site's own array from ``load_data(context)``; K_g given or estimated by BIC."""
 
-    def __init__(self, load_data: Callable[[Context], Any], n_components: int | None, max_components: int):
+    def __init__(self, load_data: Callable[[Context], Any], n_components: int | None, max_components: int,
+                 path_keys: tuple[str, ...] = ()):
         self.load_data = load_data
         self.n_components = n_components
         self.max_components = max_components
+        self.path_keys = path_keys
 
     def _points(self, context: Context) -> np.ndarray:
+        for key in self.path_keys:
+            _check_absolute_path(context, key)
         X = np.asarray(self.load_data(context), dtype=np.float64)
         if X.ndim != 2 or not np.all(np.isfinite(X)):
             raise ValueError(f"load_data must return a finite 2-D array (n_samples, n_features), got shape {X.shape}")
@@ -168,7 +176,7 @@ class FlowerSite:
 
 
 def make_client_app(load_data: Callable[[Context], Any], n_components: int | None = None,
-                    max_components: int = 10) -> ClientApp:
+                    max_components: int = 10, *, path_keys: Sequence[str] = ()) -> ClientApp:
     """A ClientApp that answers fedica's tasks on the site's own data.
 
     Parameters
@@ -179,12 +187,32 @@ def make_client_app(load_data: Callable[[Context], Any], n_components: int | Non
     n_components : int or None, default=None
         FedGEM's K_g for this site; None: the site chooses by BIC over 2..``max_components``.
     max_components : int, default=10
+    path_keys : str or sequence of str, default=()
+        Node-config or run-config keys that hold the paths ``load_data`` reads: before it is
+        called, each must be there and absolute, or the site replies with a one-line error.
 
     Returns
     -------
     flwr.clientapp.ClientApp
     """
-    return _client_app(ArraySource(load_data, n_components, max_components))
+    keys = (path_keys,) if isinstance(path_keys, str) else tuple(path_keys)  # one key, not its letters
+    return _client_app(ArraySource(load_data, n_components, max_components, keys))
+
+
+def _check_absolute_path(context: Context, key: str) -> None:
+    """Refuse the path under ``key`` in the node config (a SuperNode's own), else in the run config, unless absolute.
+
+    A ClientApp runs in the working folder of the SuperLink or SuperNode that started it, not in
+    its app's folder, so a relative path would read whatever files that folder holds.
+    """
+    for name, config in (("node config", context.node_config), ("run config", context.run_config)):
+        if key in config:
+            path = str(config[key])
+            if not os.path.isabs(path):
+                raise ValueError(f"{name} {key}={path!r} is a relative path; data paths must be absolute "
+                                 f"(a relative one resolves against the folder the SuperLink or SuperNode runs in)")
+            return
+    raise ValueError(f"neither the node config nor the run config has {key!r}, the absolute path of this site's data")
 
 
 class _FedicaClientApp(ClientApp):

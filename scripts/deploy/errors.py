@@ -31,7 +31,8 @@ class RunFailed(DeploymentError):
         self.run_id, self.status, self.details, self.log_path = run_id, status, details, log_path
         message = f"run {run_id} ended as {status}"
         if details:
-            message += f": {details}"
+            # One line for the user: Flower's details hold the ServerApp's exception, whose text may span lines.
+            message += f": {' '.join(details.split())}"
         if log_path is not None:
             message += f" (ServerApp log: {log_path})"
         super().__init__(message)

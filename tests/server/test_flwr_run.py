@@ -8,14 +8,8 @@ stops that SuperLink by the id of the process that listens on the port.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -113,60 +107,7 @@ def test_in_deployment_the_server_keeps_waiting_for_nodes_that_connect_late():
     assert len(_federation(grid, expected=3).connect()) == 3
 
 
-# ---------------------------------------------------------------- a real `flwr run`
-
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _listening_pid(port):
-    """The id of the process that listens on TCP ``port`` (Linux: /proc/net/tcp and the processes' sockets), or None."""
-    sockets = {f"socket:[{fields[9]}]" for fields in (line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:])
-               if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port}
-    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
-        with contextlib.suppress(OSError):
-            if any(os.readlink(fd) in sockets for fd in fd_dir.iterdir()):
-                return int(fd_dir.parent.name)
-    return None
-
-
-def _stop(pid, timeout=30.0):
-    """SIGTERM ``pid`` and what it started; whatever is left after ``timeout`` gets SIGKILL."""
-    tree = processes.descendants([pid], processes.process_table())
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for each in sorted(tree):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(each, sig)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            table = processes.process_table()
-            if all(each not in table or table[each][2] == "Z" for each in tree):
-                return
-            time.sleep(0.2)
-
-
-@pytest.fixture
-def flwr_env(tmp_path):
-    """``flwr``'s environment with its own FLWR_HOME and local SuperLink port; that SuperLink is stopped afterwards."""
-    if not Path("/proc/net/tcp").exists():
-        pytest.skip("finding the local SuperLink by its port reads /proc (Linux)")
-    port = _free_port()
-    ray_tmp = tempfile.mkdtemp(prefix="fedica-ray-")  # short: Ray's socket paths have a length limit
-    # What earlier tests left in this process's environment (fedica's engine switch, Ray's and Python's settings) stays out.
-    inherited = {k: v for k, v in processes.flower_environment(tmp_path / "flwr-home").items()
-                 if not k.startswith(("FEDICA_", "RAY_", "HYDRA_", "PYTHONPATH", "PYTHONHOME"))}
-    env = {**inherited, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
-           "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()), "RAY_TMPDIR": ray_tmp, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
-    try:
-        yield env
-    finally:
-        pid = _listening_pid(port)
-        if pid is not None:
-            _stop(pid)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+# ---------------------------------------------------------------- a real `flwr run` (conftest.py's flwr_env)
 
 
 def test_flwr_run_with_too_few_supernodes_fails_at_once_with_one_clear_line(flwr_env, tmp_path):
