@@ -21,10 +21,6 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
-# The package before its submodule: Flower's simulation loads the ClientApp in one thread while its
-# ServerApp thread imports fedica.server, and Python 3.11 locks a submodule before importing its
-# parent, so `from fedica.server.records import` alone can deadlock against it (_DeadlockError).
-import fedica.server  # noqa: F401
 import numpy as np
 from fedica.server.records import CLIENT_ERROR_CODE, pack, unpack
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord
