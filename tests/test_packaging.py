@@ -57,3 +57,12 @@ def test_installed_package_imports_its_flower_side_and_not_the_generic_names(ins
     env = {"PYTHONPATH": str(installed), "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_the_code_and_pyproject_state_one_version():
+    import tomllib
+
+    from fedica.version import __version__
+
+    with open(ROOT / "pyproject.toml", "rb") as handle:
+        assert tomllib.load(handle)["project"]["version"] == __version__
