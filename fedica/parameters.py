@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fedica.rfica.aggregation import BENCHMARK_RULES
+from fedica.rfica.aggregation import BENCHMARK_RULES, CLUSTERINGS
 from fedica.rfica.local import CONTRASTS, INITS
 
 __all__ = ["Interval", "Options", "PositiveNumbers", "Parameter", "Declaration", "UPSILON_CRITERIA",
@@ -292,6 +292,8 @@ RFICA_PARAMETERS = Declaration(
     Parameter("benchmark", (Options(BENCHMARK_RULES),), "largest", "The site the others' signs are aligned to."),
     Parameter("kmeans_restarts", _integer(1), 10, "k-means restarts of the server's clustering of columns."),
     Parameter("gm_tol", _real(0, closed="neither"), 1e-10, "Tolerance of the geometric median."),
+    Parameter("clustering", (Options(CLUSTERINGS),), "kmeans",
+              "The server's clustering of columns: the paper's k-means, or matched (one column per site per cluster)."),
     Parameter("min_clients", _integer(1), 2, "Fewest valid sites the round needs.", in_config=False),
     Parameter("random_state", _integer(0), 0, "Seeds every random stream (the config's seed).", in_config=False),
 )

@@ -76,6 +76,7 @@ def test_the_option_lists_are_the_implementing_modules_own():
     assert RFICA_PARAMETERS["contrast"].constraints[0].values is local.CONTRASTS
     assert RFICA_PARAMETERS["init"].constraints[0].values is local.INITS
     assert RFICA_PARAMETERS["benchmark"].constraints[0].values is aggregation.BENCHMARK_RULES
+    assert RFICA_PARAMETERS["clustering"].constraints[0].values is aggregation.CLUSTERINGS
     assert FEDGEM_PARAMETERS["upsilon_criterion"].constraints[0].values is UPSILON_CRITERIA
 
 
@@ -87,8 +88,8 @@ def test_todays_defaults_are_unchanged():
         "max_hostile_fraction": 0.25, "max_overlap_pairs": 20_000_000, "participation": 1.0, "min_clients": 2,
         "max_local_clusters": 10, "random_state": 0}
     assert RFICA_PARAMETERS.defaults() == {"contrast": "cube", "init": "random", "benchmark": "largest",
-                                           "kmeans_restarts": 10, "gm_tol": 1e-10, "min_clients": 2,
-                                           "random_state": 0}
+                                           "kmeans_restarts": 10, "gm_tol": 1e-10, "clustering": "kmeans",
+                                           "min_clients": 2, "random_state": 0}
 
 
 def _signature_defaults(function):

@@ -46,6 +46,10 @@ class RFICA(TransformerMixin, BaseEstimator):
     kmeans_restarts : int, default=10
     gm_tol : float, default=1e-10
         Tolerance of the geometric median.
+    clustering : {"kmeans", "matched"}, default="kmeans"
+        The server's clustering of all sites' columns: the paper's k-means, or ``"matched"``,
+        k-means refined so that every site has exactly one column in each cluster
+        (docs/ALGORITHMS.md section 1.5).
     min_clients : int, default=2
     random_state : int, default=0
         Seeds every random stream; the same seed and data give the same result as ``fedica-run``.
@@ -61,7 +65,8 @@ class RFICA(TransformerMixin, BaseEstimator):
     site_mixings_ : ndarray of shape (n_sites, n_features, n_features)
         Each site's own (unit-column) estimate.
     labels_ : ndarray of shape (n_sites, n_features)
-        The cluster (column of ``mixing_``) of each column of each site's estimate.
+        The cluster (column of ``mixing_``) of each column of each site's estimate; with
+        ``clustering="matched"`` every row is a permutation of ``range(n_features)``.
     benchmark_site_ : int
     f_ica_, simple_mean_, simple_median_ : ndarray of shape (n_features, n_features)
         The comparators computed from the same estimates (paper section 4).
@@ -70,12 +75,14 @@ class RFICA(TransformerMixin, BaseEstimator):
     # The defaults are the declaration's (fedica.parameters), spelt out as scikit-learn's get_params reads them.
     def __init__(self, contrast=_P["contrast"].default, init=_P["init"].default, benchmark=_P["benchmark"].default,
                  kmeans_restarts=_P["kmeans_restarts"].default, gm_tol=_P["gm_tol"].default,
-                 min_clients=_P["min_clients"].default, random_state=_P["random_state"].default):
+                 clustering=_P["clustering"].default, min_clients=_P["min_clients"].default,
+                 random_state=_P["random_state"].default):
         self.contrast = contrast
         self.init = init
         self.benchmark = benchmark
         self.kmeans_restarts = kmeans_restarts
         self.gm_tol = gm_tol
+        self.clustering = clustering
         self.min_clients = min_clients
         self.random_state = random_state
 
@@ -137,7 +144,7 @@ class RFICA(TransformerMixin, BaseEstimator):
 
     def _state(self, r: int) -> RFICAState:
         return RFICAState(contrast=self.contrast, init=self.init, benchmark=self.benchmark,
-                          kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol,
+                          kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol, clustering=self.clustering,
                           seed=check_seed(self.random_state), min_clients=self.min_clients, r=r)
 
     def _store(self, state: RFICAState) -> RFICA:
