@@ -390,7 +390,7 @@ def _benchmark_by_objective(unit, sizes, restarts, seed):
 
 def _kmeans_columns(aligned, restarts, seed):
     """k-means of the ``K * r`` columns into ``r`` clusters."""
-    r = aligned.shape[1]
+    r = aligned.shape[2]
     kmeans = KMeans(n_clusters=r, n_init=restarts, random_state=seed)
     # One OpenMP thread: K * r points are few, and on busy cores (a federation
     # simulation) OpenMP's spinning threads made single fits up to 10x slower.
