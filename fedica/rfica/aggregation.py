@@ -173,7 +173,7 @@ def rf_ica_aggregate(
     ``n_init=kmeans_restarts``, lowest objective kept); geometric median of
     each cluster (eq. 7). With ``clustering="matched"`` the clusters are then
     refined until every client has exactly one column in each
-    (docs/ALGORITHMS.md section 1.5). The baselines of section 4 are computed alongside.
+    (docs/ALGORITHMS.md section 1.4.1). The baselines of section 4 are computed alongside.
 
     Parameters
     ----------
@@ -281,7 +281,7 @@ def rf_ica_aggregate(
 
 
 def _matched_clusters(aligned, labels, medians, k0, gm_tol):
-    """Refine clusters until every client has one column in each (docs/ALGORITHMS.md section 1.5).
+    """Refine clusters until every client has one column in each (docs/ALGORITHMS.md section 1.4.1).
 
     Block coordinate descent of ``F = sum_k sum_i ||s_ki a_ki - c_(pi_k(i))||`` over the
     assignments ``pi_k`` (one permutation per client), the signs ``s_ki`` and the centres ``c_j``.
