@@ -24,7 +24,8 @@ class RFICAStrategy(ProtocolStrategy):
     ----------
     contrast, init, benchmark, kmeans_restarts, gm_tol, clustering, random_state
         As for :class:`fedica.RFICA`: declared in :data:`fedica.parameters.RFICA_PARAMETERS`, and checked
-        against it here (``ValueError`` or ``TypeError`` naming the parameter).
+        against it here (``ValueError`` or ``TypeError`` naming the parameter). ``clustering`` defaults to
+        ``"matched"`` here and in :class:`fedica.RFICA`; fedica's own runs pass the config's (``kmeans``).
     r : int or None, default=None
         The number of channels; None: the one most clients report.
     min_available_nodes, min_clients, node_wait_timeout, client_config

@@ -28,8 +28,9 @@ class RFICA(TransformerMixin, BaseEstimator):
 
     Every site estimates the mixing matrix of its own observations with symmetric FastICA;
     the server aligns the signs of all estimates' columns to a benchmark site, clusters all
-    columns with k-means and takes each cluster's geometric median, so that up to half of
-    the sites may be poor or corrupt (docs/ALGORITHMS.md section 1). This runs, in memory,
+    columns with k-means (by default then refined so that every site has one column in each
+    cluster) and takes each cluster's geometric median, so that up to half of the sites may be
+    poor or corrupt (docs/ALGORITHMS.md section 1). This runs, in memory,
     exactly the protocol that fedica's Flower strategy runs over a network.
 
     The parameters' defaults and rules are declared in :data:`fedica.parameters.RFICA_PARAMETERS`;
@@ -46,13 +47,14 @@ class RFICA(TransformerMixin, BaseEstimator):
     kmeans_restarts : int, default=10
     gm_tol : float, default=1e-10
         Tolerance of the geometric median.
-    clustering : {"kmeans", "matched"}, default="kmeans"
-        The server's clustering of all sites' columns: the paper's k-means, or ``"matched"``,
-        k-means refined so that every site has exactly one column in each cluster
-        (docs/ALGORITHMS.md section 1.5).
+    clustering : {"matched", "kmeans"}, default="matched"
+        The server's clustering of all sites' columns: k-means refined so that every site has
+        exactly one column in each cluster (docs/ALGORITHMS.md section 1.4.1), or the paper's
+        ``"kmeans"`` (the config's default, so the paper's experiments keep it).
     min_clients : int, default=2
     random_state : int, default=0
-        Seeds every random stream; the same seed and data give the same result as ``fedica-run``.
+        Seeds every random stream; the same seed, data and parameters give the same result as ``fedica-run``
+        (whose ``clustering`` is the paper's ``kmeans`` unless ``algorithm.clustering=matched``).
 
     Attributes
     ----------
