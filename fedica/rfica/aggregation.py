@@ -31,10 +31,10 @@ CLUSTERINGS = ("kmeans", "matched")
 # Relative gap under which two k-means objectives count as equal in choose_benchmark.
 _OBJECTIVE_TIE_RTOL = 1e-9
 
-# Columns whose largest entry lies in this range have a sum of squares that neither overflows nor
-# loses digits to subnormal squares, so their norm is taken directly (as it always was: the same bits);
-# outside it a column is divided by its largest entry first.
-_PLAIN_NORM_RANGE = (1e-100, 1e100)
+# Columns whose largest entry lies in this range have a sum of squares that neither overflows (for any
+# p below 1e28) nor loses digits to subnormal squares, so their norm is taken directly (as it always was:
+# the same bits); outside it a column is divided by its largest entry first.
+_PLAIN_NORM_RANGE = (1e-140, 1e140)
 
 # Bound on the assignment / median alternations of clustering="matched"; each one strictly lowers its
 # objective, so this only guards against the medians' own tolerance making a cycle.

@@ -206,3 +206,14 @@ def test_the_estimator_passes_clustering_and_reports_the_matched_labels():
     assert ica_error(matched.mixing_, mixing) < 0.25
     with pytest.raises(ValueError, match=r"^clustering='spectral': must be one of kmeans, matched$"):
         fedica.RFICA(clustering="spectral").aggregate(estimates)
+
+
+def test_the_issues_noisy_site_failure_is_repaired_by_the_default():
+    """One site of six with noise at 3 sd (benchmark (a) of fedica.scripts.bench_rfica_clustering, data seed 0)."""
+    from fedica.scripts.bench_rfica_clustering import noisy_site_workload
+
+    mixing, sites = noisy_site_workload(0)
+    kmeans = fedica.RFICA(clustering="kmeans", random_state=0).fit(sites)
+    matched = fedica.RFICA(random_state=0).fit(sites)
+    assert not _is_permutation_per_site(kmeans.labels_) and ica_error(kmeans.mixing_, mixing) > 1.0
+    assert _is_permutation_per_site(matched.labels_) and ica_error(matched.mixing_, mixing) < 0.06
