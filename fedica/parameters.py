@@ -223,7 +223,8 @@ class Declaration(Mapping[str, Parameter]):
             if p.violation(p.default) is not None:
                 raise AssertionError(f"{algorithm}: the default of {p.name} breaks its rule")
             if p.config_default is not _LIBRARY_DEFAULT and (not p.in_config or p.violation(p.config_default)):
-                raise AssertionError(f"{algorithm}: the config default of {p.name} breaks its rule or has no config key")
+                raise AssertionError(
+                    f"{algorithm}: the config default of {p.name} breaks its rule or has no config key")
 
     def __getitem__(self, name: str) -> Parameter:
         return self._parameters[name]
@@ -239,7 +240,10 @@ class Declaration(Mapping[str, Parameter]):
         return {name: p.default for name, p in self._parameters.items()}
 
     def config_defaults(self) -> dict[str, Any]:
-        """The defaults of ``conf/algorithm/<algorithm>.yaml``, by key: each ``config_default`` if declared, else ``default``."""
+        """The defaults of ``conf/algorithm/<algorithm>.yaml``, by key.
+
+        Each parameter's declared ``config_default``, else its ``default``.
+        """
         return {name: p.default if p.config_default is _LIBRARY_DEFAULT else p.config_default
                 for name, p in self._parameters.items() if p.in_config}
 
