@@ -22,9 +22,10 @@ class RFICAStrategy(ProtocolStrategy):
 
     Parameters
     ----------
-    contrast, init, benchmark, kmeans_restarts, gm_tol, random_state
+    contrast, init, benchmark, kmeans_restarts, gm_tol, clustering, random_state
         As for :class:`fedica.RFICA`: declared in :data:`fedica.parameters.RFICA_PARAMETERS`, and checked
-        against it here (``ValueError`` or ``TypeError`` naming the parameter).
+        against it here (``ValueError`` or ``TypeError`` naming the parameter). ``clustering`` defaults to
+        ``"matched"`` here and in :class:`fedica.RFICA`; fedica's own runs pass the config's (``kmeans``).
     r : int or None, default=None
         The number of channels; None: the one most clients report.
     min_available_nodes, min_clients, node_wait_timeout, client_config
@@ -40,19 +41,22 @@ class RFICAStrategy(ProtocolStrategy):
     # The defaults and rules are fedica.parameters.RFICA_PARAMETERS', as for fedica.RFICA.
     def __init__(self, *, contrast: str = _P["contrast"].default, init: str = _P["init"].default,
                  benchmark: str = _P["benchmark"].default, kmeans_restarts: int = _P["kmeans_restarts"].default,
-                 gm_tol: float = _P["gm_tol"].default, random_state: int = _P["random_state"].default,
+                 gm_tol: float = _P["gm_tol"].default, clustering: str = _P["clustering"].default,
+                 random_state: int = _P["random_state"].default,
                  r: int | None = None, **kwargs: Any):
         # At construction: a bad value is one line now, not a failure once the clients have answered.
         _P.check(dict(contrast=contrast, init=init, benchmark=benchmark, kmeans_restarts=kmeans_restarts,
-                      gm_tol=gm_tol, random_state=random_state))
+                      gm_tol=gm_tol, clustering=clustering, random_state=random_state))
         super().__init__(**kwargs)
         self.contrast, self.init, self.benchmark = contrast, init, benchmark
         self.kmeans_restarts, self.gm_tol, self.random_state, self.r = kmeans_restarts, gm_tol, int(random_state), r
+        self.clustering = clustering
         self.state: RFICAState | None = None
 
     def protocol(self):
         self.state = RFICAState(contrast=self.contrast, init=self.init, benchmark=self.benchmark,
-                                kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol, seed=self.random_state,
+                                kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol,
+                                clustering=self.clustering, seed=self.random_state,
                                 min_clients=self.min_clients, r=self.r, rejected=self.federation.rejected)
         return rfica_protocol(self.state)
 

@@ -1,6 +1,10 @@
 """RF-ICA's server step: sign alignment (eq. 3), benchmark choice (Remark 1), k-means over all
-columns and the geometric median of each cluster (eqs. 4-7), with the F-ICA, simple-mean and
+columns and the geometric median of each cluster (eqs. 4-7), optionally refined so that every site
+puts one column in each cluster (``clustering="matched"``), with the F-ICA, simple-mean and
 simple-median comparators from the same replies (docs/ALGORITHMS.md section 1).
+
+Estimates have shape ``(K, p, r)``: ``r`` columns in a space of ``p >= r`` channels (``p = r`` when
+every channel is kept).
 """
 
 from __future__ import annotations
@@ -20,10 +24,23 @@ from fedica.seeding import sklearn_seed
 from fedica.validation import as_float_array, check_index, check_int
 
 BENCHMARK_RULES = ("largest", "best_objective")
+# kmeans: the paper's clustering of all columns; matched: k-means refined to one column per site per cluster.
+CLUSTERINGS = ("kmeans", "matched")
 
 
 # Relative gap under which two k-means objectives count as equal in choose_benchmark.
 _OBJECTIVE_TIE_RTOL = 1e-9
+
+# Columns whose largest entry lies in this range have a sum of squares that neither overflows (for any
+# p below 1e28) nor loses digits to subnormal squares, so their norm is taken directly (as it always was:
+# the same bits); outside it a column is divided by its largest entry first.
+_PLAIN_NORM_RANGE = (1e-140, 1e140)
+
+# Bound on the assignment / median alternations of clustering="matched"; each one strictly lowers its
+# objective, so this only guards against the medians' own tolerance making a cycle.
+_MATCHED_MAX_ITER = 100
+# Relative gain an assignment must bring over a site's current one to replace it (ties keep the current).
+_ASSIGNMENT_RTOL = 1e-12
 
 
 def align_signs(estimates, benchmark) -> np.ndarray:
@@ -37,14 +54,14 @@ def align_signs(estimates, benchmark) -> np.ndarray:
 
     Parameters
     ----------
-    estimates : array-like of shape (K, r, r)
-        Client estimates; ``estimates[k][:, i]`` is column ``i`` of client ``k``.
+    estimates : array-like of shape (K, p, r)
+        Client estimates, ``p >= r``; ``estimates[k][:, i]`` is column ``i`` of client ``k``.
     benchmark : int
         Index ``k0`` of the benchmark client in ``[0, K)``.
 
     Returns
     -------
-    aligned : ndarray of shape (K, r, r)
+    aligned : ndarray of shape (K, p, r)
         ``estimates`` with some columns multiplied by -1 (norms unchanged).
     """
     stack = _as_estimates(estimates)
@@ -57,8 +74,8 @@ def choose_benchmark(estimates, n_samples, *, rule="largest", kmeans_restarts=10
 
     Parameters
     ----------
-    estimates : array-like of shape (K, r, r)
-        Client estimates (columns are re-normalised for ``"best_objective"``).
+    estimates : array-like of shape (K, p, r)
+        Client estimates, ``p >= r`` (columns are re-normalised for ``"best_objective"``).
     n_samples : array-like of shape (K,)
         Clients' sample sizes, finite and non-negative.
     rule : {"largest", "best_objective"}, default="largest"
@@ -96,27 +113,36 @@ class RfIcaAggregate:
 
     Output columns are ordered like the benchmark client's columns: column ``j``
     of ``rf_ica`` and ``f_ica`` belongs to the cluster matched to benchmark column
-    ``j`` (the assignment maximising the total cosine between the centroids and
-    the benchmark's aligned columns), so ``labels`` take values in ``range(r)``
-    with the same meaning.
+    ``j`` (k-means: the assignment maximising the total cosine between the centroids
+    and the benchmark's aligned columns; matched: the cluster the benchmark's column
+    ``j`` is assigned to), so ``labels`` take values in ``range(r)`` with the same meaning.
 
     Attributes
     ----------
-    rf_ica : ndarray of shape (r, r)
+    rf_ica : ndarray of shape (p, r)
         RF-ICA estimate: geometric median of each cluster, as columns.
-    f_ica : ndarray of shape (r, r)
+    f_ica : ndarray of shape (p, r)
         F-ICA baseline: the raw k-means centroids as columns, NOT re-normalised
         (as in the paper; a centroid of unit vectors has norm <= 1).
-    simple_mean : ndarray of shape (r, r)
+    simple_mean : ndarray of shape (p, r)
         Column ``i`` = mean of column ``i`` of the sign-aligned estimates (no clustering).
-    simple_median : ndarray of shape (r, r)
+    simple_median : ndarray of shape (p, r)
         Column ``i`` = geometric median of column ``i`` of the sign-aligned estimates.
     benchmark : int
         Index of the benchmark client.
     labels : ndarray of shape (K, r), dtype int
-        ``labels[k, i]`` = cluster (output column) of column ``i`` of client ``k``.
+        ``labels[k, i]`` = cluster (output column) of column ``i`` of client ``k``;
+        with ``clustering="matched"`` every row is a permutation of ``range(r)``.
+    signs : ndarray of shape (K, r)
+        The sign (+1 or -1) column ``i`` of client ``k`` (normalised) enters its cluster with:
+        eq. 3's alignment to the benchmark (k-means), or the sign of its cosine to its
+        cluster's median (matched).
     inertia : float
         k-means objective (sum of squared distances to the centroids).
+    clustering : {"kmeans", "matched"}
+        The clustering that made ``labels`` and ``rf_ica``.
+    matched_iterations : int
+        Assignment steps of ``clustering="matched"`` (the last one changed nothing); 0 for k-means.
     method_seconds : dict of str to float
         Each method's own server time (``rf-ica``, ``f-ica``, ``simple-mean``, ``simple-median``):
         the shared normalisation, benchmark choice and sign alignment, plus its own step.
@@ -128,12 +154,16 @@ class RfIcaAggregate:
     simple_median: np.ndarray
     benchmark: int
     labels: np.ndarray
+    signs: np.ndarray
     inertia: float
+    clustering: str = "kmeans"
+    matched_iterations: int = 0
     method_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def rf_ica_aggregate(
-    estimates, n_samples, *, benchmark="largest", kmeans_restarts=10, gm_tol=1e-10, random_state=None
+    estimates, n_samples, *, benchmark="largest", kmeans_restarts=10, gm_tol=1e-10, clustering="kmeans",
+    random_state=None
 ) -> RfIcaAggregate:
     """One-shot RF-ICA server aggregation (Algorithm 1 of the paper).
 
@@ -141,12 +171,15 @@ def rf_ica_aggregate(
     columns); choose the benchmark client; align signs (eq. 3); k-means of the
     ``K * r`` columns into ``r`` clusters (``sklearn.cluster.KMeans``,
     ``n_init=kmeans_restarts``, lowest objective kept); geometric median of
-    each cluster (eq. 7). The baselines of section 4 are computed alongside.
+    each cluster (eq. 7). With ``clustering="matched"`` the clusters are then
+    refined until every client has exactly one column in each
+    (docs/ALGORITHMS.md section 1.4.1). The baselines of section 4 are computed alongside.
 
     Parameters
     ----------
-    estimates : array-like of shape (K, r, r)
-        Client estimates, ``K >= 1``, finite, no zero column.
+    estimates : array-like of shape (K, p, r)
+        Client estimates, ``K >= 1``, ``p >= r`` channels, finite, no zero column.
+        Columns of any scale (even near the limits of float64) are accepted.
     n_samples : array-like of shape (K,)
         Clients' sample sizes (used to choose the benchmark), finite, non-negative.
     benchmark : {"largest", "best_objective"} or int, default="largest"
@@ -155,6 +188,11 @@ def rf_ica_aggregate(
         k-means restarts (``n_init``).
     gm_tol : float, default=1e-10
         ``tol`` of :func:`fedica.rfica.geometric_median.geometric_median`.
+    clustering : {"kmeans", "matched"}, default="kmeans"
+        ``"kmeans"``: the paper's clusters. ``"matched"``: starting from them, alternate a
+        linear assignment of every client's columns to the cluster medians (one column
+        per cluster, each with the sign of its cosine to its median) and the medians of
+        the assigned columns, until no assignment changes.
     random_state : int, numpy.random.Generator or None, default=None
         Seed source of k-means.
 
@@ -166,14 +204,16 @@ def rf_ica_aggregate(
     Raises
     ------
     ValueError
-        If ``estimates`` is not a non-empty finite ``(K, r, r)`` array, has a zero
+        If ``estimates`` is not a non-empty finite ``(K, p, r)`` array with ``p >= r``, has a zero
         column, ``n_samples`` does not have shape ``(K,)`` or is negative/non-finite,
-        or ``benchmark`` is neither a known rule nor a valid index.
+        ``benchmark`` is neither a known rule nor a valid index, or ``clustering`` is unknown.
     """
     stack = _as_estimates(estimates)
-    n_clients, r, _ = stack.shape
+    n_clients, _, r = stack.shape
     sizes = _as_sample_sizes(n_samples, n_clients)
     kmeans_restarts = check_int(kmeans_restarts, "kmeans_restarts", minimum=1)
+    if clustering not in CLUSTERINGS:
+        raise ValueError(f"clustering must be one of {CLUSTERINGS}, got {clustering!r}")
     started = time.perf_counter()
     unit = _normalise_estimates(stack)
     seed = sklearn_seed(np.random.default_rng(random_state))
@@ -185,7 +225,8 @@ def rf_ica_aggregate(
         k0 = choose_benchmark(unit, sizes, rule=benchmark)
     else:
         k0 = check_index(benchmark, "benchmark", n_clients)
-    aligned = align_signs(unit, k0)
+    alignment = _alignment_signs(unit, k0)
+    aligned = unit * alignment[:, None, :]
     shared = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -198,20 +239,24 @@ def rf_ica_aggregate(
     centroids = centroids[cluster_of_column]
     relabel = np.empty(r, dtype=int)
     relabel[cluster_of_column] = np.arange(r)
-    labels = relabel[kmeans.labels_]
+    labels = relabel[kmeans.labels_].reshape(n_clients, r)
 
-    clustering = time.perf_counter() - started
+    clustering_seconds = time.perf_counter() - started
     started = time.perf_counter()
     columns = _columns(aligned)
     # A cluster can only be empty when there are fewer distinct columns than r; keep its centroid.
     rf_ica = np.column_stack(
         [
-            geometric_median(columns[labels == cluster], tol=gm_tol)
+            geometric_median(columns[labels.ravel() == cluster], tol=gm_tol)
             if np.any(labels == cluster)
             else centroids[cluster]
             for cluster in range(r)
         ]
     )
+    signs, iterations = alignment, 0
+    if clustering == "matched":
+        labels, matched_signs, rf_ica, iterations = _matched_clusters(aligned, labels, rf_ica, k0, gm_tol)
+        signs = alignment * matched_signs
     medians = time.perf_counter() - started
     started = time.perf_counter()
     simple_median = np.column_stack([geometric_median(aligned[:, :, i], tol=gm_tol) for i in range(r)])
@@ -225,17 +270,102 @@ def rf_ica_aggregate(
         simple_mean=simple_mean,
         simple_median=simple_median,
         benchmark=int(k0),
-        labels=labels.reshape(n_clients, r),
+        labels=labels,
+        signs=signs,
         inertia=float(kmeans.inertia_),
-        method_seconds={"rf-ica": shared + clustering + medians, "f-ica": shared + clustering,
+        clustering=clustering,
+        matched_iterations=iterations,
+        method_seconds={"rf-ica": shared + clustering_seconds + medians, "f-ica": shared + clustering_seconds,
                         "simple-mean": shared + mean, "simple-median": shared + column_medians},
     )
 
 
+def _matched_clusters(aligned, labels, medians, k0, gm_tol):
+    """Refine clusters until every client has one column in each (docs/ALGORITHMS.md section 1.4.1).
+
+    Block coordinate descent of ``F = sum_k sum_i ||s_ki a_ki - c_(pi_k(i))||`` over the
+    assignments ``pi_k`` (one permutation per client), the signs ``s_ki`` and the centres ``c_j``.
+
+    Parameters
+    ----------
+    aligned : ndarray of shape (K, p, r)
+        Unit, sign-aligned client columns.
+    labels : ndarray of shape (K, r)
+        The k-means labels (the start; rows need not be permutations).
+    medians : ndarray of shape (p, r)
+        The geometric medians of the k-means clusters, as columns (the first centres).
+    k0 : int
+        The benchmark client: output column ``j`` is the cluster of its column ``j``.
+    gm_tol : float
+
+    Returns
+    -------
+    labels : ndarray of shape (K, r), dtype int
+        Every row a permutation of ``range(r)``.
+    signs : ndarray of shape (K, r)
+        The sign each aligned column enters its cluster with.
+    medians : ndarray of shape (p, r)
+        Each cluster's geometric median of its signed columns.
+    iterations : int
+        Assignment steps made (the last changed nothing, unless the bound was reached).
+    """
+    n_clients, _, r = aligned.shape
+    signs = np.ones((n_clients, r))
+    for iteration in range(1, _MATCHED_MAX_ITER + 1):
+        new_labels, new_signs = _assign_columns(aligned, medians.T, labels)
+        if np.array_equal(new_labels, labels) and np.array_equal(new_signs, signs):
+            break
+        labels, signs = new_labels, new_signs
+        signed = _columns(aligned * signs[:, None, :])
+        medians = np.column_stack([geometric_median(signed[labels.ravel() == j], tol=gm_tol) for j in range(r)])
+    else:
+        warnings.warn(f"clustering='matched' stopped after {_MATCHED_MAX_ITER} assignment steps without settling",
+                      ConvergenceWarning, stacklevel=3)
+    # Renumber the clusters so that output column j holds the benchmark's column j.
+    order = labels[k0]
+    relabel = np.empty(r, dtype=int)
+    relabel[order] = np.arange(r)
+    return relabel[labels], signs, medians[:, order], iteration
+
+
+def _assign_columns(aligned, centres, current):
+    """Each client's columns to distinct centres, minimising the total distance to the nearer of ``±a``.
+
+    ``||s a - c||^2 = 1 + ||c||^2 - 2 s <a, c>`` for a unit ``a``, so the best sign is that of
+    ``<a, c>`` and the cost a decreasing function of ``|cos(a, c)|`` for each centre. A client keeps
+    its ``current`` assignment (if a permutation) unless the new one is cheaper by more than a rounding
+    margin, so that a tie never makes the alternation cycle.
+
+    Parameters
+    ----------
+    aligned : ndarray of shape (K, p, r)
+    centres : ndarray of shape (r, p)
+    current : ndarray of shape (K, r), dtype int
+
+    Returns
+    -------
+    labels : ndarray of shape (K, r), dtype int
+    signs : ndarray of shape (K, r)
+    """
+    n_clients, _, r = aligned.shape
+    inner = np.einsum("kpi,jp->kij", aligned, centres)
+    squared_norms = np.einsum("jp,jp->j", centres, centres)
+    costs = np.sqrt(np.maximum(1.0 + squared_norms - 2.0 * np.abs(inner), 0.0))
+    labels = np.empty((n_clients, r), dtype=int)
+    columns = np.arange(r)
+    for k in range(n_clients):
+        labels[k] = linear_sum_assignment(costs[k])[1]
+        if np.array_equal(np.sort(current[k]), columns):
+            best, kept = costs[k, columns, labels[k]].sum(), costs[k, columns, current[k]].sum()
+            if kept <= best + _ASSIGNMENT_RTOL * (1.0 + best):
+                labels[k] = current[k]
+    chosen = np.take_along_axis(inner, labels[:, :, None], axis=2)[..., 0]
+    return labels, np.where(chosen < 0, -1.0, 1.0)
+
+
 def _alignment_signs(stack, k0):
     """(K, r) signs of eq. 3 that align every client's columns with client ``k0``."""
-    norms = np.linalg.norm(stack, axis=1, keepdims=True)
-    unit = stack / np.where(norms == 0, 1.0, norms)
+    unit = _unit_columns(stack)
     cosines = np.einsum("kdi,dj->kij", unit, unit[k0])
     best = np.argmax(np.abs(cosines), axis=2)
     best_cosine = np.take_along_axis(cosines, best[..., None], axis=2)[..., 0]
@@ -260,7 +390,7 @@ def _benchmark_by_objective(unit, sizes, restarts, seed):
 
 def _kmeans_columns(aligned, restarts, seed):
     """k-means of the ``K * r`` columns into ``r`` clusters."""
-    r = aligned.shape[1]
+    r = aligned.shape[2]
     kmeans = KMeans(n_clusters=r, n_init=restarts, random_state=seed)
     # One OpenMP thread: K * r points are few, and on busy cores (a federation
     # simulation) OpenMP's spinning threads made single fits up to 10x slower.
@@ -271,29 +401,51 @@ def _kmeans_columns(aligned, restarts, seed):
 
 
 def _columns(stack):
-    """(K, r, r) -> (K * r, r): row ``k * r + i`` is column ``i`` of client ``k``."""
+    """(K, p, r) -> (K * r, p): row ``k * r + i`` is column ``i`` of client ``k``."""
     return stack.transpose(0, 2, 1).reshape(-1, stack.shape[1])
 
 
 def _normalise_estimates(stack):
-    norms = np.linalg.norm(stack, axis=1, keepdims=True)
-    zero = np.argwhere(norms[:, 0, :] == 0)
+    """Unit columns, whatever their scale: a column is zero only if all its entries are.
+
+    The sum of squares of a column near 1e200 overflows (its norm inf, the column 0) and that of a
+    column near 1e-170 underflows (its norm 0, the column taken as zero), so such columns are divided
+    by their largest entry first. Columns in ``_PLAIN_NORM_RANGE`` are divided by their norm directly,
+    which keeps the results of ordinary estimates bit for bit what they were.
+    """
+    peaks = np.max(np.abs(stack), axis=1, keepdims=True)
+    zero = np.argwhere(peaks[:, 0, :] == 0)
     if zero.size:
         client, column = zero[0]
         raise ValueError(
             f"estimates must have non-zero columns: column {column} of client {client} is zero "
             f"({len(zero)} zero column(s) in total)"
         )
-    return stack / norms
+    return _unit_columns(stack, peaks)
+
+
+def _unit_columns(stack, peaks=None):
+    """``stack``'s columns divided by their norms, computed without overflow or underflow; zero columns stay zero.
+
+    Columns whose largest entry is in ``_PLAIN_NORM_RANGE`` are divided by their norm directly (the
+    division by 1.0 below is exact), the others by their largest entry first.
+    """
+    if peaks is None:
+        peaks = np.max(np.abs(stack), axis=1, keepdims=True)
+    low, high = _PLAIN_NORM_RANGE
+    plain = ((peaks >= low) & (peaks <= high)) | (peaks == 0)
+    scaled = stack / np.where(plain, 1.0, peaks)
+    norms = np.linalg.norm(scaled, axis=1, keepdims=True)
+    return scaled / np.where(norms == 0, 1.0, norms)
 
 
 def _as_estimates(estimates):
     stack = as_float_array(estimates, "estimates")
-    if stack.ndim != 3 or stack.shape[1] != stack.shape[2]:
-        raise ValueError(f"estimates must have shape (K, r, r), got {stack.shape}")
+    if stack.ndim != 3 or stack.shape[1] < stack.shape[2]:
+        raise ValueError(f"estimates must have shape (K, p, r) with p >= r channels, got {stack.shape}")
     if stack.shape[0] < 1:
         raise ValueError("estimates must hold at least one client (K >= 1), got K = 0")
-    if stack.shape[1] < 1:
+    if stack.shape[2] < 1:
         raise ValueError(f"estimates must have r >= 1, got shape {stack.shape}")
     finite = np.all(np.isfinite(stack), axis=(1, 2))
     if not np.all(finite):

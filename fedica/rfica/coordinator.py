@@ -29,8 +29,8 @@ class RFICAState(ProtocolState):
 
     Parameters
     ----------
-    contrast, init, benchmark, kmeans_restarts, gm_tol
-        As for :class:`fedica.RFICA`.
+    contrast, init, benchmark, kmeans_restarts, gm_tol, clustering
+        As for :class:`fedica.RFICA` (``clustering``'s default here is the paper's k-means).
     seed : int
         The run's seed: the clients' FastICA starts and the server's k-means restarts.
     min_clients : int
@@ -43,6 +43,7 @@ class RFICAState(ProtocolState):
     benchmark: str = "largest"
     kmeans_restarts: int = 10
     gm_tol: float = 1e-10
+    clustering: str = "kmeans"
     seed: int = 0
     min_clients: int = 2
     r: int | None = None
@@ -80,5 +81,6 @@ def aggregate_estimates(state: RFICAState) -> None:
     with state.server_time():
         state.aggregate = rf_ica_aggregate(
             np.stack(state.estimates), np.asarray(state.n_samples), benchmark=state.benchmark,
-            kmeans_restarts=state.kmeans_restarts, gm_tol=state.gm_tol, random_state=state.seed)
+            kmeans_restarts=state.kmeans_restarts, gm_tol=state.gm_tol, clustering=state.clustering,
+            random_state=state.seed)
 

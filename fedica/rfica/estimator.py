@@ -30,8 +30,9 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
 
     Every site estimates the mixing matrix of its own observations with symmetric FastICA;
     the server aligns the signs of all estimates' columns to a benchmark site, clusters all
-    columns with k-means and takes each cluster's geometric median, so that up to half of
-    the sites may be poor or corrupt (docs/ALGORITHMS.md section 1). This runs, in memory,
+    columns with k-means (by default then refined so that every site has one column in each
+    cluster) and takes each cluster's geometric median, so that up to half of the sites may be
+    poor or corrupt (docs/ALGORITHMS.md section 1). This runs, in memory,
     exactly the protocol that fedica's Flower strategy runs over a network.
 
     The parameters' defaults and rules are declared in :data:`fedica.parameters.RFICA_PARAMETERS`;
@@ -51,9 +52,14 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     kmeans_restarts : int, default=10
     gm_tol : float, default=1e-10
         Tolerance of the geometric median.
+    clustering : {"matched", "kmeans"}, default="matched"
+        The server's clustering of all sites' columns: k-means refined so that every site has
+        exactly one column in each cluster (docs/ALGORITHMS.md section 1.4.1), or the paper's
+        ``"kmeans"`` (the config's default, so the paper's experiments keep it).
     min_clients : int, default=2
     random_state : int, default=0
-        Seeds every random stream; the same seed and data give the same result as ``fedica-run``.
+        Seeds every random stream; the same seed, data and parameters give the same result as ``fedica-run``
+        (whose ``clustering`` is the paper's ``kmeans`` unless ``algorithm.clustering=matched``).
 
     Attributes
     ----------
@@ -67,7 +73,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     site_mixings_ : ndarray of shape (n_sites, n_features, n_features)
         Each site's own (unit-column) estimate.
     labels_ : ndarray of shape (n_sites, n_features)
-        The cluster (column of ``mixing_``) of each column of each site's estimate.
+        The cluster (column of ``mixing_``) of each column of each site's estimate; with
+        ``clustering="matched"`` every row is a permutation of ``range(n_features)``.
     benchmark_site_ : int
     f_ica_, simple_mean_, simple_median_ : ndarray of shape (n_features, n_features)
         The comparators computed from the same estimates (paper section 4).
@@ -76,12 +83,14 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     # The defaults are the declaration's (fedica.parameters), spelt out as scikit-learn's get_params reads them.
     def __init__(self, contrast=_P["contrast"].default, init=_P["init"].default, benchmark=_P["benchmark"].default,
                  kmeans_restarts=_P["kmeans_restarts"].default, gm_tol=_P["gm_tol"].default,
-                 min_clients=_P["min_clients"].default, random_state=_P["random_state"].default):
+                 clustering=_P["clustering"].default, min_clients=_P["min_clients"].default,
+                 random_state=_P["random_state"].default):
         self.contrast = contrast
         self.init = init
         self.benchmark = benchmark
         self.kmeans_restarts = kmeans_restarts
         self.gm_tol = gm_tol
+        self.clustering = clustering
         self.min_clients = min_clients
         self.random_state = random_state
 
@@ -203,7 +212,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
 
     def _state(self, r: int) -> RFICAState:
         return RFICAState(contrast=self.contrast, init=self.init, benchmark=self.benchmark,
-                          kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol,
+                          kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol, clustering=self.clustering,
                           seed=check_seed(self.random_state), min_clients=self.min_clients, r=r)
 
     def _store(self, state: RFICAState) -> RFICA:

@@ -43,7 +43,8 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
     """
     sc, alg, seed = cfg["scenario"], cfg["algorithm"], int(cfg["seed"])
     strategy = RFICAStrategy(contrast=alg["contrast"], init=alg["init"], benchmark=alg["benchmark"],
-                             kmeans_restarts=alg["kmeans_restarts"], gm_tol=alg["gm_tol"], random_state=seed,
+                             kmeans_restarts=alg["kmeans_restarts"], gm_tol=alg["gm_tol"],
+                             clustering=alg["clustering"], random_state=seed,
                              r=sc.get("r"), min_available_nodes=federation.expected, min_clients=federation.min_clients,
                              client_config=federation.common_values)
     strategy.start(federation.grid, timeout=federation.round_timeout, federation=federation)

@@ -304,7 +304,7 @@ def test_align_signs_undoes_flips_under_column_permutations(n_clients, r, benchm
 
 
 def test_align_signs_rejects_bad_input():
-    with pytest.raises(ValueError, match=r"shape \(K, r, r\)"):
+    with pytest.raises(ValueError, match=r"shape \(K, p, r\) with p >= r"):
         align_signs(np.ones((2, 3, 4)), 0)
     with pytest.raises(ValueError, match="benchmark"):
         align_signs(np.ones((2, 3, 3)), 2)
@@ -439,8 +439,8 @@ def test_end_to_end_on_the_simulated_scenario():
     ("estimates", "sizes", "kwargs", "message"),
     [
         (np.zeros((0, 3, 3)), np.zeros(0), {}, r"K >= 1"),
-        (np.ones((2, 3, 4)), np.ones(2), {}, r"shape \(K, r, r\)"),
-        (np.ones((3, 3)), np.ones(3), {}, r"shape \(K, r, r\)"),
+        (np.ones((2, 3, 4)), np.ones(2), {}, r"shape \(K, p, r\) with p >= r"),
+        (np.ones((3, 3)), np.ones(3), {}, r"shape \(K, p, r\) with p >= r"),
         (np.where(np.eye(3) > 0, np.nan, 1.0)[None].repeat(2, 0), np.ones(2), {}, "finite"),
         (np.stack([np.eye(3), np.diag([1.0, 0.0, 1.0])]), np.ones(2), {}, "column 1 of client 1 is zero"),
         (np.tile(np.eye(3), (2, 1, 1)), np.ones(3), {}, r"n_samples must have shape \(2,\)"),
