@@ -86,7 +86,8 @@ def test_todays_defaults_are_unchanged():
         "radius_outlier_factor": 10.0, "count_cap_factor": 10.0, "component_cap_factor": 3.0,
         "max_hostile_fraction": 0.25, "max_overlap_pairs": 20_000_000, "participation": 1.0, "min_clients": 2,
         "max_local_clusters": 10, "random_state": 0}
-    assert RFICA_PARAMETERS.defaults() == {"contrast": "cube", "init": "random", "benchmark": "largest",
+    assert RFICA_PARAMETERS.defaults() == {"contrast": "cube", "init": "random", "local_solver": "fastica",
+                                           "n_components": None, "whitening": None, "benchmark": "largest",
                                            "kmeans_restarts": 10, "gm_tol": 1e-10, "min_clients": 2,
                                            "random_state": 0}
 
