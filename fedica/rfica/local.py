@@ -387,7 +387,7 @@ def _solve_whitening(signals, solver, contrast, seed, max_iter, tol):
         pre_whitening, unmixing, _, n_iter = picard(signals, fun=_PICARD_FUN[contrast], n_components=r, ortho=True,
                                                     max_iter=max_iter, tol=_PICARD_TOL, random_state=seed,
                                                     return_n_iter=True)
-    return np.linalg.pinv(unmixing @ pre_whitening), n_iter, not _picard_unconverged(caught)
+    return np.linalg.pinv(unmixing @ pre_whitening), *_picard_outcome(n_iter, caught)
 
 
 def _solve_scaled(centred, solver, contrast, start, max_iter, tol):
@@ -403,13 +403,15 @@ def _solve_scaled(centred, solver, contrast, start, max_iter, tol):
         warnings.simplefilter("always")
         _, unmixing, _, n_iter = picard(scaled, fun=_PICARD_FUN[contrast], ortho=True, whiten=False, w_init=start,
                                         max_iter=max_iter, tol=_PICARD_TOL, return_n_iter=True)
-    return np.linalg.pinv(unmixing), n_iter, not _picard_unconverged(caught)
+    return np.linalg.pinv(unmixing), *_picard_outcome(n_iter, caught)
 
 
 def _warned(caught, category) -> bool:
     return any(issubclass(w.category, category) for w in caught)
 
 
-def _picard_unconverged(caught) -> bool:
-    # python-picard reports non-convergence only by this UserWarning (its solver's flag stays inside).
-    return any("did not converge" in str(w.message) for w in caught)
+def _picard_outcome(n_iter, caught) -> tuple[int, bool]:
+    """(updates, converged) of a Picard run: it reports non-convergence only by a UserWarning, and
+    the index of its last loop pass, which is the update count when it converged and one less when not."""
+    converged = not any("did not converge" in str(w.message) for w in caught)
+    return (n_iter if converged else n_iter + 1), converged
