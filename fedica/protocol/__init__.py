@@ -29,7 +29,6 @@ from fedica.protocol.messages import (
     GEM_ROUND,
     GEM_SILHOUETTE,
     RAY_NODE_KEY,
-    RFICA_COVARIANCE,
     RFICA_FIT,
     TRAIN,
     InvalidReply,
@@ -44,9 +43,7 @@ from fedica.protocol.messages import (
     reported_seconds,
     require_array,
     require_int,
-    validate_covariance_reply,
     validate_gem_components,
-    validate_ica_convergence,
     validate_ica_reply,
     validate_weights,
 )
@@ -55,11 +52,10 @@ from fedica.protocol.tasks import ArraySite, ClientTasks, Handler, Site, Transfo
 
 __all__ = [
     "AFCL_INIT", "AFCL_ROUND", "CATEGORY", "ERROR_KEY", "EVALUATE", "FFCM_INIT", "FFCM_ROUND", "GEM_EVALUATE",
-    "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_ROUND", "GEM_SILHOUETTE", "RAY_NODE_KEY", "RFICA_COVARIANCE", "RFICA_FIT", "TRAIN",
+    "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_ROUND", "GEM_SILHOUETTE", "RAY_NODE_KEY", "RFICA_FIT", "TRAIN",
     "ArraySite", "ClientTasks", "Handler", "InMemoryFederation", "InvalidReply", "NotEnoughClients", "OverBudget",
     "ProtocolDriver", "ProtocolRun", "ProtocolState", "Rejection", "Reply", "Request", "RunStopped", "Site",
     "Transform", "drive", "majority_width", "message_type", "record_rejection", "reported_ray_node",
-    "reported_seconds", "require_array", "require_int", "validate_covariance_reply", "validate_gem_components",
-    "validate_ica_convergence", "validate_ica_reply",
+    "reported_seconds", "require_array", "require_int", "validate_gem_components", "validate_ica_reply",
     "validate_weights",
 ]

@@ -10,11 +10,11 @@ channel covariance and sends each the shared whitening with the ICA request.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from numbers import Integral
 
 import numpy as np
 
 from fedica.protocol import (
-    RFICA_COVARIANCE,
     RFICA_FIT,
     InvalidReply,
     ProtocolState,
@@ -23,10 +23,9 @@ from fedica.protocol import (
     RunStopped,
     majority_width,
     reported_seconds,
-    validate_covariance_reply,
-    validate_ica_convergence,
     validate_ica_reply,
 )
+from fedica.protocol.messages import RFICA_COVARIANCE, validate_covariance_reply, validate_ica_convergence
 from fedica.rfica.aggregation import RfIcaAggregate, rf_ica_aggregate
 from fedica.rfica.geometric_median import geometric_median
 from fedica.rfica.local import components_for_share
@@ -138,7 +137,7 @@ def receive_covariances(state: RFICAState, replies: list[Reply]) -> None:
         state.client_seconds += reported_seconds(reply)
     if not covariances:
         return
-    if isinstance(state.n_components, int) and state.n_components > r:
+    if isinstance(state.n_components, Integral) and state.n_components > r:
         raise RunStopped(f"n_components={state.n_components} is more than the federation's {r} channels")
     state.r = r
     with state.server_time():
@@ -206,7 +205,7 @@ def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: i
     """
     r = state.r if state.r is not None else _majority_rows(replies)
     if state.components is None:
-        state.components = (state.n_components if isinstance(state.n_components, int)
+        state.components = (state.n_components if isinstance(state.n_components, Integral)
                             else majority_width(replies, "mixing") if state.n_components is not None else r)
     for reply in replies:
         try:

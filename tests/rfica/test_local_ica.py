@@ -8,16 +8,8 @@ import pytest
 import fedica
 from fedica.data.common import ClientData
 from fedica.evaluation.ica import ica_error
-from fedica.protocol import (
-    RFICA_COVARIANCE,
-    RFICA_FIT,
-    ArraySite,
-    InMemoryFederation,
-    InvalidReply,
-    validate_covariance_reply,
-    validate_ica_convergence,
-    validate_ica_reply,
-)
+from fedica.protocol import RFICA_FIT, ArraySite, InMemoryFederation, InvalidReply, validate_ica_reply
+from fedica.protocol.messages import RFICA_COVARIANCE, validate_covariance_reply, validate_ica_convergence
 from fedica.rfica.coordinator import RFICAState, federated_whitening, receive_estimates, rfica_protocol
 from fedica.rfica.local import (
     RETRY_ITERATIONS_FACTOR,
