@@ -41,8 +41,7 @@ def fit(Y: np.ndarray, values: Mapping[str, Any], partition_id: int,
         ``mixing`` of shape (n_channels, r).
     values : dict
         ``n-samples``; ``n-iter`` and ``converged`` of the estimate sent (after one retry from the
-        stream ``client.ica_retry`` when the first start did not converge), ``attempts`` (1 or 2),
-        ``fit-seconds``.
+        stream ``client.ica_retry`` when the first start did not converge), ``fit-seconds``.
     """
     seed = int(values["seed"])
     start = time.perf_counter()
@@ -51,8 +50,7 @@ def fit(Y: np.ndarray, values: Mapping[str, Any], partition_id: int,
                        random_state=generator(seed, "client.fastica", partition_id), shared_init_seed=seed,
                        retry_random_state=generator(seed, "client.ica_retry", partition_id))
     return {"mixing": result.mixing}, {"n-samples": Y.shape[1], "n-iter": result.n_iter,
-                                       "converged": result.converged, "attempts": result.attempts,
-                                       "fit-seconds": time.perf_counter() - start}
+                                       "converged": result.converged, "fit-seconds": time.perf_counter() - start}
 
 
 def covariance(Y: np.ndarray) -> Reply:
