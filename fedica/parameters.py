@@ -33,7 +33,7 @@ import numpy as np
 
 from fedica.fedgem.geometry import COVARIANCE_TYPES
 from fedica.rfica.aggregation import BENCHMARK_RULES, CLUSTERINGS
-from fedica.rfica.local import CONTRASTS, INITS
+from fedica.rfica.local import CONTRASTS, INITS, SOLVERS, WHITENINGS
 
 __all__ = ["Interval", "Options", "PositiveNumbers", "Parameter", "Declaration", "UPSILON_CRITERIA",
            "FEDGEM_PARAMETERS", "RFICA_PARAMETERS"]
@@ -316,6 +316,13 @@ RFICA_PARAMETERS = Declaration(
     "rfica",
     Parameter("contrast", (Options(CONTRASTS),), "cube", "FastICA's contrast (cube: the paper's kurtosis)."),
     Parameter("init", (Options(INITS),), "random", "Each site's own random FastICA start, or one shared by all."),
+    Parameter("local_solver", (Options(SOLVERS),), "fastica",
+              "The sites' ICA: FastICA, or Picard's orthogonal mode (python-picard, the solver of MNE's ICA)."),
+    Parameter("n_components", (Interval("integer", 1), Interval("real", 0, 1, "neither")), None,
+              "The components estimated: a count, or a share of the variance kept; None: every channel.", none=True),
+    Parameter("whitening", (Options(WHITENINGS),), None,
+              "The subspace of n_components: the server's robust one (one more exchange) or each site's own; "
+              "None: federated when n_components is set, local otherwise.", none=True),
     Parameter("benchmark", (Options(BENCHMARK_RULES),), "largest", "The site the others' signs are aligned to."),
     Parameter("kmeans_restarts", _integer(1), 10, "k-means restarts of the server's clustering of columns."),
     Parameter("gm_tol", _real(0, closed="neither"), 1e-10, "Tolerance of the geometric median."),

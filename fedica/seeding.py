@@ -64,6 +64,8 @@ STREAMS: dict[str, Stream] = {
     "files.components": Stream("spawn", 10),
     # Each client's own draws.
     "client.fastica": Stream("entropy", 1, ("partition",)),
+    # The second start of a site whose local ICA did not converge (docs/ALGORITHMS.md section 1.2).
+    "client.ica_retry": Stream("entropy", 6, ("partition",)),
     "client.kmeanspp": Stream("entropy", 2, ("partition",)),
     "client.silhouette_sample": Stream("entropy", 3, ("partition",)),
     # The FFCM and AFCL comparators' clients: their k-means++ starts.

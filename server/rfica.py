@@ -22,7 +22,7 @@ class RFICAStrategy(ProtocolStrategy):
 
     Parameters
     ----------
-    contrast, init, benchmark, kmeans_restarts, gm_tol, clustering, random_state
+    contrast, init, local_solver, n_components, whitening, benchmark, kmeans_restarts, gm_tol, clustering, random_state
         As for :class:`fedica.RFICA`: declared in :data:`fedica.parameters.RFICA_PARAMETERS`, and checked
         against it here (``ValueError`` or ``TypeError`` naming the parameter). ``clustering`` defaults to
         ``"matched"`` here and in :class:`fedica.RFICA`; fedica's own runs pass the config's (``kmeans``).
@@ -33,28 +33,35 @@ class RFICAStrategy(ProtocolStrategy):
 
     Attributes
     ----------
-    mixing_, components_ : ndarray of shape (r, r)
+    mixing_ : ndarray of shape (r, n_components)
+    components_ : ndarray of shape (n_components, r)
     state : RFICAState
         Everything the run computed (estimates, partitions, the aggregate and its comparators).
     """
 
     # The defaults and rules are fedica.parameters.RFICA_PARAMETERS', as for fedica.RFICA.
     def __init__(self, *, contrast: str = _P["contrast"].default, init: str = _P["init"].default,
-                 benchmark: str = _P["benchmark"].default, kmeans_restarts: int = _P["kmeans_restarts"].default,
+                 local_solver: str = _P["local_solver"].default,
+                 n_components: int | float | None = _P["n_components"].default,
+                 whitening: str | None = _P["whitening"].default, benchmark: str = _P["benchmark"].default,
+                 kmeans_restarts: int = _P["kmeans_restarts"].default,
                  gm_tol: float = _P["gm_tol"].default, clustering: str = _P["clustering"].default,
                  random_state: int = _P["random_state"].default,
                  r: int | None = None, **kwargs: Any):
         # At construction: a bad value is one line now, not a failure once the clients have answered.
-        _P.check(dict(contrast=contrast, init=init, benchmark=benchmark, kmeans_restarts=kmeans_restarts,
+        _P.check(dict(contrast=contrast, init=init, local_solver=local_solver, n_components=n_components,
+                      whitening=whitening, benchmark=benchmark, kmeans_restarts=kmeans_restarts,
                       gm_tol=gm_tol, clustering=clustering, random_state=random_state))
         super().__init__(**kwargs)
         self.contrast, self.init, self.benchmark = contrast, init, benchmark
+        self.local_solver, self.n_components, self.whitening = local_solver, n_components, whitening
         self.kmeans_restarts, self.gm_tol, self.random_state, self.r = kmeans_restarts, gm_tol, int(random_state), r
         self.clustering = clustering
         self.state: RFICAState | None = None
 
     def protocol(self):
-        self.state = RFICAState(contrast=self.contrast, init=self.init, benchmark=self.benchmark,
+        self.state = RFICAState(contrast=self.contrast, init=self.init, local_solver=self.local_solver,
+                                n_components=self.n_components, whitening=self.whitening, benchmark=self.benchmark,
                                 kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol,
                                 clustering=self.clustering, seed=self.random_state,
                                 min_clients=self.min_clients, r=self.r, rejected=self.federation.rejected)

@@ -101,7 +101,7 @@ def test_an_omegaconf_config_becomes_plain_dicts():
         (["+algoritm=fedgem"], "algoritm", "the top level has keys seed, min_clients, round_timeout"),
         (["+n_clients=5"], "n_clients", "the top level has keys seed,"),
         (["+hydra_extra=1"], "hydra_extra", "the top level has keys"),
-        (["+algorithm.rounds=3"], "algorithm.rounds", "algorithm 'rfica' has keys contrast, init, benchmark, kmeans_restarts, gm_tol"),
+        (["+algorithm.rounds=3"], "algorithm.rounds", "algorithm 'rfica' has keys contrast, init, local_solver, n_components, whitening, benchmark, kmeans_restarts, gm_tol, clustering"),
         (["algorithm=fedgem", "+algorithm.contrast=cube"], "algorithm.contrast", "algorithm 'fedgem' has keys rounds,"),
         (["+scenario.n_client=5"], "scenario.n_client", "scenario 'ica_paper' has keys n_clients, r, corrupt_ratio"),
         (["algorithm=fedgem", "+scenario.n_client=5"], "scenario.n_client",

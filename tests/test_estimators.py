@@ -110,6 +110,21 @@ def test_rfica_fit_equals_the_inprocess_federated_run():
     np.testing.assert_allclose(again.mixing_, model.mixing_, rtol=0, atol=1e-12)
 
 
+def test_rfica_reports_every_site_s_local_ica():
+    rng = np.random.default_rng(1)
+    mixing = rng.standard_normal((3, 3))
+    sites = [rng.laplace(size=(2000, 3)) @ mixing.T for _ in range(4)]
+    for solver in ("fastica", "picard"):
+        model = fedica.RFICA(local_solver=solver, random_state=0).fit(sites)
+        assert model.site_converged_.dtype == bool and model.site_converged_.tolist() == [True] * 4
+        assert model.site_iterations_.shape == (4,) and np.all(model.site_iterations_ >= 1)
+        assert model.n_components_ == 3 and model.whitening_ is None
+        assert ica_error(model.mixing_, mixing / np.linalg.norm(mixing, axis=0)) < 0.1
+    # The server step alone hears nothing of the sites' solvers.
+    again = fedica.RFICA(random_state=0).aggregate(model.site_mixings_)
+    assert again.site_converged_ is None and again.site_iterations_ is None
+
+
 def test_rfica_transform_recovers_the_sources():
     rng = np.random.default_rng(0)
     mixing = np.linalg.qr(rng.standard_normal((3, 3)))[0]

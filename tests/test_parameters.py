@@ -75,6 +75,8 @@ def test_a_default_breaking_its_own_rule_is_refused_when_declared():
 
 def test_the_option_lists_are_the_implementing_modules_own():
     assert RFICA_PARAMETERS["contrast"].constraints[0].values is local.CONTRASTS
+    assert RFICA_PARAMETERS["local_solver"].constraints[0].values is local.SOLVERS
+    assert RFICA_PARAMETERS["whitening"].constraints[0].values is local.WHITENINGS
     assert RFICA_PARAMETERS["init"].constraints[0].values is local.INITS
     assert RFICA_PARAMETERS["benchmark"].constraints[0].values is aggregation.BENCHMARK_RULES
     assert RFICA_PARAMETERS["clustering"].constraints[0].values is aggregation.CLUSTERINGS
@@ -88,7 +90,8 @@ def test_todays_defaults_are_unchanged():
         "radius_outlier_factor": 10.0, "count_cap_factor": 10.0, "component_cap_factor": 3.0,
         "max_hostile_fraction": 0.25, "max_overlap_pairs": 20_000_000, "participation": 1.0,
         "covariance_type": "spherical", "min_clients": 2, "max_local_clusters": 10, "random_state": 0}
-    assert RFICA_PARAMETERS.defaults() == {"contrast": "cube", "init": "random", "benchmark": "largest",
+    assert RFICA_PARAMETERS.defaults() == {"contrast": "cube", "init": "random", "local_solver": "fastica",
+                                           "n_components": None, "whitening": None, "benchmark": "largest",
                                            "kmeans_restarts": 10, "gm_tol": 1e-10, "clustering": "matched",
                                            "min_clients": 2, "random_state": 0}
 
@@ -177,6 +180,10 @@ def test_the_fedgem_strategy_refuses_a_bad_parameter_at_construction(kwargs, kin
     ({"kmeans_restarts": 0}, ValueError, "kmeans_restarts=0: must be >= 1"),
     ({"gm_tol": "small"}, TypeError, "gm_tol='small': must be a finite number > 0"),
     ({"random_state": -1}, ValueError, "random_state=-1: must be >= 0"),
+    ({"local_solver": "infomax"}, ValueError, "local_solver='infomax': must be one of fastica, picard"),
+    ({"n_components": 1.0}, ValueError, "n_components=1.0: must be an integer >= 1 or a number in (0, 1)"),
+    ({"n_components": "4"}, TypeError, "n_components='4': must be an integer >= 1 or a number in (0, 1)"),
+    ({"whitening": "global"}, ValueError, "whitening='global': must be one of federated, local"),
 ])
 def test_the_rfica_strategy_refuses_a_bad_parameter_at_construction(kwargs, kind, message):
     from fedica.server.rfica import RFICAStrategy
@@ -235,6 +242,9 @@ def test_fedgem_fit_refuses_n_local_clusters_of_the_wrong_length_before_any_work
     ({"init": 0}, TypeError, "init=0: must be one of random, shared"),
     ({"gm_tol": 0.0}, ValueError, "gm_tol=0.0: must be > 0"),
     ({"min_clients": 0}, ValueError, "min_clients=0: must be >= 1"),
+    ({"local_solver": "picardo"}, ValueError, "local_solver='picardo': must be one of fastica, picard"),
+    ({"n_components": 0}, ValueError, "n_components=0: must be an integer >= 1 or a number in (0, 1)"),
+    ({"whitening": True}, TypeError, "whitening=True: must be one of federated, local"),
 ])
 def test_rfica_fit_and_aggregate_refuse_a_bad_parameter_before_any_work(no_work, kwargs, kind, message):
     with pytest.raises(kind) as info:

@@ -24,6 +24,8 @@ TRAIN, EVALUATE = "train", "evaluate"
 
 # action names: the message type is f"{category}.{action}".
 RFICA_FIT = "rfica_fit"
+# RF-ICA's federated whitening: every site's channel covariance, before the ICA exchange.
+RFICA_COVARIANCE = "rfica_covariance"
 GEM_INIT = "fedgem_init"
 GEM_ROUND = "fedgem_round"
 GEM_FINAL = "fedgem_final"
@@ -38,6 +40,7 @@ AFCL_ROUND = "afcl_round"
 
 CATEGORY = {
     RFICA_FIT: TRAIN,
+    RFICA_COVARIANCE: TRAIN,
     GEM_INIT: TRAIN,
     GEM_ROUND: TRAIN,
     GEM_FINAL: TRAIN,
@@ -180,26 +183,94 @@ def require_int(values: Mapping[str, Any], key: str, *, minimum: int, maximum: i
     return int(value)
 
 
-def validate_ica_reply(arrays: Mapping[str, Any], values: Mapping[str, Any], *, r: int) -> tuple[np.ndarray, int]:
+def validate_ica_reply(arrays: Mapping[str, Any], values: Mapping[str, Any], *, r: int,
+                       n_components: int | None = None) -> tuple[np.ndarray, int]:
     """Check an RF-ICA client's reply.
 
     Parameters
     ----------
     arrays : mapping
-        Must hold ``"mixing"``, a finite (r, r) matrix with no zero column.
+        Must hold ``"mixing"``, a finite (r, n_components) matrix with no zero column: the site's
+        mixing estimate in channel space.
     values : mapping
         Must hold ``"n-samples"``, an integer >= 1.
     r : int
+        The federation's number of channels.
+    n_components : int or None, default=None
+        The number of components every site estimates; None: ``r`` (every channel).
 
     Returns
     -------
-    mixing : ndarray of shape (r, r)
+    mixing : ndarray of shape (r, n_components)
     n_samples : int
     """
-    mixing = require_array(arrays, "mixing", (r, r))
+    mixing = require_array(arrays, "mixing", (r, r if n_components is None else n_components))
     if np.any(np.linalg.norm(mixing, axis=0) == 0):
         raise InvalidReply("'mixing' has a zero column")
     return mixing, require_int(values, "n-samples", minimum=1)
+
+
+def validate_ica_convergence(values: Mapping[str, Any]) -> tuple[int | None, bool | None]:
+    """Check what an RF-ICA client says of its local ICA's convergence (both values optional).
+
+    A site of the library's own clients always sends both; estimates handed to the server
+    step directly (``fedica.RFICA.aggregate``) have neither.
+
+    Parameters
+    ----------
+    values : mapping
+        May hold ``"n-iter"`` (an integer >= 0: the solver's iterations) and ``"converged"`` (a bool).
+
+    Returns
+    -------
+    n_iter : int or None
+    converged : bool or None
+        None where the reply does not say.
+    """
+    n_iter = require_int(values, "n-iter", minimum=0) if "n-iter" in values else None
+    converged = values.get("converged")
+    if converged is not None and not isinstance(converged, (bool, np.bool_)):
+        raise InvalidReply(f"'converged'={converged!r} is not a bool")
+    return n_iter, None if converged is None else bool(converged)
+
+
+# A covariance's asymmetry, and its most negative eigenvalue, relative to its largest
+# eigenvalue, above which it is no covariance matrix (float64 rounding of Yc Yc^T / n is ~1e-15).
+COVARIANCE_TOLERANCE = 1e-8
+
+
+def validate_covariance_reply(arrays: Mapping[str, Any], values: Mapping[str, Any], *,
+                              r: int) -> tuple[np.ndarray, int]:
+    """Check an RF-ICA client's channel covariance (the federated whitening's exchange).
+
+    Parameters
+    ----------
+    arrays : mapping
+        Must hold ``"covariance"``, a finite (r, r) matrix that is symmetric and positive
+        semi-definite to :data:`COVARIANCE_TOLERANCE` (relative to its largest eigenvalue), and
+        not zero.
+    values : mapping
+        Must hold ``"n-samples"``, an integer > r (the local ICA needs more samples than channels).
+    r : int
+        The federation's number of channels.
+
+    Returns
+    -------
+    covariance : ndarray of shape (r, r), exactly symmetric
+    n_samples : int
+    """
+    covariance = require_array(arrays, "covariance", (r, r))
+    scale = np.max(np.abs(covariance))
+    if not scale > 0:
+        raise InvalidReply("'covariance' is zero (constant observations)")
+    if np.max(np.abs(covariance - covariance.T)) > COVARIANCE_TOLERANCE * scale:
+        raise InvalidReply("'covariance' is not symmetric")
+    covariance = (covariance + covariance.T) / 2
+    eigenvalues = np.linalg.eigvalsh(covariance)
+    if eigenvalues[0] < -COVARIANCE_TOLERANCE * max(eigenvalues[-1], 0.0) or not eigenvalues[-1] > 0:
+        raise InvalidReply(f"'covariance' is not positive semi-definite (smallest eigenvalue {eigenvalues[0]:.3g}, "
+                           f"largest {eigenvalues[-1]:.3g})")
+    return covariance, require_int(values, "n-samples", minimum=r + 1)
 
 
 def validate_gem_components(

@@ -1,4 +1,4 @@
-"""RF-ICA's client side of the protocol: the local FastICA a client runs on its own observations.
+"""RF-ICA's client side of the protocol: a site's channel covariance (the federated whitening) and its local ICA.
 
 :data:`TASKS` is its entry in fedica's one task registry (:data:`fedica.tasks.CLIENT_TASKS`).
 """
@@ -11,34 +11,74 @@ from typing import Any
 
 import numpy as np
 
-from fedica.protocol.messages import RFICA_FIT
+from fedica.protocol.messages import RFICA_COVARIANCE, RFICA_FIT
 from fedica.protocol.tasks import Handler, Site
-from fedica.rfica.local import local_fastica
+from fedica.rfica.local import local_ica, observation_matrix, site_covariance
 from fedica.seeding import generator
 
 Reply = tuple[dict[str, np.ndarray], dict[str, Any]]
 
 
-def fit(Y: np.ndarray, values: Mapping[str, Any], partition_id: int) -> Reply:
-    """The client's mixing estimate (unit-norm columns) and its sample count.
+def fit(Y: np.ndarray, values: Mapping[str, Any], partition_id: int,
+        whitening: np.ndarray | None = None) -> Reply:
+    """The client's mixing estimate in channel space (unit-norm columns), its sample count and its solver's fate.
 
     Parameters
     ----------
-    Y : ndarray of shape (r, n_samples)
-        The client's observations, one column per sample.
+    Y : ndarray of shape (n_channels, n_samples)
+        The client's observations, one column per sample, in any memory order.
     values : mapping
-        ``contrast``, ``init`` and ``seed`` from the server.
+        ``contrast``, ``init`` and ``seed`` from the server; ``solver`` (absent: fastica) and
+        ``n-components`` (absent: every channel; an int, or a float share of the variance: the
+        site's own principal subspace).
     partition_id : int
+    whitening : ndarray of shape (r, n_channels) or None, default=None
+        The server's federated whitening; the site separates its signals in that subspace.
+
+    Returns
+    -------
+    arrays : dict
+        ``mixing`` of shape (n_channels, r).
+    values : dict
+        ``n-samples``; ``n-iter`` and ``converged`` of the estimate sent (after one retry from the
+        stream ``client.ica_retry`` when the first start did not converge), ``fit-seconds``.
     """
     seed = int(values["seed"])
     start = time.perf_counter()
-    estimate = local_fastica(Y, contrast=str(values["contrast"]), init=str(values["init"]),
-                             random_state=generator(seed, "client.fastica", partition_id), shared_init_seed=seed)
-    return {"mixing": estimate}, {"n-samples": Y.shape[1], "fit-seconds": time.perf_counter() - start}
+    result = local_ica(Y, solver=str(values.get("solver", "fastica")), contrast=str(values["contrast"]),
+                       init=str(values["init"]), n_components=values.get("n-components"), whitening=whitening,
+                       random_state=generator(seed, "client.fastica", partition_id), shared_init_seed=seed,
+                       retry_random_state=generator(seed, "client.ica_retry", partition_id))
+    return {"mixing": result.mixing}, {"n-samples": Y.shape[1], "n-iter": result.n_iter,
+                                       "converged": result.converged, "fit-seconds": time.perf_counter() - start}
+
+
+def covariance(Y: np.ndarray) -> Reply:
+    """The client's channel covariance and sample count, for the server's federated whitening.
+
+    Parameters
+    ----------
+    Y : ndarray of shape (n_channels, n_samples)
+
+    Returns
+    -------
+    arrays : dict
+        ``covariance`` of shape (n_channels, n_channels).
+    values : dict
+        ``n-samples``, ``fit-seconds``.
+    """
+    start = time.perf_counter()
+    data = observation_matrix(Y)
+    return {"covariance": site_covariance(data)}, {"n-samples": data.shape[1],
+                                                   "fit-seconds": time.perf_counter() - start}
 
 
 def _fit_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
-    return fit(site.observations(values), values, site.partition_id)
+    return fit(site.observations(values), values, site.partition_id, arrays.get("whitening"))
 
 
-TASKS: dict[str, Handler] = {RFICA_FIT: _fit_task}
+def _covariance_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
+    return covariance(site.observations(values))
+
+
+TASKS: dict[str, Handler] = {RFICA_FIT: _fit_task, RFICA_COVARIANCE: _covariance_task}

@@ -1,13 +1,16 @@
-"""RF-ICA's coordinator: the server side of its protocol, which any transport can drive: one exchange, then the robust aggregation.
+"""RF-ICA's coordinator: the server side of its protocol, which any transport can drive: the local ICA exchange, then the robust aggregation.
 
 :func:`rfica_protocol` is a generator like :meth:`fedica.fedgem.coordinator.FedGEMServer.run`: it
-yields one :class:`~fedica.protocol.Request` (every client's local FastICA) and is sent the
-replies. :class:`fedica.RFICA` answers in memory, ``RFICAStrategy`` over a Flower Grid.
+yields one :class:`~fedica.protocol.Request` (every client's local ICA) and is sent the replies;
+with the federated whitening (docs/ALGORITHMS.md section 1.8) it first asks every site for its
+channel covariance and sends each the shared whitening with the ICA request.
+:class:`fedica.RFICA` answers in memory, ``RFICAStrategy`` over a Flower Grid.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from numbers import Integral
 
 import numpy as np
 
@@ -17,11 +20,19 @@ from fedica.protocol import (
     ProtocolState,
     Reply,
     Request,
+    RunStopped,
     majority_width,
     reported_seconds,
     validate_ica_reply,
 )
+from fedica.protocol.messages import RFICA_COVARIANCE, validate_covariance_reply, validate_ica_convergence
 from fedica.rfica.aggregation import RfIcaAggregate, rf_ica_aggregate
+from fedica.rfica.geometric_median import geometric_median
+from fedica.rfica.local import components_for_share
+
+# A global eigenvalue below this share of the largest is floored there before the whitening divides by it.
+_RANK_DEFICIENT_RATIO = 1e-10
+
 
 @dataclass(kw_only=True)
 class RFICAState(ProtocolState):
@@ -29,13 +40,32 @@ class RFICAState(ProtocolState):
 
     Parameters
     ----------
-    contrast, init, benchmark, kmeans_restarts, gm_tol, clustering
+    contrast, init, benchmark, kmeans_restarts, gm_tol, local_solver, n_components, clustering
         As for :class:`fedica.RFICA` (``clustering``'s default here is the paper's k-means).
+    whitening : {"federated", "local"} or None
+        As for :class:`fedica.RFICA`; None: federated when ``n_components`` is set, local otherwise.
     seed : int
-        The run's seed: the clients' FastICA starts and the server's k-means restarts.
+        The run's seed: the clients' ICA starts and the server's k-means restarts.
     min_clients : int
     r : int or None
-        The sources' dimension; None: the one most clients report.
+        The number of channels; None: the one most clients report.
+
+    Attributes
+    ----------
+    components : int or None
+        The number of components every site estimates, once known: ``n_components`` as an int,
+        the federated whitening's count for a share, the majority's width otherwise.
+    global_eigenvalues : ndarray of shape (r,) or None
+        The robust global covariance's eigenvalues, in decreasing order (federated whitening).
+    whitening_matrix : ndarray of shape (components, r) or None
+        The whitening the sites received (federated whitening).
+    covariance_partitions : list of int
+        The sites whose covariance was accepted (federated whitening); only they are asked for their ICA.
+    n_iter, converged : list
+        Per accepted estimate (in ``partitions`` order): the solver's iterations and whether it
+        converged (None where the reply does not say).
+    unconverged : list of int
+        The partitions whose local ICA did not converge, after its retry.
     """
 
     contrast: str = "cube"
@@ -44,36 +74,169 @@ class RFICAState(ProtocolState):
     kmeans_restarts: int = 10
     gm_tol: float = 1e-10
     clustering: str = "kmeans"
+    local_solver: str = "fastica"
+    n_components: int | float | None = None
+    whitening: str | None = None
     seed: int = 0
     min_clients: int = 2
     r: int | None = None
     estimates: list[np.ndarray] = field(default_factory=list)
     n_samples: list[int] = field(default_factory=list)
     partitions: list[int] = field(default_factory=list)
+    n_iter: list[int | None] = field(default_factory=list)
+    converged: list[bool | None] = field(default_factory=list)
+    unconverged: list[int] = field(default_factory=list)
+    components: int | None = None
+    global_eigenvalues: np.ndarray | None = None
+    whitening_matrix: np.ndarray | None = None
+    covariance_partitions: list[int] = field(default_factory=list)
     aggregate: RfIcaAggregate | None = None
+
+    @property
+    def federated_whitening(self) -> bool:
+        """Whether the protocol starts with the covariance exchange."""
+        return self.whitening == "federated" or (self.whitening is None and self.n_components is not None)
 
 
 def rfica_protocol(state: RFICAState):
-    """The whole RF-ICA protocol (one round of communication); results land in ``state``."""
-    replies = yield Request(RFICA_FIT, 1, None, {"contrast": state.contrast, "init": state.init, "seed": state.seed})
-    receive_estimates(state, replies)
-    state.require(len(state.estimates), "RF-ICA round 1")
+    """The whole RF-ICA protocol (one exchange, two with the federated whitening); results land in ``state``."""
+    values = {"contrast": state.contrast, "init": state.init, "seed": state.seed, "solver": state.local_solver}
+    if state.federated_whitening:
+        replies = yield Request(RFICA_COVARIANCE, 1, None, {})
+        receive_covariances(state, replies)
+        state.require(len(state.covariance_partitions), "RF-ICA covariance round")
+        payloads = {g: {"whitening": state.whitening_matrix} for g in state.covariance_partitions}
+        replies = yield Request(RFICA_FIT, 2, payloads, values)
+        receive_estimates(state, replies, round_label=2)
+        state.require(len(state.estimates), "RF-ICA round 2")
+    else:
+        if state.n_components is not None:
+            values["n-components"] = state.n_components
+        replies = yield Request(RFICA_FIT, 1, None, values)
+        receive_estimates(state, replies)
+        state.require(len(state.estimates), "RF-ICA round 1")
     aggregate_estimates(state)
 
 
-def receive_estimates(state: RFICAState, replies: list[Reply]) -> None:
-    """Validate the clients' local mixing matrices (the federation's r is the majority's, unless given)."""
-    r = state.r if state.r is not None else (majority_width(replies, "mixing") or 0)
+def receive_covariances(state: RFICAState, replies: list[Reply]) -> None:
+    """Validate the sites' channel covariances and form the shared whitening from them (robustly).
+
+    The federation's channel count is the majority's unless given; the number of components is
+    ``n_components`` (at most the channel count), or for a share the count the robust global
+    covariance needs (:func:`federated_whitening`).
+    """
+    r = state.r if state.r is not None else (majority_width(replies, "covariance") or 0)
+    covariances = []
     for reply in replies:
         try:
-            mixing, n_k = validate_ica_reply(reply.arrays, reply.values, r=r)
+            covariance, _ = validate_covariance_reply(reply.arrays, reply.values, r=r)
         except InvalidReply as err:
             state.reject(reply.partition_id, 1, f"invalid reply: {err}")
+            continue
+        covariances.append(covariance)
+        state.covariance_partitions.append(reply.partition_id)
+        state.client_seconds += reported_seconds(reply)
+    if not covariances:
+        return
+    if isinstance(state.n_components, Integral) and state.n_components > r:
+        raise RunStopped(f"n_components={state.n_components} is more than the federation's {r} channels")
+    state.r = r
+    with state.server_time():
+        state.whitening_matrix, state.global_eigenvalues = federated_whitening(
+            np.stack(covariances), state.n_components, gm_tol=state.gm_tol)
+    state.components = state.whitening_matrix.shape[0]
+
+
+def federated_whitening(covariances, n_components, *, gm_tol=1e-10) -> tuple[np.ndarray, np.ndarray]:
+    """The shared whitening from the sites' channel covariances, robust to a minority of them.
+
+    Every covariance is divided by its trace, so that no site weighs more for its gain, its noise
+    or a scale it makes up; the shape of the global covariance is the geometric median (in the
+    Frobenius norm) of these unit-trace matrices, and its scale the median of the traces. The
+    geometric median has breakdown point 1/2: a minority of sites, whatever they send, moves it
+    by a bounded amount, where a single site would drag the mean (docs/ALGORITHMS.md section 1.8).
+
+    Parameters
+    ----------
+    covariances : array-like of shape (n_sites, n_channels, n_channels)
+        Validated covariances (symmetric, positive semi-definite, non-zero).
+    n_components : int, float or None
+        The components kept: an int; a share of the variance in (0, 1) of the global covariance
+        (:func:`fedica.rfica.local.components_for_share`); None: every channel.
+    gm_tol : float, default=1e-10
+        Tolerance of the geometric median, at the unit-trace scale.
+
+    Returns
+    -------
+    whitening : ndarray of shape (n_components, n_channels)
+        ``diag(lambda)^(-1/2) U^T`` of the top eigenpairs of the global covariance: the rows
+        span the shared subspace, and whiten the global covariance there.
+    eigenvalues : ndarray of shape (n_channels,)
+        The global covariance's eigenvalues, in decreasing order.
+    """
+    stack = np.asarray(covariances, dtype=np.float64)
+    n_sites, n_channels, _ = stack.shape
+    traces = np.trace(stack, axis1=1, axis2=2)
+    shapes = (stack / traces[:, None, None]).reshape(n_sites, -1)
+    # The median lies in the affine hull of the points: solve it there (n_sites - 1 coordinates at
+    # most) rather than among n_channels^2, where Newton's steps would cost n_channels^6.
+    mean = shapes.mean(axis=0)
+    basis = np.linalg.svd(shapes - mean, full_matrices=False)[2]
+    median = mean + geometric_median((shapes - mean) @ basis.T, tol=gm_tol) @ basis
+    median = median.reshape(n_channels, n_channels)
+    global_covariance = np.median(traces) * (median + median.T) / 2
+    eigenvalues, eigenvectors = np.linalg.eigh(global_covariance)
+    eigenvalues, eigenvectors = eigenvalues[::-1], eigenvectors[:, ::-1]
+    if n_components is None:
+        count = n_channels
+    elif isinstance(n_components, float):
+        count = components_for_share(eigenvalues, n_components)
+    else:
+        count = int(n_components)
+    kept = np.maximum(eigenvalues[:count], _RANK_DEFICIENT_RATIO * eigenvalues[0])
+    return (eigenvectors[:, :count] / np.sqrt(kept)).T, eigenvalues
+
+
+def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: int = 1) -> None:
+    """Validate the clients' local mixing matrices (n_channels x components) and their convergence reports.
+
+    The federation's channel count is the majority's unless given, and so is the number of
+    components unless ``n_components`` (an int) or the federated whitening fixed it. One warning
+    line names the sites whose local ICA did not converge after its retry.
+    """
+    r = state.r if state.r is not None else _majority_rows(replies)
+    if state.components is None:
+        state.components = (state.n_components if isinstance(state.n_components, Integral)
+                            else majority_width(replies, "mixing") if state.n_components is not None else r)
+    for reply in replies:
+        try:
+            mixing, n_k = validate_ica_reply(reply.arrays, reply.values, r=r, n_components=state.components)
+            n_iter, converged = validate_ica_convergence(reply.values)
+        except InvalidReply as err:
+            state.reject(reply.partition_id, round_label, f"invalid reply: {err}")
             continue
         state.estimates.append(mixing)
         state.n_samples.append(n_k)
         state.partitions.append(reply.partition_id)
+        state.n_iter.append(n_iter)
+        state.converged.append(converged)
         state.client_seconds += reported_seconds(reply)
+    state.unconverged = [g for g, ok in zip(state.partitions, state.converged) if ok is False]
+    if state.unconverged:
+        state.logger.warning("RF-ICA: the local ICA of site(s) %s did not converge, even after a retry "
+                             "(iterations: %s); their estimates are kept for the robust aggregation",
+                             ", ".join(map(str, state.unconverged)),
+                             ", ".join(str(n) for n, ok in zip(state.n_iter, state.converged) if ok is False))
+
+
+def _majority_rows(replies: list[Reply]) -> int:
+    """The row count (channels) of the 2-D ``mixing`` most replies report, so that one client cannot set it; 0 for none."""
+    rows = [r.arrays["mixing"].shape[0] for r in replies
+            if isinstance(r.arrays.get("mixing"), np.ndarray) and r.arrays["mixing"].ndim == 2]
+    if not rows:
+        return 0
+    values, counts = np.unique(rows, return_counts=True)
+    return int(values[np.argmax(counts)])
 
 
 def aggregate_estimates(state: RFICAState) -> None:

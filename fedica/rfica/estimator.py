@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from numbers import Integral
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
@@ -26,9 +27,11 @@ _P = RFICA_PARAMETERS  # short, for the signature below
 
 
 class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
-    """Robust federated ICA: local FastICA per site, then a robust one-shot aggregation.
+    """Robust federated ICA: a local ICA per site, then a robust one-shot aggregation.
 
-    Every site estimates the mixing matrix of its own observations with symmetric FastICA;
+    Every site estimates the mixing matrix of its own observations with symmetric FastICA
+    or Picard (with ``n_components``, in a subspace of its channels: the federation's robust
+    one or its own, docs/ALGORITHMS.md section 1.8);
     the server aligns the signs of all estimates' columns to a benchmark site, clusters all
     columns with k-means (by default then refined so that every site has one column in each
     cluster) and takes each cluster's geometric median, so that up to half of the sites may be
@@ -47,6 +50,19 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         FastICA's contrast ("cube" is the paper's kurtosis criterion).
     init : {"random", "shared"}, default="random"
         Each site's own random FastICA start, or one start shared by all (paper appendix D).
+    local_solver : {"fastica", "picard"}, default="fastica"
+        The sites' ICA: scikit-learn's symmetric FastICA, or python-picard's orthogonal Picard
+        (Picard-O, the solver of MNE's ICA).
+    n_components : int, float or None, default=None
+        The components estimated: a count (at most n_features); a float in (0, 1), the share of
+        the variance kept (the fewest principal components that keep it, as MNE's ICA counts);
+        None: every channel (the paper's protocol).
+    whitening : {"federated", "local"} or None, default=None
+        How the sites reach the subspace of ``n_components``. ``"federated"``: one more exchange,
+        in which every site sends its channel covariance and the server sends back one whitening
+        formed robustly (the geometric median of the trace-normalised covariances); ``"local"``:
+        every site its own top principal subspace (one exchange, as the paper's). None:
+        federated when ``n_components`` is set, local otherwise.
     benchmark : {"largest", "best_objective"}, default="largest"
         The site the others' signs are aligned to.
     kmeans_restarts : int, default=10
@@ -63,15 +79,24 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
 
     Attributes
     ----------
-    mixing_ : ndarray of shape (n_features, n_features)
+    mixing_ : ndarray of shape (n_features, n_components_)
         The aggregated mixing matrix A (observations ~ sources @ A.T), unit-norm columns.
-    components_ : ndarray of shape (n_features, n_features)
-        The unmixing matrix, the inverse of ``mixing_``.
+    components_ : ndarray of shape (n_components_, n_features)
+        The unmixing matrix, the pseudo-inverse of ``mixing_``.
+    n_components_ : int
+        The number of components estimated.
     mean_ : ndarray of shape (n_features,)
         The mean of all sites' observations, weighted by their sizes (removed by ``transform``);
         zeros after ``aggregate`` and ``from_result`` (no site sends its mean).
-    site_mixings_ : ndarray of shape (n_sites, n_features, n_features)
-        Each site's own (unit-column) estimate.
+    site_mixings_ : ndarray of shape (n_sites, n_features, n_components_)
+        Each site's own (unit-column) estimate in channel space.
+    site_converged_ : ndarray of shape (n_sites,), dtype bool, or None
+        Whether each site's local ICA converged (after one retry from another start when the first
+        did not); a warning line names the sites that did not. None after :meth:`aggregate`.
+    site_iterations_ : ndarray of shape (n_sites,), dtype int, or None
+        The iterations of each site's estimate. None after :meth:`aggregate`.
+    whitening_ : ndarray of shape (n_components_, n_features) or None
+        The federated whitening the sites received; None without it.
     labels_ : ndarray of shape (n_sites, n_features)
         The cluster (column of ``mixing_``) of each column of each site's estimate; with
         ``clustering="matched"`` every row is a permutation of ``range(n_features)``.
@@ -81,12 +106,17 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     """
 
     # The defaults are the declaration's (fedica.parameters), spelt out as scikit-learn's get_params reads them.
-    def __init__(self, contrast=_P["contrast"].default, init=_P["init"].default, benchmark=_P["benchmark"].default,
+    def __init__(self, contrast=_P["contrast"].default, init=_P["init"].default,
+                 local_solver=_P["local_solver"].default, n_components=_P["n_components"].default,
+                 whitening=_P["whitening"].default, benchmark=_P["benchmark"].default,
                  kmeans_restarts=_P["kmeans_restarts"].default, gm_tol=_P["gm_tol"].default,
                  clustering=_P["clustering"].default, min_clients=_P["min_clients"].default,
                  random_state=_P["random_state"].default):
         self.contrast = contrast
         self.init = init
+        self.local_solver = local_solver
+        self.n_components = n_components
+        self.whitening = whitening
         self.benchmark = benchmark
         self.kmeans_restarts = kmeans_restarts
         self.gm_tol = gm_tol
@@ -95,12 +125,13 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.random_state = random_state
 
     def fit(self, sites: Sequence, y=None) -> RFICA:
-        """Run local FastICA on every site, then the robust aggregation.
+        """Run the local ICA on every site, then the robust aggregation.
 
         Parameters
         ----------
         sites : sequence of array-like of shape (n_samples_g, n_features)
-            One array of observations per site, the same channels everywhere.
+            One array of observations per site, the same channels everywhere, in any memory
+            order (a C- or an F-ordered array gives the same result).
 
         Returns
         -------
@@ -108,6 +139,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         """
         RFICA_PARAMETERS.check(self.get_params())  # before any work: a mistake is one line naming the argument
         data = check_sites(sites, min_sites=1, min_rows=lambda d: d + 1)
+        if isinstance(self.n_components, Integral) and self.n_components > data[0].shape[1]:
+            raise ValueError(f"n_components={self.n_components}: must be at most the {data[0].shape[1]} features")
         state = self._state(data[0].shape[1])
         sites = {g: ArraySite(ClientData(X, None, X[:0], None, 1), g) for g, X in enumerate(data)}
         InMemoryFederation(sites, CLIENT_TASKS, state.rejected).run(rfica_protocol(state))
@@ -120,7 +153,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
 
         Parameters
         ----------
-        local_mixings : array-like of shape (n_sites, n_features, n_features)
+        local_mixings : array-like of shape (n_sites, n_features, n_components)
+            Each site's mixing estimate in channel space.
         n_samples : array-like of shape (n_sites,), optional
             Each site's sample count (chooses the benchmark site); default: all equal.
 
@@ -130,13 +164,15 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         """
         RFICA_PARAMETERS.check(self.get_params())
         stack = np.asarray(local_mixings, dtype=np.float64)
-        if stack.ndim != 3 or stack.shape[1] != stack.shape[2]:
-            raise ValueError(f"local_mixings must have shape (n_sites, r, r), got {stack.shape}")
+        if stack.ndim != 3 or stack.shape[2] > stack.shape[1]:
+            raise ValueError(f"local_mixings must have shape (n_sites, n_features, n_components), n_components <= "
+                             f"n_features, got {stack.shape}")
         sizes = np.ones(stack.shape[0], dtype=np.int64) if n_samples is None else np.asarray(n_samples)
         if sizes.shape != (stack.shape[0],) or sizes.dtype.kind not in "iu" or np.any(sizes < 1):
             raise ValueError(f"n_samples={n_samples!r}: must be one positive integer count per site "
                              f"({stack.shape[0]} sites)")
         state = self._state(stack.shape[1])
+        state.components = stack.shape[2]
         receive_estimates(state, [Reply(g, {"mixing": m}, {"n-samples": int(n)}) for g, (m, n) in enumerate(zip(stack, sizes))])
         aggregate_estimates(state)
         self.mean_ = np.zeros(stack.shape[1])
@@ -211,7 +247,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         return model
 
     def _state(self, r: int) -> RFICAState:
-        return RFICAState(contrast=self.contrast, init=self.init, benchmark=self.benchmark,
+        return RFICAState(contrast=self.contrast, init=self.init, local_solver=self.local_solver,
+                          n_components=self.n_components, whitening=self.whitening, benchmark=self.benchmark,
                           kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol, clustering=self.clustering,
                           seed=check_seed(self.random_state), min_clients=self.min_clients, r=r)
 
@@ -219,7 +256,12 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         agg = state.aggregate
         self.mixing_ = agg.rf_ica
         self.components_ = np.linalg.pinv(agg.rf_ica)
+        self.n_components_ = agg.rf_ica.shape[1]
         self.site_mixings_ = np.stack(state.estimates)
+        told = all(c is not None for c in state.converged)
+        self.site_converged_ = np.array(state.converged, dtype=bool) if told else None
+        self.site_iterations_ = np.array(state.n_iter, dtype=np.int64) if told else None
+        self.whitening_ = state.whitening_matrix
         self.labels_ = agg.labels
         self.benchmark_site_ = state.partitions[agg.benchmark]
         self.f_ica_, self.simple_mean_, self.simple_median_ = agg.f_ica, agg.simple_mean, agg.simple_median

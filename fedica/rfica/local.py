@@ -1,11 +1,14 @@
-"""RF-ICA's client step: symmetric FastICA, then unit-norm columns (docs/ALGORITHMS.md section 1).
+"""RF-ICA's client step: a local ICA (FastICA or Picard), then unit-norm columns in channel space
+(docs/ALGORITHMS.md section 1.2).
 """
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
+from picard import picard
 from sklearn.decomposition import FastICA
 from sklearn.exceptions import ConvergenceWarning
 
@@ -16,6 +19,21 @@ CONTRASTS = ("cube", "logcosh")
 
 
 INITS = ("random", "shared")
+
+# The local solvers: scikit-learn's symmetric FastICA, or python-picard's orthogonal Picard (Picard-O).
+SOLVERS = ("fastica", "picard")
+
+# How the sites reach the subspace of ``n_components`` components (docs/ALGORITHMS.md section 1.8).
+WHITENINGS = ("federated", "local")
+
+# Picard's names of the two contrasts: logcosh's score is tanh; both are Picard's own densities.
+_PICARD_FUN = {"cube": "cube", "logcosh": "tanh"}
+
+# Picard's tolerance is on the gradient's norm (its own default), not FastICA's step size.
+_PICARD_TOL = 1e-7
+
+# A retry (another start) of a site that did not converge gets this many times its iterations.
+RETRY_ITERATIONS_FACTOR = 4
 
 
 # Covariance eigenvalue ratio below which PCA whitening would divide by rounding noise.
@@ -52,6 +70,224 @@ def normalize_columns(A) -> np.ndarray:
     return matrix / norms
 
 
+@dataclass(frozen=True)
+class LocalICA:
+    """A site's local ICA: its mixing estimate in channel space and how its solver fared.
+
+    Attributes
+    ----------
+    mixing : ndarray of shape (n_channels, n_components)
+        ``Y ~ mixing @ S``, unit-norm columns, always finite.
+    n_iter : int
+        Iterations of the attempt whose estimate this is.
+    converged : bool
+        Whether that attempt met its tolerance within its iterations.
+    attempts : int
+        1, or 2 when the first attempt did not converge and was retried.
+    """
+
+    mixing: np.ndarray
+    n_iter: int
+    converged: bool
+    attempts: int
+
+
+def observation_matrix(Y) -> np.ndarray:
+    """A site's observations as the local ICA takes them: float64, finite, C-ordered.
+
+    The one entry of every client computation: FastICA's whitening and its iterations run
+    BLAS products whose rounding depends on the memory layout, and an unconverged fit
+    amplifies that rounding into a different estimate; a C-ordered copy of a transposed
+    (F-ordered) array makes the result independent of how the caller held the values.
+
+    Parameters
+    ----------
+    Y : array-like of shape (n_channels, n_samples)
+
+    Returns
+    -------
+    Y : ndarray of shape (n_channels, n_samples), C-contiguous (``Y`` itself when it already is)
+
+    Raises
+    ------
+    ValueError
+        On a bad shape, NaN/inf or ``n_samples <= n_channels``.
+    """
+    data = np.ascontiguousarray(as_float_array(Y, "Y"))
+    if data.ndim != 2 or data.shape[0] < 1:
+        raise ValueError(f"Y must have shape (r, n_samples), got {data.shape}")
+    if data.shape[1] <= data.shape[0]:
+        raise ValueError(f"Y must have more samples (columns) than signals (rows): got shape {data.shape}")
+    if not np.all(np.isfinite(data)):
+        raise ValueError("Y must be finite (found NaN or inf)")
+    return data
+
+
+def site_covariance(Y) -> np.ndarray:
+    """A site's channel covariance, what it sends for the federated whitening.
+
+    Parameters
+    ----------
+    Y : array-like of shape (n_channels, n_samples)
+
+    Returns
+    -------
+    covariance : ndarray of shape (n_channels, n_channels)
+        ``Yc Yc^T / n_samples`` of the centred observations, exactly symmetric.
+    """
+    data = observation_matrix(Y)
+    centred = data - data.mean(axis=1, keepdims=True)
+    covariance = centred @ centred.T / data.shape[1]
+    return (covariance + covariance.T) / 2
+
+
+def components_for_share(eigenvalues, share: float) -> int:
+    """The number of principal components that keep a share of the variance, as MNE's ICA counts it.
+
+    Parameters
+    ----------
+    eigenvalues : array-like of shape (n_channels,)
+        The covariance's eigenvalues, in decreasing order, non-negative.
+    share : float
+        In (0, 1).
+
+    Returns
+    -------
+    n_components : int
+        One more than the number of leading components whose cumulative share is at most
+        ``share`` (MNE's ``_exp_var_ncomp``), at most ``n_channels``.
+    """
+    cumulative = np.cumsum(np.clip(eigenvalues, 0.0, None))
+    return int(min(np.sum(cumulative / cumulative[-1] <= share) + 1, len(cumulative)))
+
+
+def local_ica(
+    Y,
+    *,
+    solver="fastica",
+    contrast="cube",
+    init="random",
+    n_components=None,
+    whitening=None,
+    random_state=None,
+    shared_init_seed=0,
+    max_iter=1000,
+    tol=1e-6,
+    retry_random_state=None,
+) -> LocalICA:
+    """A site's estimate of the mixing matrix in channel space (docs/ALGORITHMS.md section 1.2).
+
+    The observations are centred and, when fewer components than channels are asked,
+    projected to an ``r``-dimensional subspace: the server's (``whitening``, the federated
+    whitening of section 1.8) or the site's own top-``r`` principal subspace. The solver
+    separates the ``r`` projected signals; the estimate is brought back to channel space
+    (the pseudo-inverse of the projection) and its columns scaled to unit norm.
+
+    Parameters
+    ----------
+    Y : array-like of shape (n_channels, n_samples)
+        Observations, one column per sample; finite, ``n_samples > n_channels``; any memory order
+        (:func:`observation_matrix`).
+    solver : {"fastica", "picard"}, default="fastica"
+        scikit-learn's symmetric FastICA (``algorithm="parallel"``), or python-picard's
+        orthogonal Picard (``ortho=True``, Picard-O, the solver of MNE's ICA).
+    contrast : {"cube", "logcosh"}, default="cube"
+        The non-linearity; "cube" is the kurtosis contrast of the paper (eq. 8). Picard's
+        densities of the same name: ``cube`` and ``tanh``.
+    init : {"random", "shared"}, default="random"
+        ``"random"``: the solver's own PCA whitening and a random start drawn
+        from ``random_state``. ``"shared"`` (paper appendix D, as fixed in
+        docs/ALGORITHMS.md section 1.3): centre the signals, divide them by one scalar
+        ``sqrt(mean variance)``, and run the solver without whitening from the
+        orthogonal rotation ``make_mixing_matrix(r, random_state=shared_init_seed)``,
+        the same for every client. The scalar whitening is exact only when the
+        covariance of the signals is a multiple of the identity (orthogonal ``A*``, or
+        the federated whitening); the start is shared in channel space only when the
+        projection is (every channel, or ``whitening`` given).
+    n_components : int, float or None, default=None
+        Without ``whitening``: the site's own top-``n_components`` principal subspace (a float in
+        (0, 1): the fewest components keeping that share of the variance,
+        :func:`components_for_share`); None: every channel, no projection.
+        Ignored when ``whitening`` is given (its rows are the components).
+    whitening : ndarray of shape (r, n_channels) or None, default=None
+        The server's projection (federated whitening); the site separates ``whitening @ Yc``.
+    random_state : int, numpy.random.Generator or None, default=None
+        Source of the random start for ``init="random"``.
+    shared_init_seed : int, default=0
+        Seed of the shared start for ``init="shared"``; nothing else influences it.
+    max_iter : int, default=1000
+        The solver's iterations.
+    tol : float, default=1e-6
+        FastICA's tolerance (Picard's is on the gradient's norm, ``1e-7``).
+    retry_random_state : int, numpy.random.Generator or None, default=None
+        When given, an attempt that does not converge is retried once from a random start
+        drawn from it, with ``RETRY_ITERATIONS_FACTOR * max_iter`` iterations, and the
+        retry's estimate is kept. The solver's convergence warning is silenced either way
+        (an unconverged fit still gives an estimate, and the reply says it did not converge).
+
+    Returns
+    -------
+    LocalICA
+        The mixing (n_channels, r), unit columns, with the solver's iterations and convergence.
+
+    Raises
+    ------
+    ValueError
+        On a bad shape, NaN/inf, ``n_samples <= n_channels``, constant ``Y``, an
+        unknown ``solver``/``contrast``/``init``, ``n_components`` above the channel count, or
+        a ``whitening`` of the wrong width.
+
+    Notes
+    -----
+    If the sample covariance of the projected signals is numerically singular (e.g. a small
+    client whose sparse source happens to be all zero), PCA whitening would
+    divide by rounding noise and return a meaningless estimate; the scalar
+    whitening of ``init="shared"`` is then used instead, started from a random
+    rotation drawn from ``random_state`` when ``init="random"``.
+    """
+    data = observation_matrix(Y)
+    n_channels, n_samples = data.shape
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    if contrast not in CONTRASTS:
+        raise ValueError(f"contrast must be one of {CONTRASTS}, got {contrast!r}")
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+
+    centred = data - data.mean(axis=1, keepdims=True)
+    projection = _projection(centred, n_components, whitening)
+    # Without a projection the solver sees the observations as given (it centres them itself),
+    # exactly as before the projections existed.
+    signals = data if projection is None else projection @ centred
+    signals_centred = centred if projection is None else signals
+    r = signals.shape[0]
+    covariance_eigenvalues = np.linalg.eigvalsh(signals_centred @ signals_centred.T / n_samples)
+    if not covariance_eigenvalues[-1] > 0:
+        raise ValueError("Y must not be constant: every signal has zero variance")
+    rank_deficient = covariance_eigenvalues[0] <= _RANK_DEFICIENT_RATIO * covariance_eigenvalues[-1]
+
+    rng = np.random.default_rng(random_state)
+    if init == "random" and not rank_deficient:
+        attempt = _solve_whitening(signals, solver, contrast, sklearn_seed(rng), max_iter, tol)
+    else:
+        start = make_mixing_matrix(r, random_state=shared_init_seed if init == "shared" else rng)
+        attempt = _solve_scaled(signals_centred, solver, contrast, start, max_iter, tol)
+    attempts = 1
+    if not attempt[2] and retry_random_state is not None:
+        retry = np.random.default_rng(retry_random_state)
+        attempts = 2
+        if rank_deficient:
+            attempt = _solve_scaled(signals_centred, solver, contrast, make_mixing_matrix(r, random_state=retry),
+                                    RETRY_ITERATIONS_FACTOR * max_iter, tol)
+        else:
+            attempt = _solve_whitening(signals, solver, contrast, sklearn_seed(retry),
+                                       RETRY_ITERATIONS_FACTOR * max_iter, tol)
+    mixing, n_iter, converged = attempt
+    if projection is not None:
+        mixing = np.linalg.pinv(projection) @ mixing
+    return LocalICA(normalize_columns(mixing), int(n_iter), bool(converged), attempts)
+
+
 def local_fastica(
     Y,
     *,
@@ -62,89 +298,26 @@ def local_fastica(
     max_iter=1000,
     tol=1e-6,
 ) -> np.ndarray:
-    """A client's estimate of the mixing matrix by symmetric FastICA.
+    """A client's estimate of the mixing matrix by symmetric FastICA on every channel.
 
-    Uses :class:`sklearn.decomposition.FastICA` with ``algorithm="parallel"``.
-    ``ConvergenceWarning`` from FastICA is silenced (an unconverged run still
-    gives an estimate, and robust aggregation is meant to absorb poor ones).
+    The mixing of :func:`local_ica` with ``solver="fastica"``, no dimension reduction and no
+    retry (the estimate of the paper's protocol).
 
     Parameters
     ----------
     Y : array-like of shape (r, n_samples)
         Observations, one column per sample; finite, ``n_samples > r``.
-    contrast : {"cube", "logcosh"}, default="cube"
-        FastICA non-linearity; "cube" is the kurtosis contrast of the paper (eq. 8).
-    init : {"random", "shared"}, default="random"
-        ``"random"``: scikit-learn's own PCA whitening and a random start drawn
-        from ``random_state``. ``"shared"`` (paper appendix D, as fixed in
-        docs/ALGORITHMS.md section 1.3): centre ``Y``, divide it by one scalar
-        ``sqrt(mean variance)``, and run FastICA with ``whiten=False`` from the
-        orthogonal rotation ``make_mixing_matrix(r, random_state=shared_init_seed)``,
-        the same for every client. The scalar whitening is exact only when the
-        covariance of ``Y`` is a multiple of the identity (orthogonal ``A*``);
-        the estimate is then an orthogonal matrix.
-    random_state : int, numpy.random.Generator or None, default=None
-        Source of the random start for ``init="random"``.
-    shared_init_seed : int, default=0
-        Seed of the shared start for ``init="shared"``; nothing else influences it.
-    max_iter : int, default=1000
-        FastICA iterations.
-    tol : float, default=1e-6
-        FastICA tolerance.
+    contrast, init, random_state, shared_init_seed, max_iter, tol
+        As for :func:`local_ica`.
 
     Returns
     -------
     A_hat : ndarray of shape (r, r)
         Estimated mixing matrix in observation space (``Y ~ A_hat S``), columns
         of unit norm, always finite.
-
-    Raises
-    ------
-    ValueError
-        On a bad shape, NaN/inf, ``n_samples <= r``, constant ``Y`` or an
-        unknown ``contrast``/``init``.
-
-    Notes
-    -----
-    If the sample covariance of ``Y`` is numerically singular (e.g. a small
-    client whose sparse source happens to be all zero), PCA whitening would
-    divide by rounding noise and return a meaningless estimate; the scalar
-    whitening of ``init="shared"`` is then used instead, started from a random
-    rotation drawn from ``random_state`` when ``init="random"``.
     """
-    data = as_float_array(Y, "Y")
-    if data.ndim != 2 or data.shape[0] < 1:
-        raise ValueError(f"Y must have shape (r, n_samples), got {data.shape}")
-    r, n_samples = data.shape
-    if n_samples <= r:
-        raise ValueError(f"Y must have more samples (columns) than signals (rows): got shape {data.shape}")
-    if not np.all(np.isfinite(data)):
-        raise ValueError("Y must be finite (found NaN or inf)")
-    if contrast not in CONTRASTS:
-        raise ValueError(f"contrast must be one of {CONTRASTS}, got {contrast!r}")
-    if init not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {init!r}")
-
-    centred = data - data.mean(axis=1, keepdims=True)
-    covariance_eigenvalues = np.linalg.eigvalsh(centred @ centred.T / n_samples)
-    if not covariance_eigenvalues[-1] > 0:
-        raise ValueError("Y must not be constant: every signal has zero variance")
-    rank_deficient = covariance_eigenvalues[0] <= _RANK_DEFICIENT_RATIO * covariance_eigenvalues[-1]
-
-    rng = np.random.default_rng(random_state)
-    options = dict(algorithm="parallel", fun=contrast, max_iter=max_iter, tol=tol)
-    if init == "random" and not rank_deficient:
-        ica = FastICA(n_components=r, whiten="unit-variance", random_state=sklearn_seed(rng), **options)
-        fit_data = data.T
-    else:
-        start = make_mixing_matrix(r, random_state=shared_init_seed if init == "shared" else rng)
-        scale = np.sqrt(np.mean(centred**2))
-        ica = FastICA(whiten=False, w_init=start, **options)
-        fit_data = (centred / scale).T
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        ica.fit(fit_data)
-    return normalize_columns(ica.mixing_)
+    return local_ica(Y, contrast=contrast, init=init, random_state=random_state, shared_init_seed=shared_init_seed,
+                     max_iter=max_iter, tol=tol).mixing
 
 
 def make_mixing_matrix(r, *, orthogonal=True, random_state=None) -> np.ndarray:
@@ -172,3 +345,73 @@ def make_mixing_matrix(r, *, orthogonal=True, random_state=None) -> np.ndarray:
         left, _, right_t = np.linalg.svd(gaussian)
         return left @ right_t
     return normalize_columns(gaussian)
+
+
+def _projection(centred, n_components, whitening):
+    """The (r, n_channels) projection the solver's signals come from, or None for every channel."""
+    n_channels = centred.shape[0]
+    if whitening is not None:
+        matrix = as_float_array(whitening, "whitening")
+        if matrix.ndim != 2 or matrix.shape[1] != n_channels or not 1 <= matrix.shape[0] <= n_channels:
+            raise ValueError(f"whitening must have shape (r, {n_channels}) with 1 <= r <= {n_channels}, "
+                             f"got {matrix.shape}")
+        if not np.all(np.isfinite(matrix)):
+            raise ValueError("whitening must be finite")
+        return matrix
+    if n_components is None:
+        return None
+    eigenvalues, eigenvectors = np.linalg.eigh(centred @ centred.T / centred.shape[1])
+    eigenvalues, eigenvectors = eigenvalues[::-1], eigenvectors[:, ::-1]
+    if isinstance(n_components, float):
+        r = components_for_share(eigenvalues, n_components)
+    else:
+        r = check_int(n_components, "n_components", minimum=1)
+        if r > n_channels:
+            raise ValueError(f"n_components={r} is more than the {n_channels} channels")
+    # Orthonormal rows: the solver whitens the r principal signals itself.
+    return eigenvectors[:, :r].T.copy()
+
+
+def _solve_whitening(signals, solver, contrast, seed, max_iter, tol):
+    """(mixing (r, r), iterations, converged) of the solver with its own PCA whitening, started from ``seed``."""
+    r = signals.shape[0]
+    if solver == "fastica":
+        ica = FastICA(n_components=r, whiten="unit-variance", random_state=seed, algorithm="parallel", fun=contrast,
+                      max_iter=max_iter, tol=tol)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            ica.fit(signals.T)
+        return ica.mixing_, ica.n_iter_, not _warned(caught, ConvergenceWarning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pre_whitening, unmixing, _, n_iter = picard(signals, fun=_PICARD_FUN[contrast], n_components=r, ortho=True,
+                                                    max_iter=max_iter, tol=_PICARD_TOL, random_state=seed,
+                                                    return_n_iter=True)
+    return np.linalg.pinv(unmixing @ pre_whitening), *_picard_outcome(n_iter, caught)
+
+
+def _solve_scaled(centred, solver, contrast, start, max_iter, tol):
+    """(mixing (r, r), iterations, converged) of the solver on scalar-whitened signals, started from ``start``."""
+    scaled = centred / np.sqrt(np.mean(centred**2))
+    if solver == "fastica":
+        ica = FastICA(whiten=False, w_init=start, algorithm="parallel", fun=contrast, max_iter=max_iter, tol=tol)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            ica.fit(scaled.T)
+        return ica.mixing_, ica.n_iter_, not _warned(caught, ConvergenceWarning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, unmixing, _, n_iter = picard(scaled, fun=_PICARD_FUN[contrast], ortho=True, whiten=False, w_init=start,
+                                        max_iter=max_iter, tol=_PICARD_TOL, return_n_iter=True)
+    return np.linalg.pinv(unmixing), *_picard_outcome(n_iter, caught)
+
+
+def _warned(caught, category) -> bool:
+    return any(issubclass(w.category, category) for w in caught)
+
+
+def _picard_outcome(n_iter, caught) -> tuple[int, bool]:
+    """(updates, converged) of a Picard run: it reports non-convergence only by a UserWarning, and
+    the index of its last loop pass, which is the update count when it converged and one less when not."""
+    converged = not any("did not converge" in str(w.message) for w in caught)
+    return (n_iter if converged else n_iter + 1), converged

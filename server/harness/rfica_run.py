@@ -36,13 +36,15 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
     Returns
     -------
     partial_result : dict
-        The ``metrics``, ``clients``, ``timings`` and ``rfica`` entries of the result. Without a ground truth
+        The ``metrics``, ``clients``, ``timings`` and ``rfica`` entries of the result (``rfica.site_iterations``,
+        ``rfica.site_converged`` and ``rfica.unconverged_clients``: each site's local ICA). Without a ground truth
         (scenario ``files``) every ``error`` and ``rfica.true_mixing`` are None. ``rfica.estimate`` is the
         aggregated mixing matrix, ``rfica.unmixing`` its inverse; with ``scenario.write_sources`` the sites'
         recovered sources are written (:func:`fedica.server.harness.outputs.write_site_sources`) and ``rfica.sources_files`` lists them.
     """
     sc, alg, seed = cfg["scenario"], cfg["algorithm"], int(cfg["seed"])
-    strategy = RFICAStrategy(contrast=alg["contrast"], init=alg["init"], benchmark=alg["benchmark"],
+    strategy = RFICAStrategy(contrast=alg["contrast"], init=alg["init"], local_solver=alg["local_solver"],
+                             n_components=alg["n_components"], whitening=alg["whitening"], benchmark=alg["benchmark"],
                              kmeans_restarts=alg["kmeans_restarts"], gm_tol=alg["gm_tol"],
                              clustering=alg["clustering"], random_state=seed,
                              r=sc.get("r"), min_available_nodes=federation.expected, min_clients=federation.min_clients,
@@ -67,6 +69,13 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
         "true_mixing": truth,
         "client_partitions": state.partitions,
         "n_samples": state.n_samples,
+        # Each accepted site's local ICA (in client_partitions order): its iterations and whether it converged
+        # (after one retry from another start when the first did not); the sites that did not, by partition.
+        "site_iterations": state.n_iter,
+        "site_converged": state.converged,
+        "unconverged_clients": state.unconverged,
+        "n_components": state.components,
+        "whitening": state.whitening_matrix,
         # The sites the scenario makes poor on purpose (all kinds together), None when unknown.
         "corrupted_clients": None if poor is None else sorted(g for sites in poor.values() for g in sites),
         "poor_sites": poor,
