@@ -160,3 +160,22 @@ def test_fedica_run_end_to_end_writes_truth_and_poor_sites(tmp_path):
     assert set(poor) == {"noisy", "dead_channel", "saturated_channel"}
     assert len(poor["noisy"]) == 1 and len(poor["saturated_channel"]) == 1 and poor["dead_channel"] == []
     assert result["rfica"]["corrupted_clients"] == sorted(poor["noisy"] + poor["saturated_channel"])
+
+
+def test_the_recordings_benchmark_scores_every_method_and_skips_what_fedica_cannot_run():
+    pytest.importorskip("picard")
+    from fedica.scripts.bench_recordings import run_one, summarise
+
+    scenario = {**RECORDINGS, "n_channels": 4, "n_sources": 4, "n_clients": 4, "max_samples": 1500,
+                "dead_channel": False}
+    run = run_one(scenario, 0)
+    assert run["poor_sites"] == sorted(ica_poor_sites(scenario, 0)["noisy"] + ica_poor_sites(scenario, 0)["saturated_channel"])
+    for key in ("rfica/all", "rfica/clean", "fastica/all", "fastica/clean", "picard/all", "picard/clean"):
+        assert run[key]["error"] >= 0 and 0 <= run[key]["amari"] <= 1, key
+    assert run["fastica/clean"]["amari"] < 0.05  # the pooled clean sites separate well
+    # Fewer sources than channels: RF-ICA runs if the installed fedica takes n_components, else it is skipped.
+    wide = run_one({**scenario, "n_channels": 6}, 0)
+    assert "error" in wide["rfica/all"] or "skipped" in wide["rfica/all"]
+    assert "error" in wide["fastica/all"] and "error" in wide["picard/all"]
+    summary = summarise([wide])
+    assert set(summary["fastica/all"]) >= {"median_error", "median_amari"}
