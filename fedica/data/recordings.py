@@ -4,7 +4,7 @@
 (n_channels, n_sources) shared by all sites; every site records its own stretch of time:
 
 - **alpha**: an 8-12 Hz sinusoid (frequency and phase drawn per site) whose amplitude is the exponential of a
-  slow (< 0.5 Hz) Gaussian process (filters act on the Fourier transform), so that it waxes and wanes in bursts as alpha rhythms do;
+  slow (< 0.5 Hz) Gaussian process, so that it waxes and wanes in bursts as alpha rhythms do;
 - **blink**: sparse (about one every two seconds, at least two per site), large, one-sided slow bumps of
   about 0.4 s (a gamma-shaped kernel), of random heights;
 - **muscle**: Student-t (5 degrees of freedom) white noise band-passed to 20-100 Hz (below 0.4 of the
@@ -14,11 +14,12 @@
 - **heavy**: white heavy-tailed noise, Laplace and Student-t (5 degrees of freedom) in turn.
 
 The first five sources are one of each, in that order; the further ones cycle alpha, blink, muscle, heavy.
+Filters act on the discrete Fourier transform (circular, so that a short site has no filter transient).
 Each source is standardised on its site (zero mean, unit variance), so ``A*``'s unit-norm columns carry
 the scale. ``A*`` has the condition number ``condition_number`` exactly (to ``1e-9`` relative):
 ``normalise_columns(U diag(s) V^T)`` with ``U`` (n_channels x n_sources) and ``V`` random orthonormal and
 ``s`` log-spaced from 1 down to the value (found by bisection) at which the column-normalised matrix has
-the asked condition number.
+the asked condition number (:func:`mixing_with_condition`).
 
 Every site adds sensor noise, white Gaussian of ``sensor_noise`` times each channel's standard deviation
 (so that ``n_channels > n_sources`` observations have rank ``n_sources`` plus noise, as real ones do).
@@ -289,6 +290,8 @@ def recordings_site(partition_id, *, n_clients=6, n_channels=4, n_sources=4, sam
     RecordingsSite
     """
     g = check_index(partition_id, "partition_id", check_int(n_clients, "n_clients", minimum=1))
+    mixing = recordings_true_mixing(n_channels=n_channels, n_sources=n_sources, condition_number=condition_number,
+                                    seed=seed)  # checks the channel and source counts first
     min_samples = check_int(min_samples, "min_samples", minimum=n_channels + 1)
     max_samples = check_int(max_samples, "max_samples", minimum=min_samples)
     if line_frequency not in LINE_FREQUENCIES:
@@ -299,8 +302,6 @@ def recordings_site(partition_id, *, n_clients=6, n_channels=4, n_sources=4, sam
     for name, value in (("sensor_noise", sensor_noise), ("noise_level", noise_level)):
         if not (np.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    mixing = recordings_true_mixing(n_channels=n_channels, n_sources=n_sources, condition_number=condition_number,
-                                    seed=seed)
     roles = recordings_roles(n_clients=n_clients, n_noisy=n_noisy, dead_channel=dead_channel,
                              saturated_channel=saturated_channel, seed=seed)
     rng = generator(seed, "recordings.site", g)
