@@ -168,7 +168,9 @@ def format_row(row: dict[str, Any]) -> str:
             entry = row["summary"][f"{method}/{subset}"]
             cells.append(f"{'skipped':>13}" if "skipped" in entry
                          else f"{entry['median_error']:6.3f}/{entry['median_amari']:.3f}")
-    return f"{row['workload']:<11} {row['condition']:<7} " + " ".join(f"{cell:>13}" for cell in cells)
+    line = f"{row['workload']:<11} {row['condition']:<7} " + " ".join(f"{cell:>13}" for cell in cells)
+    skipped = {row["summary"][f"{method}/all"].get("skipped") for method in METHODS} - {None}
+    return "\n".join([line, *(f"{'':<20}skipped: {reason}" for reason in sorted(skipped))])
 
 
 def table_header() -> str:
