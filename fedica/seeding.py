@@ -51,6 +51,10 @@ STREAMS: dict[str, Stream] = {
     "signals.phases": Stream("spawn", 12),
     "signals.roles": Stream("spawn", 13),
     "signals.site": Stream("spawn", 14, ("partition",)),
+    # RF-ICA's recordings scenario (fedica.data.recordings); codes clear of every other scenario's.
+    "recordings.mixing": Stream("spawn", 15),
+    "recordings.roles": Stream("spawn", 16),
+    "recordings.site": Stream("spawn", 17, ("partition",)),
     # Clustering scenarios.
     "blobs.centers": Stream("spawn", 1),
     "scenario.cluster_sets": Stream("spawn", 2),

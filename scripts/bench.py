@@ -17,6 +17,9 @@ headline numbers is printed at the end:
    KD-tree candidate search against all pairs, time, peak memory and the fitted growth exponent.
 4. ``rfica``: one client's FastICA (n=5000, r=10), the server aggregation at K=100 and
    K=1000 (r=10), and the whole one-shot simulation at K=100.
+5. ``recordings`` (only when named): RF-ICA against the pooled FastICA and the pooled Picard on
+   EEG-like recordings (``scenario=recordings``), error and Amari index, on all sites and on the clean
+   ones, ``--seeds`` seeds per workload (:mod:`fedica.scripts.bench_recordings`).
 
     fedica-bench                       # all of them
     fedica-bench --only server_step --repeats 5
@@ -277,9 +280,10 @@ def plot_server_scaling(report: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
-BENCHMARKS = ("fedgem_inprocess", "fedgem_simulation", "server_step", "rfica", "scale")
-# ``scale`` takes about a quarter of an hour: it runs only when named.
-DEFAULT_BENCHMARKS = BENCHMARKS[:-1]
+BENCHMARKS = ("fedgem_inprocess", "fedgem_simulation", "server_step", "rfica", "scale", "recordings")
+# ``scale`` takes about a quarter of an hour, ``recordings`` compares accuracy rather than speed: they run
+# only when named.
+DEFAULT_BENCHMARKS = BENCHMARKS[:4]
 
 DESCRIPTION = """\
 fedica's performance benchmarks. Each number is the median of --repeats runs; the numbers,
@@ -297,6 +301,10 @@ benchmarks (--only):
   scale              thousands of clients (only when named): FedGEM with G=1,000 in-process
                      and through Flower's simulation, its server step at 1,000,000
                      components, RF-ICA with K=10,000 sites (aggregation and whole run)
+  recordings         accuracy (only when named): RF-ICA, pooled FastICA and pooled Picard on
+                     EEG-like recordings (4 to 64 channels; clean, one noisy site, a dead and a
+                     saturated channel), error and Amari index, all sites and clean sites;
+                     --seeds seeds each (needs python-picard)
 
 The default set (all but scale) takes several minutes."""
 
@@ -306,6 +314,7 @@ examples:
   fedica-bench --only scale                         # thousands of clients (about 15 minutes)
   fedica-bench --only server_step --repeats 5
   fedica-bench --only rfica --repeats 1 --out rfica.json
+  fedica-bench --only recordings --seeds 10 --out benchmarks/recordings.json --force
   fedica-bench --repeats 5 --out benchmarks/results.json --force   # replace the committed results"""
 
 
@@ -374,6 +383,11 @@ def headline(report: dict[str, Any]) -> list[tuple[str, float, str]]:
         for key, label in labels.items():
             if key in report["rfica"]:
                 add(label, report["rfica"][key].get("median_s"), "s")
+    if "recordings" in report:
+        from fedica.scripts.bench_recordings import recordings_headline
+
+        for name, value, unit in recordings_headline(report["recordings"]):
+            add(name, value, unit)
     if "scale" in report:
         from fedica.scripts.bench_scale import scale_headline
 
@@ -406,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="repetitions per measurement, the median is reported (default: 3)")
     parser.add_argument("--only", action="append", choices=BENCHMARKS, metavar="NAME",
                         help="run only this benchmark (repeatable): " + ", ".join(BENCHMARKS) + " (default: all but scale)")
+    parser.add_argument("--seeds", type=int, default=3, metavar="N",
+                        help="data seeds per workload of the recordings benchmark (default: 3; 10 for the issue's targets)")
     parser.add_argument("--figure", metavar="PNG",
                         help="also draw the server step's scaling to this PNG (needs the server_step benchmark)")
     return parser
@@ -416,6 +432,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
     try:
         path = output_path(args.out, args.force)
     except FileExistsError as err:
@@ -436,6 +454,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             from fedica.scripts.bench_scale import bench_scale
 
             report[name] = bench_scale(args.repeats)
+        elif name == "recordings":
+            from fedica.scripts.bench_recordings import bench_recordings
+
+            report[name] = bench_recordings(args.seeds)
         else:
             report[name] = bench_rfica(args.repeats)
         write_json_atomic(path, report)

@@ -401,7 +401,7 @@ def test_the_scenario_keys_are_the_registrys_and_the_yamls():
     for name, scenario in scenarios.SCENARIOS.items():
         assert config.SECTION_KEYS["scenario"][name] is scenario.keys, name
     assert scenarios.SCENARIO_NAMES == ("blobs", "waveform", "digits", "mnist", "files")
-    assert scenarios.ICA_SCENARIOS == ("ica_paper", "signals", "files")
+    assert scenarios.ICA_SCENARIOS == ("ica_paper", "signals", "recordings", "files")
 
 
 def test_the_algorithm_keys_are_the_parameter_declarations():

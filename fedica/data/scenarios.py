@@ -34,6 +34,12 @@ from fedica.data.ica_paper import (
     ica_true_mixing,
 )
 from fedica.data.mnist import mnist_client_data
+from fedica.data.recordings import (
+    LINE_FREQUENCIES,
+    recordings_client_data,
+    recordings_roles,
+    recordings_true_mixing,
+)
 from fedica.data.signals import signals_client_data, signals_roles, signals_true_mixing
 from fedica.validation import check_partition, check_seed
 
@@ -87,6 +93,26 @@ def _check_signals(sc: Checker) -> None:
     if n_short > 0:
         sc.integer("short_samples", minimum=r + 1)
     sc.boolean("orthogonal")
+
+
+def _check_recordings(sc: Checker) -> None:
+    n_clients = sc.integer("n_clients", minimum=1)
+    n_channels = sc.integer("n_channels", minimum=2)
+    sc.integer("n_sources", minimum=2, maximum=n_channels)
+    line_frequency = sc.integer("line_frequency")
+    if line_frequency not in LINE_FREQUENCIES:
+        sc.fail("line_frequency", f"must be one of {', '.join(map(str, LINE_FREQUENCIES))} (Hz)")
+    sc.number("sampling_rate", low=2 * line_frequency, low_open=True)
+    min_samples = sc.integer("min_samples", minimum=n_channels + 1)
+    sc.integer("max_samples", minimum=min_samples)
+    sc.number("condition_number", low=1)
+    sc.number("sensor_noise", low=0)
+    n_noisy = sc.integer("n_noisy", minimum=0)
+    sc.number("noise_level", low=0)
+    n_faulty = int(sc.boolean("dead_channel")) + int(sc.boolean("saturated_channel"))
+    if n_noisy + n_faulty > n_clients:
+        sc.fail("n_noisy", f"n_noisy + dead_channel + saturated_channel must be <= n_clients ({n_clients}): "
+                           "a site is poor in one way only")
 
 
 def _check_k_range(sc: Checker, n_classes: int) -> tuple[int, int]:
@@ -212,6 +238,18 @@ def _signals_poor_sites(params: dict, seed: int) -> dict[str, list[int]]:
     return {"noisy": np.flatnonzero(noisy).tolist(), "short": np.flatnonzero(short).tolist()}
 
 
+def _recordings_poor_sites(params: dict, seed: int) -> dict[str, list[int]]:
+    roles = recordings_roles(n_clients=params["n_clients"], n_noisy=params["n_noisy"],
+                             dead_channel=params["dead_channel"], saturated_channel=params["saturated_channel"],
+                             seed=seed)
+    return {kind: np.flatnonzero(mask).tolist() for kind, mask in roles.items()}
+
+
+def _recordings_mixing(params: dict, seed: int) -> np.ndarray:
+    return recordings_true_mixing(n_channels=params["n_channels"], n_sources=params["n_sources"],
+                                  condition_number=params["condition_number"], seed=seed)
+
+
 def _none(*args: Any) -> None:
     return None
 
@@ -287,6 +325,15 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              site_data=_load_labelled(signals_client_data), true_mixing=_mixing(signals_true_mixing),
              poor_sites=_signals_poor_sites,
              data_values=lambda sc, n_clients: n_clients * sc["n_samples"] * sc["r"], memory_key="n_samples"),
+    Scenario("recordings", ("n_clients", "n_channels", "n_sources", "sampling_rate", "min_samples", "max_samples",
+                            "condition_number", "sensor_noise", "n_noisy", "noise_level", "dead_channel",
+                            "saturated_channel", "line_frequency"),
+             {"rfica": _check_recordings},
+             site_data=_load_labelled(recordings_client_data), true_mixing=_recordings_mixing,
+             poor_sites=_recordings_poor_sites,
+             # Every site at its largest length: an upper bound, known before any site is drawn.
+             data_values=lambda sc, n_clients: n_clients * sc["max_samples"] * sc["n_channels"],
+             memory_key="max_samples"),
     Scenario("blobs", ("n_clients", "n_clusters", "dim", "r_min", "n_train", "n_test", "setting", "k_min", "k_max"),
              {"fedgem": _check_blobs},
              client_data=_load_blobs, true_n_clusters=lambda params: int(params["n_clusters"]),
@@ -437,7 +484,8 @@ def _cached_ica_data(name: str, items: tuple, partition_id: int, seed: int, _sta
 
 
 def ica_scenario_truth(scenario: Mapping, seed: int) -> np.ndarray | None:
-    """The true mixing ``A*`` of an RF-ICA scenario, shape (r, r); None for files (no ground truth)."""
+    """The true mixing ``A*`` of an RF-ICA scenario, shape (n_channels, n_sources) with unit-norm columns
+    (square but for recordings with fewer sources than channels); None for files (no ground truth)."""
     name, params = _ica_params(scenario)
     return SCENARIOS[name].true_mixing(params, seed)
 
@@ -448,7 +496,8 @@ def ica_poor_sites(scenario: Mapping, seed: int) -> dict[str, list[int]] | None:
     Returns
     -------
     dict or None
-        ica_paper: ``{"corrupted": [...]}`` (few samples); signals: ``{"noisy": [...], "short": [...]}``.
+        ica_paper: ``{"corrupted": [...]}`` (few samples); signals: ``{"noisy": [...], "short": [...]}``;
+        recordings: ``{"noisy": [...], "dead_channel": [...], "saturated_channel": [...]}``.
     """
     name, params = _ica_params(scenario)
     return SCENARIOS[name].poor_sites(params, seed)
