@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -45,11 +46,11 @@ def main(cfg: DictConfig) -> None:
     """
     try:
         cfg_dict = validate_config(OmegaConf.to_container(cfg, resolve=True))
-    except (ConfigError, OmegaConfBaseException) as err:
+    except ConfigError as err:
+        _refuse(err.errors)
+    except OmegaConfBaseException as err:
         # OmegaConf's message (an interpolation that does not resolve) goes on with full_key etc.: its first line says it.
-        first_line = (str(err).splitlines() or [repr(err)])[0]
-        print(f"fedica-run: configuration error: {first_line}", file=sys.stderr)
-        sys.exit(2)
+        _refuse([(str(err).splitlines() or [repr(err)])[0]])
     from fedica.scripts.engines import run_engine
     from fedica.server.harness.outputs import write_result
 
@@ -69,6 +70,13 @@ def main(cfg: DictConfig) -> None:
     if HydraConfig.get().mode != RunMode.MULTIRUN:
         print(format_summary(result))
         print(f"result: {path}")
+
+
+def _refuse(lines: list[str]) -> NoReturn:
+    """Print each configuration error on its own line and exit with status 2 (nothing has started)."""
+    for line in lines:
+        print(f"fedica-run: configuration error: {line}", file=sys.stderr)
+    sys.exit(2)
 
 
 def cli() -> None:

@@ -12,18 +12,17 @@ __all__ = ["check_top_level", "check_federation_size", "check_attack", "check_pl
 
 
 def check_top_level(top: Checker) -> None:
-    """The keys of ``conf/config.yaml`` that need nothing but themselves."""
-    top.integer("seed", minimum=0)
-    top.integer("min_clients", minimum=1)
-    top.seconds("round_timeout")
-    top.seconds("node_wait_timeout")
-    top.boolean("baselines")
-    top.names("baseline_methods", BASELINE_METHODS)
-    top.choice("log_level", LOG_LEVELS)
+    """The keys of ``conf/config.yaml`` that need nothing but themselves, each on its own."""
+    top.each(lambda: top.integer("seed", minimum=0), lambda: top.integer("min_clients", minimum=1),
+             lambda: top.seconds("round_timeout"), lambda: top.seconds("node_wait_timeout"),
+             lambda: top.boolean("baselines"), lambda: top.names("baseline_methods", BASELINE_METHODS),
+             lambda: top.choice("log_level", LOG_LEVELS))
 
 
 def check_federation_size(top: Checker, n_clients: int) -> None:
-    """``min_clients`` and ``min_nodes`` fit the scenario's ``n_clients``."""
+    """``min_clients`` and ``min_nodes`` fit the scenario's ``n_clients`` (skipped if ``min_clients`` is wrong)."""
+    if "min_clients" in top.broken:
+        return
     if top.integer("min_clients") > n_clients:
         top.fail("min_clients", f"must be <= the number of clients ({n_clients})")
     if top.get("min_nodes") is not None and not top.integer("min_nodes", minimum=top.get("min_clients")) <= n_clients:
@@ -31,8 +30,8 @@ def check_federation_size(top: Checker, n_clients: int) -> None:
 
 
 def check_attack(attack: Checker, algorithm: str) -> None:
-    attack.choice("kind", ATTACKS_BY_ALGORITHM[algorithm])
-    attack.number("fraction", low=0, high=1, high_open=True)
+    attack.each(lambda: attack.choice("kind", ATTACKS_BY_ALGORITHM[algorithm]),
+                lambda: attack.number("fraction", low=0, high=1, high_open=True))
 
 
 def check_plot(cfg: dict[str, Any]) -> None:
