@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from numbers import Integral, Real
 from typing import Any
 
-__all__ = ["ConfigError", "Errors", "Checker", "unknown_keys", "closest_key", "is_list", "plain"]
+__all__ = ["ConfigError", "Errors", "Checker", "unknown_keys", "unknown_key_line", "closest_key", "is_list", "plain"]
 
 
 class ConfigError(ValueError):
@@ -57,17 +57,18 @@ def closest_key(key: str, known: Sequence[str]) -> str | None:
 
 def unknown_keys(section: Mapping[str, Any], prefix: str, known: Sequence[str], owner: str) -> None:
     """Raise ConfigError naming every key of ``section`` not in ``known`` (``name`` is not listed), one a line."""
-    lines = []
-    listed = [k for k in known if k != "name"]
-    keys = f"has keys {', '.join(listed)}" if listed else "has no keys besides name"
-    for key in section:
-        if key in known:
-            continue
-        close = closest_key(key, listed)
-        hint = f" (did you mean {prefix}{close}?)" if close else ""
-        lines.append(f"{prefix}{key}: unknown key; {owner} {keys}{hint}")
+    lines = [unknown_key_line(key, prefix, known, owner) for key in section if key not in known]
     if lines:
         raise ConfigError("\n".join(lines))
+
+
+def unknown_key_line(key: str, prefix: str, known: Sequence[str], owner: str) -> str:
+    """The line for a key its section does not have: the section's keys (``name`` not listed), the closest."""
+    listed = [k for k in known if k != "name"]
+    keys = f"has keys {', '.join(listed)}" if listed else "has no keys besides name"
+    close = closest_key(key, listed)
+    hint = f" (did you mean {prefix}{close}?)" if close else ""
+    return f"{prefix}{key}: unknown key; {owner} {keys}{hint}"
 
 
 class Checker:
