@@ -156,3 +156,17 @@ def test_a_deployment_checks_only_the_keys(tmp_path):
     validate_config(compose_config(["algorithm=fedgem", "scenario=files", "engine=deployment",
                                     f"scenario.paths=[{tmp_path / 'a.csv'},{tmp_path / 'b.csv'}]",
                                     "scenario.n_components=2"]))
+
+
+@pytest.mark.parametrize("overrides, rule", [
+    ([], "scenario.test_fraction=None holds no rows out to score a comparator on (null: 0 without a label_column)"),
+    (["engine=deployment"], "on scenario=files the comparators read the sites' files, which a deployment keeps"),
+])
+def test_a_comparator_on_files_that_cannot_be_scored_is_refused(tmp_path, overrides, rule):
+    paths = [_site(tmp_path / "site0.csv"), _site(tmp_path / "site1.csv")]
+    with pytest.raises(ConfigError) as info:
+        validate_config(_files_cfg(paths, "scenario.n_components=2", "baseline_methods=[central-gmm]", *overrides))
+    assert len(info.value.errors) == 1, str(info.value)
+    assert info.value.errors[0].startswith(f"baseline_methods=['central-gmm']: {rule}"), str(info.value)
+    # The default list asks for no comparator on files: nothing new is required.
+    validate_config(_files_cfg(paths, "scenario.n_components=2", *overrides))

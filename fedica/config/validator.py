@@ -31,7 +31,14 @@ from fedica.config.scenario import (
     client_count,
 )
 from fedica.config.schema import ATTACK_KEYS, OPTIONAL_TOP_LEVEL_KEYS, PLOT_KEYS, SECTION_KEYS, SECTIONS, TOP_LEVEL_KEYS
-from fedica.config.top_level import check_attack, check_federation_size, check_plot, check_top_level, check_workload
+from fedica.config.top_level import (
+    check_attack,
+    check_federation_size,
+    check_file_comparators,
+    check_plot,
+    check_top_level,
+    check_workload,
+)
 
 __all__ = ["validate_config"]
 
@@ -124,5 +131,7 @@ def validate_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         # mistake); check_files_engine skips the rules that need a key already reported (sc.broken).
         errors.check(check_files_engine, cfg["scenario"], algorithm, engine, cfg["engine"].get("ray_address"),
                      sc.broken)
+        if algorithm == "fedgem":
+            errors.check(check_file_comparators, top, cfg["scenario"], engine, sc.broken)
     errors.raise_any()
     return cfg

@@ -303,12 +303,13 @@ def run_baselines(scenario: Mapping[str, Any], methods: Sequence[str], *, seed: 
     (default: every client of the scenario) are the clients that take part, so that the comparators
     see exactly the clients FedGEM saw.
 
-    On ``scenario=files`` (read here, so only where the files are: the local engines) only the
-    methods of :data:`FILE_METHODS` run, the central GMM on the pooled files, and only when the files
-    hold points out to score it on (``test_fraction`` above 0). Its K is the number of distinct labels
-    of the clients' files when every file has labels (``k_source: "labels"`` in its metrics), else
-    ``fedgem_k``, the K_hat FedGEM found (``k_source: "fedgem"``: a central GMM with FedGEM's K, scored by
-    its silhouettes; there is no true K to score against). The other methods are left out, with a log line.
+    On ``scenario=files`` (read here, so only where the files are: the local engines) the comparators
+    run when ``methods`` names nothing but :data:`FILE_METHODS` (the central GMM on the pooled files),
+    the user's request: the default list, which names comparators of the simulated scenarios, runs none
+    on files (a log line says so), so a files run's result is what it was before. Its K is the number of
+    distinct labels of the clients' files when every file has labels (``k_source: "labels"`` in its
+    metrics), else ``fedgem_k``, the K_hat FedGEM found (``k_source: "fedgem"``: a central GMM with
+    FedGEM's K, scored by its silhouettes; there is no true K to score against).
 
     Parameters
     ----------
@@ -338,20 +339,16 @@ def run_baselines(scenario: Mapping[str, Any], methods: Sequence[str], *, seed: 
     if partitions is None:
         partitions = range(len(scenario["paths"]) if files else int(scenario["n_clients"]))
     partitions = sorted(partitions)
-    if files:
-        left_out = [name for name in methods if name not in FILE_METHODS]
-        if left_out:
-            log.info("scenario=files: %s left out (on files the comparators are %s)", ", ".join(left_out),
-                     ", ".join(FILE_METHODS))
-        methods = [name for name in methods if name in FILE_METHODS]
-    if not methods:
+    if files and not (methods and set(methods) <= set(FILE_METHODS)):
+        log.info("scenario=files: no comparator runs (they run when baseline_methods names nothing but %s)",
+                 ", ".join(FILE_METHODS))
         return {}, {}
     clients = [scenario_client_data(scenario, p, seed) for p in partitions]
     true_k, k_source = true_n_clusters(scenario), None
     if files:
         if not any(client.X_test.shape[0] for client in clients):
-            log.info("scenario=files holds no points out (test_fraction 0): no comparator to score")
-            return {}, {}
+            raise ValueError("scenario=files holds no rows out (test_fraction 0) to score a comparator on; "
+                             "set scenario.test_fraction")
         true_k, k_source = _files_k(clients, fedgem_k)
     runs = _method_runs(clients, true_k, seed, n_init, driver, partitions)
     result_metrics, timings = {}, {}
