@@ -94,14 +94,17 @@ def test_every_configuration_error_is_reported_at_once(tmp_path):
 
 
 def test_the_first_line_is_the_first_error_and_dependent_rules_are_skipped():
-    cfg = compose_config(["algorithm=fedgem", "scenario.n_clients=0", "min_clients=5", "+scenario.n_client=3"])
+    cfg = compose_config(["algorithm=fedgem", "scenario.n_clients=0", "min_clients=5", "+scenario.n_client=3",
+                          "engine.client_num_cpus=0"])
     with pytest.raises(ConfigError) as info:
         validate_config(cfg)
-    # min_clients <= n_clients needs a valid n_clients: not checked while n_clients is wrong.
+    # min_clients <= n_clients needs a valid n_clients: not checked while n_clients is wrong; the engine's own
+    # rules need nothing of the scenario's.
     assert info.value.errors == [
         "scenario.n_client: unknown key; scenario 'blobs' has keys n_clients, n_clusters, dim, r_min, n_train, n_test, "
         "setting, k_min, k_max (did you mean scenario.n_clients?)",
         "scenario.n_clients=0: must be >= 1",
+        "engine.client_num_cpus=0: must be > 0",
     ]
 
 

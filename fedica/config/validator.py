@@ -118,9 +118,9 @@ def validate_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
             n_clients = client_count(cfg["scenario"])
             if not errors.check(check_affordable, sc, n_clients):
                 n_clients = None
+    if engine is not None:
+        errors.check(check_engine, Checker(cfg["engine"], "engine."), engine, n_clients)
     if n_clients is not None:
-        if engine is not None:
-            errors.check(check_engine, Checker(cfg["engine"], "engine."), engine, n_clients)
         errors.check(check_federation_size, top, n_clients)
     if "plot" in cfg:
         errors.check(check_plot, cfg)

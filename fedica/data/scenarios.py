@@ -351,7 +351,8 @@ def scenario_client_data(scenario: Mapping, partition_id: int, seed: int) -> Cli
     scenario : Mapping
         ``name`` in {"blobs", "waveform", "digits", "mnist", "files"} plus that scenario's keys; missing keys
         take the defaults of the matching ``*_client_data`` function. ``files`` needs ``paths`` (one per client);
-        its ``n_components`` may be an int, a list (one per client) or None. Unknown keys are an error.
+        its ``n_components`` may be an int, a list (one per client) or None, and a missing
+        ``test_fraction`` is None (as in ``conf/scenario/files.yaml``). Unknown keys are an error.
     partition_id : int
         Client index.
     seed : int
