@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -311,43 +312,46 @@ def _columns(width: int, header: list[str] | None) -> str:
 
 
 def _read_csv_file(path: Path, label_column, delimiter: str):
+    # Each row is converted as it is read, into one growing buffer of doubles (8 bytes a cell, beside the
+    # rows' line numbers): a file's table takes memory in proportion to its size, never a list of strings.
+    values, lines = array("d"), array("q")
+    header, width = None, None
     with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle, delimiter=delimiter)
-        rows, lines = [], []
         for row in reader:
-            if all(not cell.strip() for cell in row):
+            cells = [cell.strip() for cell in row]
+            if not any(cells):
                 continue
-            rows.append([cell.strip() for cell in row])
+            if width is None:
+                width = len(cells)
+                if not all(_is_number(cell) for cell in cells):
+                    header = cells
+                    continue
+            if len(cells) != width:
+                raise DataFileError(path, f"line {reader.line_num} has {len(cells)} cells, expected {width} (every "
+                                    "row must have as many cells as the first)")
+            values.extend(_numbers(path, cells, reader.line_num, header))
             lines.append(reader.line_num)
-    if not rows:
+    if width is None:
         raise DataFileError(path, "file has no data (only blank lines)")
-
-    header = None
-    if any(not _is_number(cell) for cell in rows[0]):
-        header, rows, lines = rows[0], rows[1:], lines[1:]
-        if not rows:
-            raise DataFileError(path, "file has a header but no data rows")
-    width = len(header) if header is not None else len(rows[0])
-    for row, line in zip(rows, lines):
-        if len(row) != width:
-            raise DataFileError(path, f"line {line} has {len(row)} cells, expected {width} (every row must "
-                                "have as many cells as the first)")
-    try:
-        table = np.array(rows, dtype=np.float64)
-    except ValueError:
-        # Only on this error path: find the first offending cell to name it.
-        for row, line in zip(rows, lines):
-            for column, cell in enumerate(row):
-                if not _is_number(cell):
-                    raise DataFileError(path, f"line {line}, {_cell_name(column, header)}: not a number "
-                                        "(every cell must be numeric)",
-                                        detail=f"line {line}, {_named_cell(column, header)}: {cell!r} is not a "
-                                               "number") from None
-        raise
+    if not lines:
+        raise DataFileError(path, "file has a header but no data rows")
+    table = np.frombuffer(values, dtype=np.float64).reshape(len(lines), width)
     _check_finite(path, table, lambda row: f"line {lines[row]}", header)
 
     label_index = _resolve_label_column(path, label_column, width, header)
     return _split_label_column(path, table, label_index, lambda row: f"line {lines[row]}", header)
+
+
+def _numbers(path: Path, cells: list[str], line: int, header: list[str] | None) -> list[float]:
+    """A data row's cells as floats; the first that is not a number is a DataFileError naming its place."""
+    try:
+        return [float(cell) for cell in cells]
+    except ValueError:
+        column = next(index for index, cell in enumerate(cells) if not _is_number(cell))
+        raise DataFileError(path, f"line {line}, {_cell_name(column, header)}: not a number (every cell must be "
+                            "numeric)", detail=f"line {line}, {_named_cell(column, header)}: {cells[column]!r} is "
+                            "not a number") from None
 
 
 def _is_number(cell: str) -> bool:
