@@ -17,14 +17,16 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from fedica.config import ConfigError, validate_config
+from fedica.config import ConfigError, composition_error, validate_config
 from fedica.protocol import RunStopped
 from fedica.results import (
     PARTIAL_RESULT_FILE,
@@ -35,21 +37,31 @@ from fedica.results import (
 
 log = logging.getLogger("fedica")
 
+# Hydra prints a composition error (several lines, exit 1) itself unless this is set, when it raises it
+# instead; cli() sets it for the composition only (main() takes it back), so that it can say it in one line.
+FULL_ERROR = "HYDRA_FULL_ERROR"
+_full_error_by_cli = False
+
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
     """Validate the config, run it, write ``result.json`` and ``summary.txt`` in the Hydra output folder.
 
     The configuration is validated here, once, before anything starts (the engines take the
-    validated dict as given); a mistake is one line on stderr and exit status 2.
+    validated dict as given); each mistake is one line on stderr, and the exit status is 2.
     """
+    global _full_error_by_cli
+    if _full_error_by_cli:
+        # Composed: from here on Hydra reports a failure of the run as it always does.
+        os.environ.pop(FULL_ERROR, None)
+        _full_error_by_cli = False
     try:
         cfg_dict = validate_config(OmegaConf.to_container(cfg, resolve=True))
-    except (ConfigError, OmegaConfBaseException) as err:
+    except ConfigError as err:
+        _refuse(err.errors)
+    except OmegaConfBaseException as err:
         # OmegaConf's message (an interpolation that does not resolve) goes on with full_key etc.: its first line says it.
-        first_line = (str(err).splitlines() or [repr(err)])[0]
-        print(f"fedica-run: configuration error: {first_line}", file=sys.stderr)
-        sys.exit(2)
+        _refuse([(str(err).splitlines() or [repr(err)])[0]])
     from fedica.scripts.engines import run_engine
     from fedica.server.harness.outputs import write_result
 
@@ -71,10 +83,27 @@ def main(cfg: DictConfig) -> None:
         print(f"result: {path}")
 
 
+def _refuse(lines: list[str]) -> NoReturn:
+    """Print each configuration error on its own line and exit with status 2 (nothing has started)."""
+    for line in lines:
+        print(f"fedica-run: configuration error: {line}", file=sys.stderr)
+    sys.exit(2)
+
+
 def cli() -> None:
-    """The ``fedica-run`` command: :func:`main`, and Ctrl-C (or SIGINT) ends in one line, not a traceback."""
+    """The ``fedica-run`` command: :func:`main`; a command line Hydra cannot compose (an unknown key or group
+    option, a malformed override) and Ctrl-C (or SIGINT) end in one line, not a traceback."""
+    global _full_error_by_cli
+    # The user's own HYDRA_FULL_ERROR=1 asks for Hydra's traceback: it is left alone.
+    _full_error_by_cli = os.environ.get(FULL_ERROR) != "1"
+    if _full_error_by_cli:
+        os.environ[FULL_ERROR] = "1"
     try:
         main()
+    except (HydraException, OmegaConfBaseException) as err:
+        if not _full_error_by_cli:
+            raise
+        _refuse([composition_error(err)])
     except KeyboardInterrupt:
         _let_children_end()
         print("fedica-run: interrupted; completed runs keep their result.json, and the same command resumes a sweep",

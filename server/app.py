@@ -28,7 +28,7 @@ from fedica.server.strategy import FlowerHandOver
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedica.config import validate_config
+from fedica.config import ConfigError, composition_error, validate_config
 from fedica.protocol import RunStopped
 from fedica.results import PARTIAL_RESULT_FILE, format_summary
 
@@ -38,13 +38,26 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 def compose_config(overrides: list[str]) -> dict[str, Any]:
-    """Compose the Hydra config from ``conf/`` with command-line style overrides, resolved to plain dicts."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    """Compose the Hydra config from ``conf/`` with command-line style overrides, resolved to plain dicts.
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(config_name="config", overrides=overrides)
-    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    Raises
+    ------
+    ConfigError
+        When Hydra cannot compose the overrides (an unknown key or group option, a malformed override, an
+        interpolation that does not resolve): one line, as ``fedica-run`` says it
+        (:func:`fedica.config.composition_error`).
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = compose(config_name="config", overrides=overrides)
+        cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(composition_error(err)) from err
     cfg_dict.pop("hydra", None)
     return cfg_dict
 

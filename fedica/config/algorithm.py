@@ -19,9 +19,14 @@ ALGORITHM_KEYS: dict[str, tuple[str, ...]] = {name: DECLARATIONS[name].config_ke
 
 
 def check_algorithm(alg: Checker, name: str) -> None:
-    """Every key of algorithm ``name``'s section against its declared rule, in declaration order."""
+    """Every key of algorithm ``name``'s section against its declared rule, in declaration order, each on its own."""
     declaration = DECLARATIONS[name]
-    for key in declaration.config_keys:
-        broken = declaration[key].violation(alg.get(key))
-        if broken is not None:
-            alg.fail(key, broken[1])
+
+    def rule(key: str):
+        def check() -> None:
+            broken = declaration[key].violation(alg.get(key))
+            if broken is not None:
+                alg.fail(key, broken[1])
+        return check
+
+    alg.each(*(rule(key) for key in declaration.config_keys))

@@ -1,30 +1,74 @@
-"""The reader of one config section: each rule it breaks is one :class:`ConfigError` line naming the dotted key."""
+"""The reader of one config section: each rule it breaks is one :class:`ConfigError` line naming the dotted key.
+
+A validation reports every independent broken rule at once: :class:`Errors` runs each rule and keeps its
+lines, and raises one :class:`ConfigError` of all of them at the end.
+"""
 
 from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from numbers import Integral, Real
 from typing import Any
 
-__all__ = ["ConfigError", "Checker", "unknown_keys", "is_list", "plain"]
+__all__ = ["ConfigError", "Errors", "Checker", "unknown_keys", "unknown_key_line", "closest_key", "is_list", "plain"]
 
 
 class ConfigError(ValueError):
-    """A configuration value breaks a rule; the message names the key and the rule."""
+    """Configuration values break rules; the message is one line per broken rule, naming the key and the rule."""
+
+    @property
+    def errors(self) -> list[str]:
+        """The broken rules, one line each, in the order they were found."""
+        return str(self).splitlines()
+
+
+class Errors:
+    """The broken rules of one validation, in the order found: :meth:`check` runs one independent rule."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def check(self, rule: Callable[..., Any], *args: Any) -> bool:
+        """Run ``rule(*args)``; False when it raises ConfigError, whose lines are kept (each line once)."""
+        try:
+            rule(*args)
+        except ConfigError as err:
+            self.add(*err.errors)
+            return False
+        return True
+
+    def add(self, *lines: str) -> None:
+        """Keep broken rules' lines (a line already kept is not repeated)."""
+        self.lines.extend(line for line in lines if line not in self.lines)
+
+    def raise_any(self) -> None:
+        """Raise one ConfigError of every line kept, if any."""
+        if self.lines:
+            raise ConfigError("\n".join(self.lines))
+
+
+def closest_key(key: str, known: Sequence[str]) -> str | None:
+    """The one of ``known`` that ``key`` most likely misspells, or None."""
+    close = difflib.get_close_matches(str(key), list(known), n=1)
+    return close[0] if close else None
 
 
 def unknown_keys(section: Mapping[str, Any], prefix: str, known: Sequence[str], owner: str) -> None:
-    """Raise ConfigError naming the first key of ``section`` not in ``known`` (``name`` is not listed)."""
-    for key in section:
-        if key in known:
-            continue
-        listed = [k for k in known if k != "name"]
-        keys = f"has keys {', '.join(listed)}" if listed else "has no keys besides name"
-        close = difflib.get_close_matches(str(key), listed, n=1)
-        hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
-        raise ConfigError(f"{prefix}{key}: unknown key; {owner} {keys}{hint}")
+    """Raise ConfigError naming every key of ``section`` not in ``known`` (``name`` is not listed), one a line."""
+    lines = [unknown_key_line(key, prefix, known, owner) for key in section if key not in known]
+    if lines:
+        raise ConfigError("\n".join(lines))
+
+
+def unknown_key_line(key: str, prefix: str, known: Sequence[str], owner: str) -> str:
+    """The line for a key its section does not have: the section's keys (``name`` not listed), the closest."""
+    listed = [k for k in known if k != "name"]
+    keys = f"has keys {', '.join(listed)}" if listed else "has no keys besides name"
+    close = closest_key(key, listed)
+    hint = f" (did you mean {prefix}{close}?)" if close else ""
+    return f"{prefix}{key}: unknown key; {owner} {keys}{hint}"
 
 
 class Checker:
@@ -36,18 +80,34 @@ class Checker:
         The section (or the whole config, for the top-level keys).
     prefix : str
         What the section's keys are named after, e.g. ``"scenario."`` (``""`` at the top level).
+
+    Attributes
+    ----------
+    broken : set of str
+        The keys whose rules have failed so far (a missing key included).
     """
 
     def __init__(self, section: Mapping[str, Any], prefix: str):
         self.section = section
         self.prefix = prefix
+        # The keys whose rules have failed: a later rule that needs one of them skips it (one line per mistake).
+        self.broken: set[str] = set()
 
     def fail(self, key: str, rule: str) -> None:
+        self.broken.add(key)
         value = self.section.get(key, "<missing>")
         raise ConfigError(f"{self.prefix}{key}={value!r}: {rule}")
 
+    def each(self, *rules: Callable[[], Any]) -> None:
+        """Run independent rules of the section, then raise one ConfigError of every one broken."""
+        errors = Errors()
+        for rule in rules:
+            errors.check(rule)
+        errors.raise_any()
+
     def get(self, key: str) -> Any:
         if key not in self.section:
+            self.broken.add(key)
             raise ConfigError(f"{self.prefix}{key} is missing")
         return self.section[key]
 

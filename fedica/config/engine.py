@@ -41,7 +41,7 @@ def _check_ray_address(eng: Checker) -> str | None:
     return address
 
 
-def _check_simulation(eng: Checker, n_clients: int) -> None:
+def _check_simulation(eng: Checker, n_clients: int | None) -> None:
     cpus = eng.number("client_num_cpus", low=0, low_open=True)
     if _check_ray_address(eng) is not None:
         return  # the cluster's nodes, not this machine, hold the clients' CPUs
@@ -51,19 +51,20 @@ def _check_simulation(eng: Checker, n_clients: int) -> None:
         eng.fail("client_num_cpus", f"must be <= the {available} CPUs of this machine (CPUs per simulated client)")
 
 
-def _check_inprocess(eng: Checker, n_clients: int) -> None:
+def _check_inprocess(eng: Checker, n_clients: int | None) -> None:
     pass
 
 
-def _check_deployment(eng: Checker, n_clients: int) -> None:
+def _check_deployment(eng: Checker, n_clients: int | None) -> None:
     eng.text("host")
     superlink = eng.port("superlink_port")
     first = eng.port("supernode_port")
-    last = first + n_clients - 1
-    if last > 65535:
-        eng.fail("supernode_port", f"the {n_clients} SuperNodes need ports {first}..{last}, beyond 65535")
-    if first <= superlink <= last:
-        eng.fail("superlink_port", f"falls in the SuperNodes' ports {first}..{last} (engine.supernode_port + client)")
+    if n_clients is not None:  # the SuperNodes' ports, one per client, need the scenario's valid n_clients
+        last = first + n_clients - 1
+        if last > 65535:
+            eng.fail("supernode_port", f"the {n_clients} SuperNodes need ports {first}..{last}, beyond 65535")
+        if first <= superlink <= last:
+            eng.fail("superlink_port", f"falls in the SuperNodes' ports {first}..{last} (engine.supernode_port + client)")
     tls = eng.boolean("tls")
     if eng.boolean("node_auth") and not tls:
         eng.fail("node_auth", "needs engine.tls=true (Flower authenticates SuperNodes only over TLS)")
@@ -73,10 +74,11 @@ def _check_deployment(eng: Checker, n_clients: int) -> None:
     eng.text("out_dir", optional=True)
 
 
-_CHECKS: dict[str, Callable[[Checker, int], None]] = {
+_CHECKS: dict[str, Callable[[Checker, int | None], None]] = {
     "simulation": _check_simulation, "inprocess": _check_inprocess, "deployment": _check_deployment}
 
 
-def check_engine(eng: Checker, name: str, n_clients: int) -> None:
-    """The rules of engine ``name``'s section, for a federation of ``n_clients``."""
+def check_engine(eng: Checker, name: str, n_clients: int | None) -> None:
+    """The rules of engine ``name``'s section, for a federation of ``n_clients`` (None: unknown, as the scenario's
+    rules are broken; the rules that need it are skipped)."""
     _CHECKS[name](eng, n_clients)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedica.config.checker import Checker, ConfigError
-from fedica.data.files import DataFileError
-from fedica.data.scenarios import ICA_SCENARIOS, SCENARIO_NAMES, SCENARIOS, ica_scenario_data
+from fedica.config.checker import Checker, ConfigError, Errors, is_list
+from fedica.data.files import DataFileError, check_client_table, ica_observations
+from fedica.data.scenarios import ICA_SCENARIOS, SCENARIO_NAMES, SCENARIOS, file_table
 
 __all__ = ["SCENARIO_KEYS", "SCENARIOS_BY_ALGORITHM", "MAX_CLIENTS", "MEMORY_SHARE", "check_scenario",
            "check_affordable", "check_files_engine", "client_count"]
@@ -73,45 +73,97 @@ def _physical_memory() -> float:
         return math.inf
 
 
-def check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str, ray_address: str | None) -> None:
-    """The data files are there (and for RF-ICA readable, with one channel count) on local engines."""
+def check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str, ray_address: str | None,
+                       broken: Collection[str] = ()) -> None:
+    """Every site's data file, read and checked before anything starts, on the engines that read them here.
+
+    On the local engines (inprocess, simulation) every file is parsed (through the scenarios' cache, so the run
+    does not parse it again) and held to the rules its site would apply: the format, the ``label_column``
+    against the file's header or width, and FedGEM's K_g and split (or RF-ICA's channels, the same at every
+    site). A file that breaks one is a line naming the file and the place (the line, the column, the cell),
+    and every file is checked, so that no site that cannot take part is left out of the run unnoticed. In a
+    deployment the files are on the sites' machines: only the keys are checked.
+
+    Parameters
+    ----------
+    sc : mapping
+        The ``scenario`` section.
+    algorithm, engine : str
+    ray_address : str or None
+        ``engine.ray_address`` (simulation).
+    broken : collection of str
+        The section's keys already reported broken: the rules that need them are skipped.
+
+    Raises
+    ------
+    ConfigError
+        One line per broken rule.
+    """
+    errors = Errors()
     if ray_address is not None:  # a cluster's workers are not this user's local clients (clients/app.py)
         raise ConfigError(f"engine.ray_address={ray_address!r}: scenario=files runs on this machine's own Ray only; "
                           "on several machines use engine=deployment, each SuperNode with its own data-path")
-    if sc["write_sources"] and engine == "deployment":
-        raise ConfigError("scenario.write_sources=true: sources are written only by engines that run every site "
-                          "on this machine (inprocess, simulation); in a deployment each site holds its own data")
-    if engine == "deployment":
-        return
-    _check_local_files(sc["paths"])
-    if algorithm == "rfica":
-        _check_ica_channels(sc)
+    if "write_sources" not in broken and sc["write_sources"] and engine == "deployment":
+        errors.add("scenario.write_sources=true: sources are written only by engines that run every site on this "
+                   "machine (inprocess, simulation); in a deployment each site holds its own data")
+    if engine != "deployment" and "paths" not in broken:
+        tables = _read_local_files(sc, errors, read="label_column" not in broken)
+        if algorithm == "rfica":
+            _check_ica_channels(sc, tables, errors)
+        elif not {"n_components", "test_fraction"} & set(broken):
+            _check_client_tables(sc, tables, errors)
+    errors.raise_any()
 
 
-def _check_ica_channels(sc: Mapping[str, Any]) -> None:
-    """Every RF-ICA site's file reads as observations, and all have the first one's number of channels.
+def _paths_line(index: int, path: str, error: DataFileError) -> str:
+    """A file's problem as the config reports it: the key, the file, and the place with the cell's content."""
+    return f"scenario.paths[{index}]={path}: {error.detail}"
 
-    This reads the files (cached: the sites of an in-process run reuse what was read), so a malformed file or
-    a site with other channels stops the run before it starts, with one line.
+
+def _read_local_files(sc: Mapping[str, Any], errors: Errors, *, read: bool) -> dict[int, tuple]:
+    """Every site's table, by site, for the files that read; each other one is a line in ``errors``.
+
+    ``read=False`` (a broken ``label_column``) only checks that the files are there.
     """
-    width = None
+    tables = {}
     for index, path in enumerate(sc["paths"]):
-        try:
-            n_channels = ica_scenario_data(sc, index, 0).shape[0]
-        except DataFileError as err:
-            raise ConfigError(f"scenario.paths[{index}]: {err}") from None
-        width = n_channels if width is None else width
-        if n_channels != width:
-            raise ConfigError(f"scenario.paths[{index}]={path}: has {n_channels} channels (columns) but "
-                              f"scenario.paths[0] has {width}; every site must observe the same channels")
-
-
-def _check_local_files(paths: Sequence[str]) -> None:
-    """Every client's file exists here, so that a misspelt path stops the run before it starts (local engines
-    only: in a deployment each SuperNode reads its own ``data-path``, maybe on another machine)."""
-    for index, path in enumerate(paths):
         location = Path(path)
         if location.is_dir():
-            raise ConfigError(f"scenario.paths[{index}]={path}: is a directory, not a data file")
-        if not location.is_file():
-            raise ConfigError(f"scenario.paths[{index}]={path}: no such file")
+            errors.add(f"scenario.paths[{index}]={path}: is a directory, not a data file")
+        elif not location.is_file():
+            errors.add(f"scenario.paths[{index}]={path}: no such file")
+        elif read:
+            try:
+                tables[index] = file_table(path, sc["label_column"])
+            except DataFileError as err:
+                errors.add(_paths_line(index, path, err))
+    return tables
+
+
+def _check_client_tables(sc: Mapping[str, Any], tables: Mapping[int, tuple], errors: Errors) -> None:
+    """Every FedGEM client's table holds its K_g, before and after its train/test split."""
+    n_components = sc["n_components"]
+    for index, (X, y) in tables.items():
+        path = sc["paths"][index]
+        k = n_components[index] if is_list(n_components) else n_components
+        try:
+            check_client_table(path, X, y, n_components=k, test_fraction=sc["test_fraction"])
+        except DataFileError as err:
+            errors.add(_paths_line(index, path, err))
+
+
+def _check_ica_channels(sc: Mapping[str, Any], tables: Mapping[int, tuple], errors: Errors) -> None:
+    """Every RF-ICA site's table reads as observations, and all have the first one's number of channels."""
+    width = first = None
+    for index, (X, _) in tables.items():
+        path = sc["paths"][index]
+        try:
+            n_channels = ica_observations(path, X).shape[1]
+        except DataFileError as err:
+            errors.add(_paths_line(index, path, err))
+            continue
+        if width is None:
+            width, first = n_channels, index
+        elif n_channels != width:
+            errors.add(f"scenario.paths[{index}]={path}: has {n_channels} channels (columns) but "
+                       f"scenario.paths[{first}] has {width}; every site must observe the same channels")

@@ -2,37 +2,64 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from fedica.config.checker import Checker, ConfigError
 from fedica.config.schema import ATTACKS_BY_ALGORITHM, LOG_LEVELS
-from fedica.evaluation.baselines import BASELINE_METHODS
+from fedica.data.files import LABELLED_TEST_FRACTION
+from fedica.evaluation.baselines import BASELINE_METHODS, FILE_METHODS
 
-__all__ = ["check_top_level", "check_federation_size", "check_attack", "check_plot", "check_workload"]
+__all__ = ["check_top_level", "check_federation_size", "check_file_comparators", "check_attack", "check_plot",
+           "check_workload"]
 
 
 def check_top_level(top: Checker) -> None:
-    """The keys of ``conf/config.yaml`` that need nothing but themselves."""
-    top.integer("seed", minimum=0)
-    top.integer("min_clients", minimum=1)
-    top.seconds("round_timeout")
-    top.seconds("node_wait_timeout")
-    top.boolean("baselines")
-    top.names("baseline_methods", BASELINE_METHODS)
-    top.choice("log_level", LOG_LEVELS)
+    """The keys of ``conf/config.yaml`` that need nothing but themselves, each on its own."""
+    top.each(lambda: top.integer("seed", minimum=0), lambda: top.integer("min_clients", minimum=1),
+             lambda: top.seconds("round_timeout"), lambda: top.seconds("node_wait_timeout"),
+             lambda: top.boolean("baselines"), lambda: top.names("baseline_methods", BASELINE_METHODS),
+             lambda: top.choice("log_level", LOG_LEVELS))
 
 
 def check_federation_size(top: Checker, n_clients: int) -> None:
-    """``min_clients`` and ``min_nodes`` fit the scenario's ``n_clients``."""
+    """``min_clients`` and ``min_nodes`` fit the scenario's ``n_clients`` (skipped if ``min_clients`` is wrong)."""
+    if "min_clients" in top.broken:
+        return
     if top.integer("min_clients") > n_clients:
         top.fail("min_clients", f"must be <= the number of clients ({n_clients})")
     if top.get("min_nodes") is not None and not top.integer("min_nodes", minimum=top.get("min_clients")) <= n_clients:
         top.fail("min_nodes", f"must be <= the number of clients ({n_clients}), or null (all of them)")
 
 
+def check_file_comparators(top: Checker, sc: Mapping[str, Any], engine: str, broken: Collection[str] = ()) -> None:
+    """A request for the comparators of ``scenario=files`` (``baseline_methods`` naming nothing but those that run
+    on files, :data:`~fedica.evaluation.baselines.FILE_METHODS`) that the run can honour.
+
+    They read the files (so not in a deployment) and are scored on the rows held out (so not with
+    ``test_fraction`` 0, which null is without labels). The default list names other comparators too and
+    runs none on files: it asks for nothing here. ``broken``: the scenario's keys already reported.
+    """
+    if {"baselines", "baseline_methods"} & top.broken or {"test_fraction", "label_column"} & set(broken):
+        return
+    methods = top.get("baseline_methods")
+    if not top.get("baselines") or not methods or not set(methods) <= set(FILE_METHODS):
+        return
+    if engine == "deployment":
+        top.fail("baseline_methods", "on scenario=files the comparators read the sites' files, which a deployment "
+                                     "keeps on the sites' machines; use engine=inprocess or simulation")
+    held_out = sc["test_fraction"]
+    if held_out is None:
+        held_out = 0.0 if sc["label_column"] is None else LABELLED_TEST_FRACTION
+    if held_out == 0:
+        top.fail("baseline_methods", f"scenario.test_fraction={sc['test_fraction']!r} holds no rows out to score a "
+                                     "comparator on (null: 0 without a label_column); set scenario.test_fraction, "
+                                     "e.g. 0.3")
+
+
 def check_attack(attack: Checker, algorithm: str) -> None:
-    attack.choice("kind", ATTACKS_BY_ALGORITHM[algorithm])
-    attack.number("fraction", low=0, high=1, high_open=True)
+    attack.each(lambda: attack.choice("kind", ATTACKS_BY_ALGORITHM[algorithm]),
+                lambda: attack.number("fraction", low=0, high=1, high_open=True))
 
 
 def check_plot(cfg: dict[str, Any]) -> None:

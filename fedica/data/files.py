@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -16,19 +17,40 @@ from sklearn.model_selection import train_test_split
 from fedica.data.common import ClientData
 from fedica.fedgem.local import estimate_n_components
 from fedica.seeding import generator, sklearn_seed
-from fedica.validation import check_test_fraction
 
 # ``n_components: auto``: each client chooses its K_g (BIC), from 2 to MAX_AUTO_COMPONENTS.
 AUTO_COMPONENTS = "auto"
 MAX_AUTO_COMPONENTS = 10
+# The share of a labelled file held out for scoring when test_fraction is None (without labels nothing is held
+# out: there is nothing to score it against).
+LABELLED_TEST_FRACTION = 0.3
 
 
 class DataFileError(ValueError):
-    """A client's data file is missing or malformed; the message names the file, the place and the rule."""
+    """A client's data file is missing or malformed; the message names the file, the place and the rule.
+
+    The message (``str(error)``, ``"<path>: <problem>"``) may travel from a site to the server, so it names the
+    place, never the file's content. ``detail`` says the same for the user on the machine that holds the file:
+    it may also quote the file's header names and the offending cell (the config's up-front check prints it).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    problem : str
+        What is wrong and where, without the path and without the file's content.
+    detail : str or None
+        ``problem`` with the content that explains it; None: ``problem`` says it all.
+    """
+
+    def __init__(self, path, problem: str, *, detail: str | None = None):
+        super().__init__(f"{path}: {problem}")
+        self.path = str(path)
+        self.problem = problem
+        self.detail = problem if detail is None else detail
 
 
-def load_client_file(path, *, label_column: int | str | None = None, n_components: int | None = None,
-                     test_fraction: float = 0.3, seed: int = 0, delimiter: str = ",") -> ClientData:
+def load_client_file(path, *, label_column: int | str | None = None, n_components: int | str | None = None,
+                     test_fraction: float | None = 0.3, seed: int = 0, delimiter: str = ",") -> ClientData:
     """Load one client's data from a CSV, ``.npy`` or ``.npz`` file and split it train/test.
 
     Formats (chosen by suffix; anything other than ``.npy``/``.npz`` is read as CSV):
@@ -54,8 +76,9 @@ def load_client_file(path, *, label_column: int | str | None = None, n_component
         K_g; None means the number of distinct labels (an error without labels); "auto" lets the
         client choose by BIC over isotropic mixtures of 2 to :data:`MAX_AUTO_COMPONENTS`
         components, fitted on its training points.
-    test_fraction : float
-        In (0, 1).
+    test_fraction : float or None
+        In [0, 1): the share of the points held out for scoring; 0 trains on every point (nothing is
+        scored). None: :data:`LABELLED_TEST_FRACTION` when the file has labels, else 0.
     seed : int
     delimiter : str
         CSV field separator.
@@ -71,34 +94,94 @@ def load_client_file(path, *, label_column: int | str | None = None, n_component
         line, and column), a non-integer label, a wrong number of dimensions, a ragged CSV, fewer than 2
         components, or fewer points than components. The message starts with the file's path.
     """
-    path = Path(path)
-    test_fraction = check_test_fraction(test_fraction)
-    X, y = _read_any(path, label_column, delimiter)
+    X, y = read_table(path, label_column=label_column, delimiter=delimiter)
+    return client_data_from_table(path, X, y, n_components=n_components, test_fraction=test_fraction, seed=seed)
 
-    choose = n_components == AUTO_COMPONENTS and X.shape[0] >= 4
-    if n_components == AUTO_COMPONENTS and not choose:
-        n_components = None
-    if n_components is None:
-        if y is None:
-            raise DataFileError(f"{path}: n_components is not given and the file has no labels to count it from")
-        n_components = int(np.unique(y).size)
-    if not choose and n_components < 2:
-        raise DataFileError(f"{path}: needs at least 2 components (clusters), got n_components={n_components}")
-    if not choose and X.shape[0] < n_components:
-        raise DataFileError(f"{path}: has {X.shape[0]} points, fewer than n_components={n_components}")
 
+def client_data_from_table(path, X: np.ndarray, y: np.ndarray | None, *, n_components: int | str | None = None,
+                           test_fraction: float | None = 0.3, seed: int = 0) -> ClientData:
+    """A client's :class:`ClientData` from its file's table (:func:`read_table`): :func:`load_client_file`'s split.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file the table was read from (named in the errors).
+    X : ndarray of shape (n, d)
+    y : ndarray of shape (n,) or None
+    n_components, test_fraction, seed
+        As for :func:`load_client_file`.
+
+    Returns
+    -------
+    ClientData
+
+    Raises
+    ------
+    DataFileError
+        For the rules of :func:`check_client_table`, or too few training points for the K_g a client chose.
+    """
+    n_components, test_fraction = check_client_table(path, X, y, n_components=n_components,
+                                                     test_fraction=test_fraction)
     train, test = _split(X.shape[0], y, test_fraction, seed)
-    if choose:
+    if n_components == AUTO_COMPONENTS:
         # The client chooses on the training points it will fit.
         n_components = estimate_n_components(X[train], MAX_AUTO_COMPONENTS,
                                              random_state=sklearn_seed(generator(seed, "files.components")))
-    if train.size < n_components:
-        raise DataFileError(
-            f"{path}: after the test_fraction={test_fraction} split only {train.size} training points remain, "
-            f"fewer than n_components={n_components}")
+        _check_training_points(path, train.size, n_components, test_fraction)
     y_train = None if y is None else y[train]
     y_test = None if y is None else y[test]
     return ClientData(X[train], y_train, X[test], y_test, int(n_components))
+
+
+def check_client_table(path, X: np.ndarray, y: np.ndarray | None, *, n_components: int | str | None = None,
+                       test_fraction: float | None = 0.3) -> tuple[int | str, float]:
+    """The rules a client's table must meet for its K_g and split, without splitting or fitting anything.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    X : ndarray of shape (n, d)
+    y : ndarray of shape (n,) or None
+    n_components, test_fraction
+        As for :func:`load_client_file`.
+
+    Returns
+    -------
+    n_components : int or "auto"
+        The K_g (the labels' count for None); "auto" when the client will choose it (from 4 points on).
+    test_fraction : float
+        The share held out (None resolved by whether ``y`` exists).
+
+    Raises
+    ------
+    DataFileError
+        For no labels to count K_g from, fewer than 2 components, fewer points than components, or too few
+        training points after the split.
+    """
+    if test_fraction is None:
+        test_fraction = 0.0 if y is None else LABELLED_TEST_FRACTION
+    if not 0.0 <= float(test_fraction) < 1.0:
+        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    test_fraction = float(test_fraction)
+    if n_components == AUTO_COMPONENTS and X.shape[0] >= 4:
+        return AUTO_COMPONENTS, test_fraction
+    if n_components in (None, AUTO_COMPONENTS):
+        if y is None:
+            raise DataFileError(path, "n_components is not given and the file has no labels to count it from")
+        n_components = int(np.unique(y).size)
+    if n_components < 2:
+        raise DataFileError(path, f"needs at least 2 components (clusters), got n_components={n_components}")
+    if X.shape[0] < n_components:
+        raise DataFileError(path, f"has {X.shape[0]} points, fewer than n_components={n_components}")
+    # train_test_split holds out ceil(test_fraction * n) points.
+    _check_training_points(path, X.shape[0] - math.ceil(test_fraction * X.shape[0]), n_components, test_fraction)
+    return int(n_components), test_fraction
+
+
+def _check_training_points(path, n_train: int, n_components: int, test_fraction: float) -> None:
+    if n_train < n_components:
+        raise DataFileError(path, f"after the test_fraction={test_fraction} split only {n_train} training points "
+                                  f"remain, fewer than n_components={n_components}")
 
 
 def load_ica_file(path, *, label_column: int | str | None = None, delimiter: str = ",") -> np.ndarray:
@@ -124,31 +207,73 @@ def load_ica_file(path, *, label_column: int | str | None = None, delimiter: str
         For every problem :func:`load_client_file` names, fewer than 2 channels, or no more samples than
         channels (FastICA's whitening needs ``n_samples > n_channels``). The message starts with the path.
     """
-    X = _read_any(Path(path), label_column, delimiter)[0]
+    return ica_observations(path, read_table(path, label_column=label_column, delimiter=delimiter)[0])
+
+
+def ica_observations(path, X: np.ndarray) -> np.ndarray:
+    """``X`` (a site's table without its label column) if RF-ICA can use it as observations, else DataFileError.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file the table was read from (named in the errors).
+    X : ndarray of shape (n_samples, n_channels)
+
+    Returns
+    -------
+    X : ndarray
+        The same array.
+    """
     if X.shape[1] < 2:
-        raise DataFileError(f"{path}: has {X.shape[1]} channel (column); ICA needs at least 2")
+        raise DataFileError(path, f"has {X.shape[1]} channel (column); ICA needs at least 2")
     if X.shape[0] <= X.shape[1]:
-        raise DataFileError(f"{path}: has {X.shape[0]} samples (rows) for {X.shape[1]} channels; ICA needs more "
-                            "samples than channels")
+        raise DataFileError(path, f"has {X.shape[0]} samples (rows) for {X.shape[1]} channels; ICA needs more "
+                                  "samples than channels")
     return X
 
 
 def read_rows(path, *, label_column: int | str | None = None, delimiter: str = ",") -> np.ndarray:
     """Every data row of a site's file, in the file's order, without its label column (shape (n, d))."""
-    return _read_any(Path(path), label_column, delimiter)[0]
+    return read_table(path, label_column=label_column, delimiter=delimiter)[0]
+
+
+def read_table(path, *, label_column: int | str | None = None,
+               delimiter: str = ",") -> tuple[np.ndarray, np.ndarray | None]:
+    """A data file's points and labels, every row in the file's order, after every check of the format.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    label_column : int, str or None
+        As for :func:`load_client_file`.
+    delimiter : str
+
+    Returns
+    -------
+    X : ndarray of shape (n, d), float64
+        The rows without the label column.
+    y : ndarray of shape (n,), int64, or None
+        The labels (the label column, or an ``.npz`` file's ``y``); None without labels.
+
+    Raises
+    ------
+    DataFileError
+        For every problem of the file's format :func:`load_client_file` names.
+    """
+    return _read_any(Path(path), label_column, delimiter)
 
 
 def _read_any(path: Path, label_column, delimiter: str):
     """Points and labels of a data file, by suffix; a missing or empty file is an error."""
     if path.is_symlink():
         # A site's data is a file it names itself; a link could lead a client to any file of its machine.
-        raise DataFileError(f"{path}: is a symbolic link; name the data file itself")
+        raise DataFileError(path, "is a symbolic link; name the data file itself")
     if path.is_dir():
-        raise DataFileError(f"{path}: is a directory, not a data file")
+        raise DataFileError(path, "is a directory, not a data file")
     if not path.is_file():
-        raise DataFileError(f"{path}: no such file")
+        raise DataFileError(path, "no such file")
     if path.stat().st_size == 0:
-        raise DataFileError(f"{path}: file is empty")
+        raise DataFileError(path, "file is empty")
     suffix = path.suffix.lower()
     if suffix in (".npy", ".npz"):
         return _read_numpy_file(path, suffix, label_column)
@@ -157,6 +282,8 @@ def _read_any(path: Path, label_column, delimiter: str):
 
 def _split(n_points: int, y: np.ndarray | None, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Train and test row indices: stratified by label where every label can go to both parts."""
+    if test_fraction == 0:
+        return np.arange(n_points), np.arange(0)
     stratify = None
     if y is not None:
         _, label_counts = np.unique(y, return_counts=True)
@@ -172,42 +299,59 @@ def _cell_name(column: int, header: list[str] | None) -> str:
     return f"column {column}"
 
 
+def _named_cell(column: int, header: list[str] | None) -> str:
+    """The column with its header name, for DataFileError's ``detail`` (read on the file's own machine)."""
+    return f"column {column}" if header is None else f"column {column} ({header[column]!r})"
+
+
+def _columns(width: int, header: list[str] | None) -> str:
+    """The file's columns, for DataFileError's ``detail``: their names, or their index range."""
+    if header is None:
+        return f"its {width} columns are 0..{width - 1} (no header)"
+    return f"its {width} columns are " + ", ".join(f"{index}: {name!r}" for index, name in enumerate(header))
+
+
 def _read_csv_file(path: Path, label_column, delimiter: str):
+    # Each row is converted as it is read, into one growing buffer of doubles (8 bytes a cell, beside the
+    # rows' line numbers): a file's table takes memory in proportion to its size, never a list of strings.
+    values, lines = array("d"), array("q")
+    header, width = None, None
     with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle, delimiter=delimiter)
-        rows, lines = [], []
         for row in reader:
-            if all(not cell.strip() for cell in row):
+            cells = [cell.strip() for cell in row]
+            if not any(cells):
                 continue
-            rows.append([cell.strip() for cell in row])
+            if width is None:
+                width = len(cells)
+                if not all(_is_number(cell) for cell in cells):
+                    header = cells
+                    continue
+            if len(cells) != width:
+                raise DataFileError(path, f"line {reader.line_num} has {len(cells)} cells, expected {width} (every "
+                                    "row must have as many cells as the first)")
+            values.extend(_numbers(path, cells, reader.line_num, header))
             lines.append(reader.line_num)
-    if not rows:
-        raise DataFileError(f"{path}: file has no data (only blank lines)")
-
-    header = None
-    if any(not _is_number(cell) for cell in rows[0]):
-        header, rows, lines = rows[0], rows[1:], lines[1:]
-        if not rows:
-            raise DataFileError(f"{path}: file has a header but no data rows")
-    width = len(header) if header is not None else len(rows[0])
-    for row, line in zip(rows, lines):
-        if len(row) != width:
-            raise DataFileError(f"{path}: line {line} has {len(row)} cells, expected {width} (every row must "
-                                "have as many cells as the first)")
-    try:
-        table = np.array(rows, dtype=np.float64)
-    except ValueError:
-        # Only on this error path: find the first offending cell to name it.
-        for row, line in zip(rows, lines):
-            for column, cell in enumerate(row):
-                if not _is_number(cell):
-                    raise DataFileError(f"{path}: line {line}, {_cell_name(column, header)}: not a number "
-                                        "(every cell must be numeric)") from None
-        raise
+    if width is None:
+        raise DataFileError(path, "file has no data (only blank lines)")
+    if not lines:
+        raise DataFileError(path, "file has a header but no data rows")
+    table = np.frombuffer(values, dtype=np.float64).reshape(len(lines), width)
     _check_finite(path, table, lambda row: f"line {lines[row]}", header)
 
     label_index = _resolve_label_column(path, label_column, width, header)
     return _split_label_column(path, table, label_index, lambda row: f"line {lines[row]}", header)
+
+
+def _numbers(path: Path, cells: list[str], line: int, header: list[str] | None) -> list[float]:
+    """A data row's cells as floats; the first that is not a number is a DataFileError naming its place."""
+    try:
+        return [float(cell) for cell in cells]
+    except ValueError:
+        column = next(index for index, cell in enumerate(cells) if not _is_number(cell))
+        raise DataFileError(path, f"line {line}, {_cell_name(column, header)}: not a number (every cell must be "
+                            "numeric)", detail=f"line {line}, {_named_cell(column, header)}: {cells[column]!r} is "
+                            "not a number") from None
 
 
 def _is_number(cell: str) -> bool:
@@ -222,35 +366,35 @@ def _read_numpy_file(path: Path, suffix: str, label_column):
     try:
         loaded = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
-        raise DataFileError(f"{path}: cannot be read as {suffix} ({error})") from None
+        raise DataFileError(path, f"cannot be read as {suffix} ({error})") from None
     y = None
     if suffix == ".npz":
         with loaded:
             if "X" not in loaded.files:
-                raise DataFileError(f"{path}: .npz file has no array 'X' (arrays found: {loaded.files})")
+                raise DataFileError(path, f".npz file has no array 'X' (arrays found: {loaded.files})")
             X = loaded["X"]
             y = loaded["y"] if "y" in loaded.files else None
         if y is not None and label_column is not None:
-            raise DataFileError(f"{path}: has a 'y' array and label_column={label_column!r} was given; "
+            raise DataFileError(path, f"has a 'y' array and label_column={label_column!r} was given; "
                                 "use one source of labels")
     else:
         X = loaded
     if X.ndim != 2:
-        raise DataFileError(f"{path}: the data array must be 2-D (points x features), got {X.ndim}-D "
+        raise DataFileError(path, f"the data array must be 2-D (points x features), got {X.ndim}-D "
                             f"shape {X.shape}")
     if X.shape[0] == 0 or X.shape[1] == 0:
-        raise DataFileError(f"{path}: the data array is empty (shape {X.shape})")
+        raise DataFileError(path, f"the data array is empty (shape {X.shape})")
     if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
-        raise DataFileError(f"{path}: the data array must be numeric, got dtype {X.dtype}")
+        raise DataFileError(path, f"the data array must be numeric, got dtype {X.dtype}")
     X = X.astype(np.float64)
     _check_finite(path, X, lambda row: f"row {row}", None)
     where = lambda row: f"row {row}"  # noqa: E731
     if y is not None:
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
-            raise DataFileError(f"{path}: 'y' must be 1-D with one label per row of 'X' ({X.shape[0]}), got "
+            raise DataFileError(path, f"'y' must be 1-D with one label per row of 'X' ({X.shape[0]}), got "
                                 f"shape {y.shape}")
         if not np.issubdtype(y.dtype, np.number):
-            raise DataFileError(f"{path}: 'y' must be numeric, got dtype {y.dtype}")
+            raise DataFileError(path, f"'y' must be numeric, got dtype {y.dtype}")
         return X, _integer_labels(path, y.astype(np.float64), where, "array 'y'")
     label_index = _resolve_label_column(path, label_column, X.shape[1], None)
     return _split_label_column(path, X, label_index, where, None)
@@ -260,7 +404,7 @@ def _check_finite(path: Path, table: np.ndarray, where, header) -> None:
     bad = np.argwhere(~np.isfinite(table))
     if bad.size:
         row, column = bad[0]
-        raise DataFileError(f"{path}: {where(row)}, {_cell_name(column, header)}: not finite "
+        raise DataFileError(path, f"{where(row)}, {_cell_name(column, header)}: not finite "
                             "(NaN and infinity are not allowed)")
 
 
@@ -269,12 +413,15 @@ def _resolve_label_column(path: Path, label_column, width: int, header) -> int |
         return None
     if isinstance(label_column, str):
         if header is None:
-            raise DataFileError(f"{path}: label_column={label_column!r} is a name but the file has no header")
+            problem = f"label_column={label_column!r} is a name but the file has no header"
+            raise DataFileError(path, problem, detail=f"{problem}; {_columns(width, header)}")
         if label_column not in header:
-            raise DataFileError(f"{path}: label_column={label_column!r} is none of the header's {len(header)} names")
+            problem = f"label_column={label_column!r} is none of the header's {len(header)} names"
+            raise DataFileError(path, problem, detail=f"{problem}; {_columns(width, header)}")
         return header.index(label_column)
     if not -width <= int(label_column) < width:
-        raise DataFileError(f"{path}: label_column={label_column} is out of range for {width} columns")
+        problem = f"label_column={label_column} is out of range for {width} columns"
+        raise DataFileError(path, problem, detail=f"{problem}; {_columns(width, header)}")
     return int(label_column) % width
 
 
@@ -282,7 +429,7 @@ def _split_label_column(path: Path, table: np.ndarray, label_index: int | None, 
     if label_index is None:
         return table, None
     if table.shape[1] < 2:
-        raise DataFileError(f"{path}: only the label column, no feature columns")
+        raise DataFileError(path, "only the label column, no feature columns")
     labels = _integer_labels(path, table[:, label_index], where, _cell_name(label_index, header))
     return np.delete(table, label_index, axis=1), labels
 
@@ -290,11 +437,11 @@ def _split_label_column(path: Path, table: np.ndarray, label_index: int | None, 
 def _integer_labels(path: Path, values: np.ndarray, where, column_name: str) -> np.ndarray:
     bad = np.flatnonzero(~np.isfinite(values) | (values != np.round(values)))
     if bad.size:
-        raise DataFileError(f"{path}: {where(bad[0])}, {column_name}: not an integer "
+        raise DataFileError(path, f"{where(bad[0])}, {column_name}: not an integer "
                             "(labels must be integer class ids)")
     # Labels are read as doubles: beyond 2**53 two different ids could read as one.
     huge = np.flatnonzero(np.abs(values) > 2.0**53)
     if huge.size:
-        raise DataFileError(f"{path}: {where(huge[0])}, {column_name}: a label beyond 2**53 "
+        raise DataFileError(path, f"{where(huge[0])}, {column_name}: a label beyond 2**53 "
                             "(class ids this large cannot be told apart; renumber them)")
     return values.astype(np.int64)

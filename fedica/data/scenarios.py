@@ -27,7 +27,7 @@ import numpy as np
 from fedica.data.blobs import SETTINGS, blobs_client_data
 from fedica.data.classes import digits_client_data, waveform_client_data
 from fedica.data.common import ClientData
-from fedica.data.files import AUTO_COMPONENTS, load_client_file, load_ica_file
+from fedica.data.files import AUTO_COMPONENTS, client_data_from_table, ica_observations, read_table
 from fedica.data.ica_paper import (
     ica_client_data,
     ica_corrupted_clients,
@@ -157,37 +157,50 @@ def _check_classes(n_classes: int) -> Callable[[Checker], None]:
     return check
 
 
-def _check_file_list(sc: Checker) -> None:
-    """The keys of files that both algorithms read (RF-ICA reads no others: n_components and test_fraction are
-    FedGEM's)."""
+def _check_paths(sc: Checker) -> None:
     paths = sc.get("paths")
     if not _is_list(paths) or len(paths) == 0:
         sc.fail("paths", "must be a non-empty list of data files, one per client (scenario.paths=[a.csv,b.csv])")
     if not all(isinstance(p, str) and p for p in paths):
         sc.fail("paths", "every entry must be a file path")
+
+
+def _check_label_column(sc: Checker) -> None:
     label = sc.get("label_column")
     if label is not None and (isinstance(label, bool) or not isinstance(label, (str, Integral))):
         sc.fail("label_column", "must be a column index, a header name or null")
-    sc.boolean("write_sources")
 
 
-def _check_files(sc: Checker) -> None:
-    _check_file_list(sc)
-    if sc.get("write_sources"):
-        sc.fail("write_sources", "only RF-ICA recovers sources; FedGEM needs write_sources=false")
-    paths = sc.get("paths")
-    sc.number("test_fraction", low=0, high=1, low_open=True, high_open=True)
-    label = sc.get("label_column")
+def _check_file_list(sc: Checker) -> None:
+    """The keys of files that both algorithms read (RF-ICA reads no others: n_components and test_fraction are
+    FedGEM's); each rule on its own (the files themselves are read by fedica.config, on the local engines)."""
+    sc.each(lambda: _check_paths(sc), lambda: _check_label_column(sc), lambda: sc.boolean("write_sources"))
+
+
+def _check_n_components(sc: Checker) -> None:
     n_components = sc.get("n_components")
     if n_components is None:
-        if label is None:
+        if sc.get("label_column") is None:
             sc.fail("n_components", "must be given when there is no label_column (or auto: each client chooses)")
         return
     values = n_components if _is_list(n_components) else [n_components]
-    if _is_list(n_components) and len(values) != len(paths):
+    paths = sc.get("paths")
+    if _is_list(n_components) and _is_list(paths) and len(values) != len(paths):
         sc.fail("n_components", f"must have one entry per path ({len(paths)})")
     if not all(v == AUTO_COMPONENTS or (isinstance(v, Integral) and not isinstance(v, bool) and v >= 2) for v in values):
         sc.fail("n_components", f"every K_g must be an integer >= 2 or {AUTO_COMPONENTS}")
+
+
+def _check_write_sources_off(sc: Checker) -> None:
+    if sc.get("write_sources") is True:
+        sc.fail("write_sources", "only RF-ICA recovers sources; FedGEM needs write_sources=false")
+
+
+def _check_files(sc: Checker) -> None:
+    # null: held out only when there are labels to score it against (load_client_file's test_fraction).
+    sc.each(lambda: _check_file_list(sc), lambda: _check_write_sources_off(sc),
+            lambda: sc.get("test_fraction") is None or sc.number("test_fraction", low=0, high=1, high_open=True),
+            lambda: _check_n_components(sc))
 
 
 # ---------------------------------------------------------------- each scenario's loaders and truth
@@ -217,14 +230,15 @@ def _load_client_file(params: dict, partition_id: int, seed: int) -> ClientData:
             raise ValueError(f"scenario 'files': n_components has {len(n_components)} entries for "
                              f"{len(paths)} paths; give one per client, one int, or null")
         n_components = n_components[partition_id]
-    return load_client_file(paths[partition_id], label_column=params.get("label_column"),
-                            n_components=n_components, test_fraction=params.get("test_fraction", 0.3),
-                            seed=seed)
+    path = paths[partition_id]
+    X, y = file_table(path, params.get("label_column"))
+    return client_data_from_table(path, X, y, n_components=n_components, test_fraction=params.get("test_fraction"),
+                                  seed=seed)
 
 
 def _load_ica_file(params: dict, partition_id: int, seed: int) -> np.ndarray:
     # ica_scenario_data has already picked this site's file (``path``) from ``paths``, for its cache key.
-    return load_ica_file(params["path"], label_column=params["label_column"]).T
+    return ica_observations(params["path"], file_table(params["path"], params["label_column"])[0]).T
 
 
 def _ica_paper_poor_sites(params: dict, seed: int) -> dict[str, list[int]]:
@@ -384,7 +398,8 @@ def scenario_client_data(scenario: Mapping, partition_id: int, seed: int) -> Cli
     scenario : Mapping
         ``name`` in {"blobs", "waveform", "digits", "mnist", "files"} plus that scenario's keys; missing keys
         take the defaults of the matching ``*_client_data`` function. ``files`` needs ``paths`` (one per client);
-        its ``n_components`` may be an int, a list (one per client) or None. Unknown keys are an error.
+        its ``n_components`` may be an int, a list (one per client) or None, and a missing
+        ``test_fraction`` is None (as in ``conf/scenario/files.yaml``). Unknown keys are an error.
     partition_id : int
         Client index.
     seed : int
@@ -419,6 +434,41 @@ CLIENT_CACHE_SIZE = 4096
 @functools.lru_cache(maxsize=CLIENT_CACHE_SIZE)
 def _cached_client_data(name: str, items: tuple, partition_id: int, seed: int, _stamp) -> ClientData:
     return SCENARIOS[name].client_data(dict(items), partition_id, seed)
+
+
+def file_table(path, label_column: int | str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """A data file's points and labels (:func:`fedica.data.files.read_table`), parsed once per process.
+
+    The config's up-front check of the files and the run's loaders both read through this cache, keyed by the
+    path, the label column and the file's modification time and size (an edited file is parsed anew), so a
+    file checked before the run is not parsed again for it. The arrays are the cache's own, read-only: the
+    loaders copy what they keep (the train/test split), so a process holds a file's table once.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    label_column : int, str or None
+
+    Returns
+    -------
+    X : ndarray of shape (n, d), read-only
+    y : ndarray of shape (n,), read-only, or None
+
+    Raises
+    ------
+    fedica.data.files.DataFileError
+        For a missing or malformed file (never cached: a fixed file is read anew).
+    """
+    return _cached_table(str(path), label_column, _file_stamp(path))
+
+
+@functools.lru_cache(maxsize=CLIENT_CACHE_SIZE)
+def _cached_table(path: str, label_column, _stamp) -> tuple[np.ndarray, np.ndarray | None]:
+    X, y = read_table(path, label_column=label_column)
+    for array in (X, y):
+        if array is not None:
+            array.setflags(write=False)
+    return X, y
 
 
 def true_n_clusters(scenario: Mapping) -> int | None:

@@ -38,11 +38,13 @@ from fedica.evaluation.metrics import (
 from fedica.protocol import ProtocolDriver
 from fedica.seeding import sklearn_seed
 
-__all__ = ["BASELINE_METHODS", "BaselineResult", "central_gmm", "dp_gmm", "dp_gmm_truncation", "evaluate_clustering",
+__all__ = ["BASELINE_METHODS", "FILE_METHODS", "BaselineResult", "central_gmm", "dp_gmm", "dp_gmm_truncation", "evaluate_clustering",
            "fed_kmeans", "k_fed", "run_baselines", "run_seed"]
 
 # The names baseline_methods selects.
 BASELINE_METHODS = ("central-gmm", "dp-gmm", "k-fed", "fed-kmeans", "ffcm-avg1", "ffcm-avg2", "afcl")
+# Those that run on scenario=files: the central GMM on the pooled files, the reference a user compares with.
+FILE_METHODS = ("central-gmm",)
 
 # DP-GMM's default truncation never drops below this many components (see dp_gmm_truncation).
 DP_GMM_MIN_TRUNCATION = 25
@@ -289,9 +291,9 @@ _INFO_TIMINGS = {"client_seconds": "clients_sum", "server_seconds": "server"}
 
 
 def run_baselines(scenario: Mapping[str, Any], methods: Sequence[str], *, seed: int, n_init: int = 3,
-                  driver: ProtocolDriver | None = None, partitions: Sequence[int] | None = None
-                  ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
-    """The comparators on a simulated scenario's clients, scored like FedGEM.
+                  driver: ProtocolDriver | None = None, partitions: Sequence[int] | None = None,
+                  fedgem_k: int | None = None) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """The comparators on a simulated scenario's clients (or the user's files), scored like FedGEM.
 
     The one-shot comparators run on data regenerated from the scenario and the seed (a
     simulation); the iterative federated ones (FFCM, AFCL) exchange their messages with the
@@ -301,26 +303,62 @@ def run_baselines(scenario: Mapping[str, Any], methods: Sequence[str], *, seed: 
     (default: every client of the scenario) are the clients that take part, so that the comparators
     see exactly the clients FedGEM saw.
 
+    On ``scenario=files`` (read here, so only where the files are: the local engines) the comparators
+    run when ``methods`` names nothing but :data:`FILE_METHODS` (the central GMM on the pooled files),
+    the user's request: the default list, which names comparators of the simulated scenarios, runs none
+    on files (a log line says so), so a files run's result is what it was before. Its K is the number of
+    distinct labels of the clients' files when every file has labels (``k_source: "labels"`` in its
+    metrics), else ``fedgem_k``, the K_hat FedGEM found (``k_source: "fedgem"``: a central GMM with
+    FedGEM's K, scored by its silhouettes; there is no true K to score against).
+
+    Parameters
+    ----------
+    scenario : mapping
+        The run's ``scenario`` section.
+    methods : sequence of str
+        Names of :data:`BASELINE_METHODS`.
+    seed : int
+    n_init : int
+    driver : ProtocolDriver or None
+    partitions : sequence of int or None
+    fedgem_k : int or None
+        FedGEM's K_hat, the K of the central GMM on unlabelled files.
+
     Returns
     -------
     metrics : dict of method name to its scores
         :func:`evaluate_clustering`'s scores, ``k_true``, and the other numeric entries of the method's
-        ``BaselineResult.info`` (e.g. ``rounds``, AFCL's ``residual_bytes``).
+        ``BaselineResult.info`` (e.g. ``rounds``, AFCL's ``residual_bytes``); on files also ``k_source``.
     fit_seconds : dict of method name to its own fitting time
         Also ``<method>_clients_sum`` and ``<method>_server`` for the federated protocols (as for FedGEM).
     """
     unknown = sorted(set(methods) - set(BASELINE_METHODS))
     if unknown:
         raise ValueError(f"unknown baseline methods {unknown}; known: {BASELINE_METHODS}")
-    partitions = list(range(int(scenario["n_clients"]))) if partitions is None else sorted(partitions)
+    files = scenario["name"] == "files"
+    if partitions is None:
+        partitions = range(len(scenario["paths"]) if files else int(scenario["n_clients"]))
+    partitions = sorted(partitions)
+    if files and not (methods and set(methods) <= set(FILE_METHODS)):
+        log.info("scenario=files: no comparator runs (they run when baseline_methods names nothing but %s)",
+                 ", ".join(FILE_METHODS))
+        return {}, {}
     clients = [scenario_client_data(scenario, p, seed) for p in partitions]
-    true_k = true_n_clusters(scenario)
+    true_k, k_source = true_n_clusters(scenario), None
+    if files:
+        if not any(client.X_test.shape[0] for client in clients):
+            raise ValueError("scenario=files holds no rows out (test_fraction 0) to score a comparator on; "
+                             "set scenario.test_fraction")
+        true_k, k_source = _files_k(clients, fedgem_k)
     runs = _method_runs(clients, true_k, seed, n_init, driver, partitions)
     result_metrics, timings = {}, {}
     for name in methods:
         outcome = runs[name]()
         scores = evaluate_clustering(clients, outcome.test_labels)
-        scores["k_true"] = true_k
+        if k_source != "fedgem":  # FedGEM's K_hat is no true K
+            scores["k_true"] = true_k
+        if k_source is not None:
+            scores["k_source"] = k_source
         for key, value in outcome.info.items():
             if key in _INFO_TIMINGS:
                 timings[f"{name}_{_INFO_TIMINGS[key]}"] = float(value)
@@ -329,3 +367,13 @@ def run_baselines(scenario: Mapping[str, Any], methods: Sequence[str], *, seed: 
         result_metrics[name] = scores
         timings[name] = outcome.fit_seconds
     return result_metrics, timings
+
+
+def _files_k(clients: Sequence[ClientData], fedgem_k: int | None) -> tuple[int, str]:
+    """The K of a comparator on the user's files, and where it comes from: the labels, else FedGEM's K_hat."""
+    if all(client.y_train is not None for client in clients):
+        labels = np.concatenate([np.concatenate([c.y_train, c.y_test]) for c in clients])
+        return int(np.unique(labels).size), "labels"
+    if fedgem_k is None:
+        raise ValueError("a comparator on unlabelled files needs FedGEM's K_hat (fedgem_k)")
+    return int(fedgem_k), "fedgem"

@@ -69,10 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = validate_config(cfg)
         DeploymentOptions.from_engine(cfg["engine"])
     except (ConfigError, ValueError) as err:
-        print(f"fedica-deploy: configuration error: {err}", file=sys.stderr)
-        return 2
-    except Exception as err:  # noqa: BLE001 - Hydra's override errors have many types; one line for the user
-        print(f"fedica-deploy: cannot compose the configuration: {err}", file=sys.stderr)
+        # compose_config and validate_config say each mistake in a line of its own.
+        for line in str(err).splitlines():
+            print(f"fedica-deploy: configuration error: {line}", file=sys.stderr)
         return 2
     configure_logging(cfg.get("log_level", "INFO"))
     options = DeploymentOptions.from_engine(cfg["engine"])

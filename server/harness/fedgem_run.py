@@ -68,11 +68,13 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
     result_metrics = {"fedgem": fedgem_metrics}
     timings = {"fedgem": server.client_seconds + server.server_seconds, "fedgem_clients_sum": server.client_seconds,
                "fedgem_server": server.server_seconds}
-    if cfg["baselines"] and cfg["scenario"]["name"] != "files":
+    # A deployment's files are on the sites' machines: the comparators, which read them, run only on local engines.
+    if cfg["baselines"] and not (cfg["scenario"]["name"] == "files" and cfg["engine"]["name"] == "deployment"):
         start = time.perf_counter()
         baseline_metrics, baseline_timings = run_baselines(cfg["scenario"], cfg["baseline_methods"], seed=int(cfg["seed"]),
                                                            n_init=alg["n_init"], driver=flower_driver(federation),
-                                                           partitions=server.final.partitions)
+                                                           partitions=server.final.partitions,
+                                                           fedgem_k=server.aggregation.k_hat)
         log.info("baselines %s in %.2f s", list(baseline_metrics), time.perf_counter() - start)
         result_metrics.update(baseline_metrics)
         timings.update(baseline_timings)

@@ -93,7 +93,7 @@ def test_config_refuses_other_channels_or_a_bad_file_in_one_line(tmp_path):
                                "every site must observe the same channels")
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
-    with pytest.raises(ConfigError, match=r"^scenario\.paths\[1\]: .*bad\.csv: has 1 samples \(rows\) for 2 channels"):
+    with pytest.raises(ConfigError, match=r"^scenario\.paths\[1\]=.*bad\.csv: has 1 samples \(rows\) for 2 channels"):
         validate_config(_cfg([paths[0], str(bad)]))
     with pytest.raises(ConfigError, match=r"^scenario\.paths\[1\]=.*: no such file$"):
         validate_config(_cfg([paths[0], str(tmp_path / "missing.csv")]))

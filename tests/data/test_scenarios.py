@@ -397,3 +397,112 @@ def test_labels_too_large_to_tell_apart_are_refused(tmp_path):
     path.write_text("1,2,0\n3,4,1\n5,6,18446744073709551616\n7,8,1\n")
     with pytest.raises(DataFileError, match=r"huge.csv: line 3, column 2: a label beyond 2\*\*53"):
         load_client_file(path, label_column=2)
+
+
+def test_test_fraction_none_holds_out_only_with_labels(tmp_path):
+    X, y = _data()
+    labelled, plain = tmp_path / "labelled.csv", tmp_path / "plain.csv"
+    labelled.write_text("a,b,c,label\n" + "\n".join(f"{r[0]},{r[1]},{r[2]},{lab}" for r, lab in zip(X, y)) + "\n")
+    plain.write_text("\n".join(",".join(map(str, row)) for row in X) + "\n")
+    # null is 0.3 with labels: the same split as the former default.
+    assert_same(load_client_file(labelled, label_column="label", test_fraction=None, seed=2),
+                load_client_file(labelled, label_column="label", test_fraction=0.3, seed=2))
+    # Without labels every row trains, in the file's order; nothing is held out.
+    client = load_client_file(plain, n_components=3, test_fraction=None)
+    np.testing.assert_array_equal(client.X_train, X)
+    assert client.X_test.shape == (0, 3) and client.y_test is None
+    # An explicit number is used as given, with labels or without.
+    assert load_client_file(plain, n_components=3, test_fraction=0.25).X_test.shape == (10, 3)
+    assert load_client_file(labelled, label_column="label", test_fraction=0).X_test.shape == (0, 3)
+    with pytest.raises(ValueError, match=r"test_fraction must be in \[0, 1\)"):
+        load_client_file(plain, n_components=3, test_fraction=1.0)
+
+
+def test_a_checked_file_is_not_parsed_again_for_the_run(tmp_path, monkeypatch):
+    from fedica import config
+    from fedica.data import scenarios as registry
+    from fedica.server.app import compose_config
+
+    X, y = _data(seed=3)
+    path = tmp_path / "site.csv"
+    path.write_text("a,b,c,label\n" + "\n".join(f"{r[0]},{r[1]},{r[2]},{lab}" for r, lab in zip(X, y)) + "\n")
+    parsed = []
+    real = registry.read_table
+    monkeypatch.setattr(registry, "read_table", lambda *args, **kwargs: parsed.append(args) or real(*args, **kwargs))
+    cfg = config.validate_config(compose_config(["algorithm=fedgem", "scenario=files", "engine=inprocess",
+                                                 f"scenario.paths=[{path},{path}]", "scenario.label_column=label"]))
+    assert len(parsed) == 1  # the two sites name one file: one parse
+    client = scenario_client_data(cfg["scenario"], 1, 0)
+    assert len(parsed) == 1 and client.X_train.flags.writeable
+    path.write_text(path.read_text() + "9,9,9,1\n")  # an edited file is read anew
+    scenario_client_data(cfg["scenario"], 1, 0)
+    assert len(parsed) == 2
+
+
+def _blob_sites(tmp_path, labelled: bool) -> list[str]:
+    """Three CSV sites of two or three well-separated 2-D blobs (header a,b[,label])."""
+    rng = np.random.default_rng(5)
+    centres = np.array([[0.0, 0.0], [6.0, 6.0], [0.0, 6.0]])
+    paths = []
+    for g in range(3):
+        k = 2 + g % 2
+        X = np.vstack([rng.normal(centres[c], 0.3, size=(40, 2)) for c in range(k)])
+        y = np.repeat(np.arange(k), 40)
+        path = tmp_path / f"site{g}.csv"
+        table, header = (np.c_[X, y], "a,b,label") if labelled else (X, "a,b")
+        np.savetxt(path, table, delimiter=",", header=header, comments="", fmt="%.6f")
+        paths.append(str(path))
+    return paths
+
+
+def _fedgem_files(paths, *overrides):
+    from fedica.config import validate_config
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    return run_inprocess(validate_config(compose_config(["algorithm=fedgem", "scenario=files", "engine=inprocess",
+                                                         "algorithm.rounds=3", f"scenario.paths=[{','.join(paths)}]",
+                                                         *overrides])))
+
+
+def test_a_fedgem_files_run_without_labels_trains_on_every_row_and_writes_its_labels(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    paths = _blob_sites(tmp_path, labelled=False)
+    out = tmp_path / "run"
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-m", "fedica.scripts.run", "algorithm=fedgem", "scenario=files",
+                           "engine=inprocess", "algorithm.rounds=3", f"scenario.paths=[{','.join(paths)}]",
+                           "scenario.n_components=auto", f"hydra.run.dir={out}"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((out / "result.json").read_text())
+    assert list(result["metrics"]) == ["fedgem"]  # nothing held out: no comparator to score
+    assert result["metrics"]["fedgem"]["super_clusters"] == 3
+    for g in range(3):
+        rows = np.loadtxt(out / f"labels_site{g}.csv", delimiter=",", skiprows=1, dtype=int)
+        assert rows.shape == (40 * (2 + g % 2), 2) and (rows[:, 0] == np.arange(rows.shape[0])).all()
+
+
+def test_the_central_gmm_on_labelled_files_takes_k_from_the_labels(tmp_path):
+    paths = _blob_sites(tmp_path, labelled=True)
+    result = _fedgem_files(paths, "scenario.label_column=label", "baseline_methods=[central-gmm]")
+    gmm = result["metrics"]["central-gmm"]
+    assert gmm["k_true"] == 3 and gmm["k_source"] == "labels" and gmm["global_ari"] > 0.99
+    # The default list names the simulated scenarios' comparators too: on files it runs none, as before.
+    default = _fedgem_files(paths, "scenario.label_column=label")
+    assert list(default["metrics"]) == ["fedgem"]
+    assert default["metrics"]["fedgem"] == {k: v for k, v in result["metrics"]["fedgem"].items()}
+
+
+def test_the_central_gmm_on_unlabelled_files_takes_fedgems_k(tmp_path):
+    result = _fedgem_files(_blob_sites(tmp_path, labelled=False), "scenario.n_components=auto",
+                           "scenario.test_fraction=0.3", "baseline_methods=[central-gmm]")
+    gmm = result["metrics"]["central-gmm"]
+    assert gmm["k_source"] == "fedgem" and "k_true" not in gmm
+    assert gmm["k_hat"] == result["metrics"]["fedgem"]["super_clusters"] == 3
+    assert gmm["silhouette"] > 0.8
