@@ -202,6 +202,10 @@ def _likelihood_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str,
 def _evaluate_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
     centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
+    if data.X_test.shape[0] == 0 and data.y_test is None:
+        # No held-out share (a user's unlabelled files keep every row for training): the evaluation
+        # labels the training rows, so that K_hat still counts the clusters the site's points reach.
+        return evaluate(data.X_train, None, centroids, arrays["global-ids"], data.X_train.shape[0])
     return evaluate(data.X_test, data.y_test, centroids, arrays["global-ids"], data.X_train.shape[0])
 
 

@@ -2,8 +2,8 @@
 
 The patterns are the noise a bare ``flwr.simulation.run_simulation`` prints on this Flower and
 Ray: Flower's deprecation banner and log lines, Ray's accelerator FutureWarning, the client
-actors' forwarded output and Ray's note on deduplicating it. The run has one client whose data
-file is broken, so that the quiet settings are seen not to hide a real client error: fedica's
+actors' forwarded output and Ray's note on deduplicating it. The run has one client that fails
+where it runs, so that the quiet settings are seen not to hide a real client error: fedica's
 server still says which client failed and why.
 """
 
@@ -33,18 +33,22 @@ QUIETING_VARIABLES = ("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "RAY_DEDUP_LOGS", "F
 
 @pytest.fixture(scope="module")
 def broken_site_run(tmp_path_factory):
-    """A FedGEM simulation (Ray) over three files, the last of which holds a single point."""
+    """A FedGEM simulation (Ray) over three unlabelled files, one client of which fails inside its Ray worker.
+
+    Every file is checked before the run starts, so the failure is one the check cannot see: the
+    hostile client of a ``split_components`` attack needs known labels to plant its centroids, and
+    these files have none, so it raises where it runs.
+    """
     folder = tmp_path_factory.mktemp("quiet")
     rng = np.random.default_rng(0)
     paths = []
-    for site in range(2):
+    for site in range(3):
         labels = np.arange(60) % 2
         paths.append(folder / f"site{site}.csv")
-        np.savetxt(paths[-1], np.c_[rng.standard_normal((60, 2)) + 8 * labels[:, None], labels], delimiter=",", fmt="%.6f")
-    paths.append(folder / "broken.csv")
-    paths[-1].write_text("1.0,2.0,0\n")
+        np.savetxt(paths[-1], rng.standard_normal((60, 2)) + 8 * labels[:, None], delimiter=",", fmt="%.6f")
     overrides = ["algorithm=fedgem", "scenario=files", f"scenario.paths=[{','.join(map(str, paths))}]",
-                 "scenario.label_column=-1", "baselines=false", "algorithm.rounds=2", "engine=simulation"]
+                 "scenario.n_components=2", "attack=split_components", "attack.fraction=0.34", "baselines=false",
+                 "algorithm.rounds=2", "engine=simulation"]
     # fedica's own settings, not the caller's, decide what Ray and Flower print.
     env = {k: v for k, v in os.environ.items() if k not in QUIETING_VARIABLES}
     ray_dir = tempfile.mkdtemp(prefix="fedica-ray-")  # short: Ray's socket paths live under it
@@ -65,8 +69,9 @@ def test_a_simulation_prints_no_ray_or_flower_noise(broken_site_run, stream):
 def test_a_simulation_prints_fedicas_result_and_the_failing_client(broken_site_run):
     assert broken_site_run.returncode == 0, broken_site_run.stderr[-3000:]
     printed = broken_site_run.stdout + broken_site_run.stderr
-    assert "fedgem on files (engine simulation, seed 0)" in broken_site_run.stdout
+    assert "fedgem on files (engine simulation, seed 0, attack split_components" in broken_site_run.stdout
     assert "clients: 2 of 3 answered" in broken_site_run.stdout
     assert re.search(r"^result: .*result\.json$", broken_site_run.stdout, re.MULTILINE)
-    # The broken site's error, raised inside a Ray worker whose own output Ray does not forward.
-    assert re.search(r"client 2, round init: reply rejected: client error: .*broken\.csv", printed), printed[-3000:]
+    # The failing client's error, raised inside a Ray worker whose own output Ray does not forward.
+    assert re.search(r"client \d, round init: reply rejected: client error: .*needs a scenario with known labels",
+                     printed), printed[-3000:]
