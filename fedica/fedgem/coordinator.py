@@ -162,6 +162,7 @@ class FedGEMServer(ProtocolState):
         self.evaluation: dict[str, float] = {}
         self.client_aris: dict[str, float] = {}
         self.evaluated: dict[int, ClientEvaluation] = {}
+        self.excluded_clients: set[int] = set()  # whose components took part in no merge in some round
 
     @property
     def min_clients(self) -> int:
@@ -199,9 +200,10 @@ class FedGEMServer(ProtocolState):
             self._evaluate((yield Request(GEM_EVALUATE, "evaluate", self.consensus_payloads())))
         counts = [entry["excluded_components"] for entry in self.history if entry["excluded_components"]]
         if counts:
-            log.warning("FedGEM: components with outlying radii took part in no merge in %d of %d rounds (%d in all, "
-                        "at most %d a round; each round's count is its history's excluded_components)",
-                        len(counts), len(self.history), sum(counts), max(counts))
+            log.warning("FedGEM: components of %d of %d clients with outlying radii took part in no merge in %d of %d "
+                        "rounds (%d in all, at most %d a round; each round's count is its history's "
+                        "excluded_components)", len(self.excluded_clients), len(self.models), len(counts),
+                        len(self.history), sum(counts), max(counts))
 
     def consensus_payloads(self) -> dict[int, dict[str, np.ndarray]]:
         """Each client's consensus model: the global centroid and global id of each of its components."""
@@ -248,6 +250,7 @@ class FedGEMServer(ProtocolState):
             except TooManyOverlaps as err:
                 raise OverBudget(f"FedGEM round {round_number}: {err}; raise algorithm.max_overlap_pairs") from err
         log_excluded(components, excluded, round_number, logging.DEBUG)  # the run sums them up at its end
+        self.excluded_clients.update(components.owners[excluded].tolist())
         shifts = []
         for partition, part in components.slices().items():
             shifts.append(np.linalg.norm(new_centers[part] - self.models[partition].centroids, axis=1))

@@ -112,6 +112,8 @@ def test_outlying_radii_are_said_once_per_run_with_the_counts(caplog):
     per_round = [r for r in no_merge if r.getMessage().startswith("round ")]
     assert [r.levelno for r in per_round] == [logging.DEBUG] * 3
     summary = [r for r in no_merge if r.levelno >= logging.INFO]
+    hostile = result["fedgem"]["hostile_clients"]
     assert [r.getMessage() for r in summary] == [
-        f"FedGEM: components with outlying radii took part in no merge in 3 of 3 rounds ({sum(counts)} in all, "
-        f"at most {max(counts)} a round; each round's count is its history's excluded_components)"]
+        f"FedGEM: components of {len(hostile)} of 4 clients with outlying radii took part in no merge in 3 of 3 "
+        f"rounds ({sum(counts)} in all, at most {max(counts)} a round; each round's count is its history's "
+        "excluded_components)"]
