@@ -88,7 +88,7 @@ def check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str, ray_a
     On the local engines (inprocess, simulation) every file is parsed (through the scenarios' cache, so the run
     does not parse it again) and held to the rules its site would apply: the format, the ``label_column``
     against the file's header or width, and FedGEM's K_g and split (or RF-ICA's channels, the same at every
-    site). A file that breaks one is a line naming the file and the place (the line, the column, the cell),
+    site: by count for tables, by EEG channel name and order for recordings read through MNE). A file that breaks one is a line naming the file and the place (the line, the column, the cell),
     and every file is checked, so that no site that cannot take part is left out of the run unnoticed. In a
     deployment the files are on the sites' machines: only the keys are checked.
 

@@ -231,7 +231,8 @@ def check_no_label_column(path, label_column: int | str | None) -> None:
                             "channels are picked by type (EEG)")
 
 
-@dataclass(frozen=True)
+# eq=False: fields holding an array compare element-wise, which a generated __eq__ cannot reduce to one bool.
+@dataclass(frozen=True, eq=False)
 class Recording:
     """A site's EEG recording as RF-ICA observes it.
 
