@@ -97,12 +97,17 @@ def test_rfica_recovers_the_mixing_from_the_files(tmp_path):
     assert ica_error(model.mixing_, true_mixing()) < 0.1
 
 
-def test_the_config_reads_each_recording_once_and_the_run_uses_it(tmp_path):
+def test_the_config_reads_each_recording_once_and_the_run_uses_it(tmp_path, monkeypatch):
+    from fedica.data import scenarios
+
     paths = [write_site(tmp_path, site, "fif") for site in range(2)]
+    reads = []
+    monkeypatch.setattr(scenarios, "read_recording", lambda path: reads.append(path) or read_recording(path))
     cfg = validate_config(config(paths))
     Y = ica_scenario_data(cfg["scenario"], 1, cfg["seed"])
     assert Y.shape == (4, 3000) and Y.flags.c_contiguous and Y.flags.writeable
     assert ica_channel_names(cfg["scenario"]) == CHANNELS
+    assert reads == [str(path) for path in paths]  # the check's reads serve the run and the channel names
     np.testing.assert_array_equal(Y, read_recording(paths[1]).data)
 
 
