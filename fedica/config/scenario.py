@@ -88,9 +88,10 @@ def check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str, ray_a
     On the local engines (inprocess, simulation) every file is parsed (through the scenarios' cache, so the run
     does not parse it again) and held to the rules its site would apply: the format, the ``label_column``
     against the file's header or width, and FedGEM's K_g and split (or RF-ICA's channels, the same at every
-    site: by count for tables, by EEG channel name and order for recordings read through MNE). A file that breaks one is a line naming the file and the place (the line, the column, the cell),
-    and every file is checked, so that no site that cannot take part is left out of the run unnoticed. In a
-    deployment the files are on the sites' machines: only the keys are checked.
+    site: by count for tables, by EEG channel name and order for recordings read through MNE). A file that
+    breaks one is a line naming the file and the place (the line, the column, the cell), and every file is
+    checked, so that no site that cannot take part is left out of the run unnoticed. In a deployment the files
+    are on the sites' machines: only the keys are checked.
 
     Parameters
     ----------
@@ -132,7 +133,7 @@ def _read_local_files(sc: Mapping[str, Any], errors: Errors, *, read: bool, reco
     """Every site's table, by site, for the files that read; each other one is a line in ``errors``.
 
     ``recordings`` (RF-ICA): a recording file (:func:`fedica.data.files.is_recording`) is read through MNE and
-    stands as its :class:`~fedica.data.files.Recording`; otherwise it is refused as a table (FedGEM's line).
+    stands as its :class:`~fedica.data.files.Recording`; without it (FedGEM) a recording is refused, one line.
     ``read=False`` (a broken ``label_column``) only checks that the files are there.
     """
     tables = {}
