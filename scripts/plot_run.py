@@ -2,7 +2,9 @@
 
 FedGEM: the sites' test points coloured by global cluster, with the global centres; all sites
 pooled, then one small panel per site. RF-ICA: the estimated mixing matrix (its columns matched to
-A* when the result has it) beside A*, and one site's recovered sources.
+A* when the result has it) beside A*, and one site's recovered sources; without A* (files), each
+source beside its component's channel weights (its column of the mixing, by channel name for
+recordings).
 
 The server never sees the sites' points, so the points are made again here: a simulated scenario's
 from the run's config and seed, exactly as the harness regenerates them for its silhouettes; a
@@ -181,14 +183,21 @@ MIXING_AXES = ("column (source)", "row (observed channel)")
 UNMIXING_AXES = ("column (observed channel)", "row (source)")
 
 
-def heat_map(fig: Any, ax: Any, matrix: np.ndarray, title: str, scale: float, axes: tuple[str, str]) -> None:
+def heat_map(fig: Any, ax: Any, matrix: np.ndarray, title: str, scale: float, axes: tuple[str, str],
+             channel_names: list[str] | None = None) -> None:
+    """``matrix`` on a diverging scale of +-``scale``; the channel axis (``axes`` says which) by name if given."""
     image = ax.imshow(matrix, cmap="RdBu_r", vmin=-scale, vmax=scale)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel(axes[0], fontsize=8)
     ax.set_ylabel(axes[1], fontsize=8)
     ax.set_xticks(range(matrix.shape[1]))
     ax.set_yticks(range(matrix.shape[0]))
-    ax.tick_params(labelsize=7)
+    if channel_names is not None:
+        if axes == MIXING_AXES:
+            ax.set_yticklabels(channel_names)
+        else:
+            ax.set_xticklabels(channel_names, rotation=90)
+    ax.tick_params(labelsize=7 if channel_names is None or len(channel_names) <= 32 else 5)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
 
 
@@ -219,10 +228,11 @@ def rfica_figure(result: Mapping[str, Any], plt: Any) -> tuple[Any, list[str]]:
     # Subfigures keep the sources' rows tight under the taller heat maps.
     fig = plt.figure(figsize=(11, 0.45 * r + 3.2 + 0.9 * n_drawn), layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[0.45 * r + 2.4, 0.9 * n_drawn + 0.6]) if n_drawn else (fig, None)
+    names = rfica.get("channel_names")
     shared = max(float(np.abs(m).max()) for m, _, _ in maps)
     for ax, (matrix, title, axes) in zip(top.subplots(1, 2), maps):
         # The estimate and A* on one colour scale, to compare; the unmixing on its own.
-        heat_map(top, ax, matrix, title, shared if truth is not None else float(np.abs(matrix).max()), axes)
+        heat_map(top, ax, matrix, title, shared if truth is not None else float(np.abs(matrix).max()), axes, names)
     if bottom is not None:
         draw_sources(bottom, Y, rfica, truth, site, n_drawn)
     error_text = "" if error is None else f", error vs A* {error:.4f}"
@@ -246,7 +256,17 @@ def draw_sources(fig: Any, Y: np.ndarray, rfica: Mapping[str, Any], truth: np.nd
     else:
         recovered = (recovered - recovered.mean(axis=1, keepdims=True)) / recovered.std(axis=1, keepdims=True)
     samples = np.arange(centred.shape[0])
-    for i, ax in enumerate(fig.subplots(n_drawn, 1, sharex=True, squeeze=False)[:, 0]):
+    if truth is None:
+        # No A* to match to: source i is the estimate's component i, drawn beside its channel weights.
+        axes = fig.subplots(n_drawn, 2, squeeze=False, width_ratios=[1, 3])
+        draw_weights(axes[:, 0], np.asarray(rfica["estimate"], dtype=np.float64), rfica.get("channel_names"))
+        axes = axes[:, 1]
+        for ax in axes[:-1]:
+            ax.sharex(axes[-1])
+            ax.tick_params(labelbottom=False)
+    else:
+        axes = fig.subplots(n_drawn, 1, sharex=True, squeeze=False)[:, 0]
+    for i, ax in enumerate(axes):
         if true_sources is not None:
             true = true_sources[i] - true_sources[i].mean()
             ax.plot(samples, true / true.std(), color="0.75", lw=2.0, label="true source")
@@ -260,3 +280,28 @@ def draw_sources(fig: Any, Y: np.ndarray, rfica: Mapping[str, Any], truth: np.nd
     grey = "; grey: the true source (A*^-1 x)" if true_sources is not None else ""
     fig.suptitle(f"site {site}: recovered sources unmixing @ (x - mean), the first {len(samples)} samples, "
                  f"unit variance{grey}", fontsize=9)
+
+
+def draw_weights(axes: Any, mixing: np.ndarray, channel_names: list[str] | None) -> None:
+    """Component i's channel weights (column i of the mixing) as bars in ``axes[i]``, on one scale for all.
+
+    A weight is how much of the component each channel observes, in the observations' units per unit of
+    the (unit-variance) source; the channels are named when the run recorded them (recordings).
+    """
+    scale = 1.05 * float(np.abs(mixing).max())
+    n_channels = mixing.shape[0]
+    for i, ax in enumerate(axes):
+        column = mixing[:, i]
+        ax.bar(np.arange(n_channels), column, color=np.where(column >= 0, "C3", "C0"), width=0.8)
+        ax.axhline(0.0, color="0.3", lw=0.6)
+        ax.set_ylim(-scale, scale)
+        ax.set_xlim(-0.6, n_channels - 0.4)
+        ax.set_title(f"component {i}: channel weights", fontsize=7, pad=2)
+        ax.tick_params(labelsize=6)
+        last = i == len(axes) - 1
+        if channel_names is not None and last:
+            ax.set_xticks(np.arange(n_channels), channel_names, rotation=90, fontsize=6 if n_channels <= 32 else 4)
+        elif last:
+            ax.set_xlabel("channel", fontsize=8)
+        else:
+            ax.set_xticklabels([])

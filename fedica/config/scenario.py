@@ -14,8 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from fedica.config.checker import Checker, ConfigError, Errors, is_list
-from fedica.data.files import DataFileError, check_client_table, ica_observations
-from fedica.data.scenarios import ICA_SCENARIOS, SCENARIO_NAMES, SCENARIOS, file_table
+from fedica.data.files import (
+    RECORDING_SUFFIXES,
+    DataFileError,
+    channel_difference,
+    check_client_table,
+    check_no_label_column,
+    ica_observations,
+    is_recording,
+)
+from fedica.data.scenarios import ICA_SCENARIOS, SCENARIO_NAMES, SCENARIOS, file_recording, file_table
 
 __all__ = ["SCENARIO_KEYS", "SCENARIOS_BY_ALGORITHM", "MAX_CLIENTS", "MEMORY_SHARE", "check_scenario",
            "check_affordable", "check_files_engine", "client_count"]
@@ -80,9 +88,10 @@ def check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str, ray_a
     On the local engines (inprocess, simulation) every file is parsed (through the scenarios' cache, so the run
     does not parse it again) and held to the rules its site would apply: the format, the ``label_column``
     against the file's header or width, and FedGEM's K_g and split (or RF-ICA's channels, the same at every
-    site). A file that breaks one is a line naming the file and the place (the line, the column, the cell),
-    and every file is checked, so that no site that cannot take part is left out of the run unnoticed. In a
-    deployment the files are on the sites' machines: only the keys are checked.
+    site: by count for tables, by EEG channel name and order for recordings read through MNE). A file that
+    breaks one is a line naming the file and the place (the line, the column, the cell), and every file is
+    checked, so that no site that cannot take part is left out of the run unnoticed. In a deployment the files
+    are on the sites' machines: only the keys are checked.
 
     Parameters
     ----------
@@ -107,7 +116,7 @@ def check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str, ray_a
         errors.add("scenario.write_sources=true: sources are written only by engines that run every site on this "
                    "machine (inprocess, simulation); in a deployment each site holds its own data")
     if engine != "deployment" and "paths" not in broken:
-        tables = _read_local_files(sc, errors, read="label_column" not in broken)
+        tables = _read_local_files(sc, errors, read="label_column" not in broken, recordings=algorithm == "rfica")
         if algorithm == "rfica":
             _check_ica_channels(sc, tables, errors)
         elif not {"n_components", "test_fraction"} & set(broken):
@@ -120,9 +129,11 @@ def _paths_line(index: int, path: str, error: DataFileError) -> str:
     return f"scenario.paths[{index}]={path}: {error.detail}"
 
 
-def _read_local_files(sc: Mapping[str, Any], errors: Errors, *, read: bool) -> dict[int, tuple]:
+def _read_local_files(sc: Mapping[str, Any], errors: Errors, *, read: bool, recordings: bool) -> dict[int, Any]:
     """Every site's table, by site, for the files that read; each other one is a line in ``errors``.
 
+    ``recordings`` (RF-ICA): a recording file (:func:`fedica.data.files.is_recording`) is read through MNE and
+    stands as its :class:`~fedica.data.files.Recording`; without it (FedGEM) a recording is refused, one line.
     ``read=False`` (a broken ``label_column``) only checks that the files are there.
     """
     tables = {}
@@ -134,7 +145,11 @@ def _read_local_files(sc: Mapping[str, Any], errors: Errors, *, read: bool) -> d
             errors.add(f"scenario.paths[{index}]={path}: no such file")
         elif read:
             try:
-                tables[index] = file_table(path, sc["label_column"])
+                if recordings and is_recording(path):
+                    check_no_label_column(path, sc["label_column"])
+                    tables[index] = file_recording(path)
+                else:
+                    tables[index] = file_table(path, sc["label_column"])
             except DataFileError as err:
                 errors.add(_paths_line(index, path, err))
     return tables
@@ -152,18 +167,37 @@ def _check_client_tables(sc: Mapping[str, Any], tables: Mapping[int, tuple], err
             errors.add(_paths_line(index, path, err))
 
 
-def _check_ica_channels(sc: Mapping[str, Any], tables: Mapping[int, tuple], errors: Errors) -> None:
-    """Every RF-ICA site's table reads as observations, and all have the first one's number of channels."""
-    width = first = None
-    for index, (X, _) in tables.items():
+def _check_ica_channels(sc: Mapping[str, Any], tables: Mapping[int, Any], errors: Errors) -> None:
+    """Every RF-ICA site's data reads as observations, and all observe the first one's channels.
+
+    Tables are held to the first one's number of channels; recordings to its EEG channel names, in its order
+    (a column of the mixing is a weight per channel: the sites' must be the same channels). Tables and
+    recordings are not mixed, as a table's columns name no channels to match.
+    """
+    first = None
+    for index, site in tables.items():
         path = sc["paths"][index]
-        try:
-            n_channels = ica_observations(path, X).shape[1]
-        except DataFileError as err:
-            errors.add(_paths_line(index, path, err))
+        if isinstance(site, tuple):
+            try:
+                n_channels, names = ica_observations(path, site[0]).shape[1], None
+            except DataFileError as err:
+                errors.add(_paths_line(index, path, err))
+                continue
+        else:
+            n_channels, names = len(site.channel_names), site.channel_names
+        if first is None:
+            first = index, n_channels, names
             continue
-        if width is None:
-            width, first = n_channels, index
+        reference, width, reference_names = first
+        if (names is None) != (reference_names is None):
+            kinds = ("a table", "a recording") if names is None else ("a recording", "a table")
+            errors.add(f"scenario.paths[{index}]={path}: is {kinds[0]} but scenario.paths[{reference}] is {kinds[1]}; "
+                       "every site's file must be of one kind (tables: CSV, NPY, NPZ; recordings: "
+                       f"{', '.join(RECORDING_SUFFIXES)})")
+        elif names is not None and names != reference_names:
+            errors.add(f"scenario.paths[{index}]={path}: its EEG channels differ from scenario.paths[{reference}]'s "
+                       f"({channel_difference(names, reference_names)}); every site must record the same channels "
+                       "in the same order (a channel marked bad is left out)")
         elif n_channels != width:
             errors.add(f"scenario.paths[{index}]={path}: has {n_channels} channels (columns) but "
-                       f"scenario.paths[{first}] has {width}; every site must observe the same channels")
+                       f"scenario.paths[{reference}] has {width}; every site must observe the same channels")

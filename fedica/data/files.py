@@ -1,7 +1,9 @@
 """The user's own data: one CSV, NPY or NPZ file per client, checked with one clear line per problem.
 
 :func:`load_client_file` reads a FedGEM client's points (split train/test), :func:`load_ica_file` an RF-ICA
-site's observations (rows = samples, columns = channels); both share the readers and their checks.
+site's observations (rows = samples, columns = channels); both share the readers and their checks. RF-ICA
+also reads EEG recordings (:data:`RECORDING_SUFFIXES`) through MNE, :func:`read_recording`, an optional
+extra (``pip install "fedica[eeg]"``).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import csv
 import math
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,9 @@ MAX_AUTO_COMPONENTS = 10
 # The share of a labelled file held out for scoring when test_fraction is None (without labels nothing is held
 # out: there is nothing to score it against).
 LABELLED_TEST_FRACTION = 0.3
+# The recordings RF-ICA reads through MNE (mne.io.read_raw), by suffix: FIF, EDF, BDF, EEGLAB, BrainVision.
+RECORDING_SUFFIXES = (".fif", ".edf", ".bdf", ".set", ".vhdr")
+EEG_EXTRA = 'pip install "fedica[eeg]"'
 
 
 class DataFileError(ValueError):
@@ -207,7 +213,122 @@ def load_ica_file(path, *, label_column: int | str | None = None, delimiter: str
         For every problem :func:`load_client_file` names, fewer than 2 channels, or no more samples than
         channels (FastICA's whitening needs ``n_samples > n_channels``). The message starts with the path.
     """
+    if is_recording(path):
+        check_no_label_column(path, label_column)
+        return read_recording(path).data.T
     return ica_observations(path, read_table(path, label_column=label_column, delimiter=delimiter)[0])
+
+
+def is_recording(path) -> bool:
+    """Whether ``path`` names a recording read through MNE (its suffix is one of :data:`RECORDING_SUFFIXES`)."""
+    return Path(path).suffix.lower() in RECORDING_SUFFIXES
+
+
+def check_no_label_column(path, label_column: int | str | None) -> None:
+    """Refuse a ``label_column`` for a recording: its channels are picked by type, it has no columns to drop."""
+    if label_column is not None:
+        raise DataFileError(path, f"label_column={label_column!r} applies to tables (CSV, NPY, NPZ); a recording's "
+                            "channels are picked by type (EEG)")
+
+
+# eq=False: fields holding an array compare element-wise, which a generated __eq__ cannot reduce to one bool.
+@dataclass(frozen=True, eq=False)
+class Recording:
+    """A site's EEG recording as RF-ICA observes it.
+
+    Parameters
+    ----------
+    data : ndarray of shape (n_channels, n_samples)
+        The EEG channels in volts, float64, C-ordered.
+    channel_names : tuple of str
+        The channels of ``data``'s rows, in order.
+    """
+
+    data: np.ndarray
+    channel_names: tuple[str, ...]
+
+
+def read_recording(path) -> Recording:
+    """A site's EEG channels from a recording file (:data:`RECORDING_SUFFIXES`), read through MNE.
+
+    The file is read whole (``mne.io.read_raw(path, preload=True)``) and its EEG channels are kept
+    (``raw.pick("eeg", exclude="bads")``: a channel the file marks bad is left out, as MNE's own ICA leaves it
+    out, since a flat or broken channel makes the channels' covariance singular). MNE returns EEG in volts.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+
+    Returns
+    -------
+    Recording
+        The observations (n_channels, n_samples) and their channel names.
+
+    Raises
+    ------
+    DataFileError
+        For a missing, empty or unreadable file, MNE not installed (the message says how to install it), no
+        EEG channel (the message lists the file's channel types), a non-finite value (channel and sample
+        named), or fewer than 2 channels or no more samples than channels.
+    """
+    path = Path(path)
+    _check_is_file(path)
+    suffix = path.suffix.lower()
+    try:
+        # Imported here: MNE is an optional extra, and only recordings need it.
+        import mne
+    except ImportError:
+        raise DataFileError(path, f"reading {suffix} files needs MNE: {EEG_EXTRA}") from None
+    try:
+        raw = mne.io.read_raw(path, preload=True, verbose="error")
+    except Exception as error:  # noqa: BLE001 - each of MNE's readers raises its own kinds for a broken file
+        raise DataFileError(path, f"cannot be read as {suffix} ({type(error).__name__})",
+                            detail=f"cannot be read as {suffix} ({type(error).__name__}: {error})") from None
+    types = raw.get_channel_types()
+    if "eeg" not in types:
+        kinds = ", ".join(f"{kind} ({types.count(kind)})" for kind in sorted(set(types)))
+        raise DataFileError(path, f"has no EEG channel (its channel types: {kinds}); RF-ICA reads the EEG channels")
+    raw.pick("eeg", exclude="bads")
+    data = np.ascontiguousarray(raw.get_data(), dtype=np.float64)
+    names = tuple(raw.ch_names)
+    bad = np.argwhere(~np.isfinite(data))
+    if bad.size:
+        channel, sample = bad[0]
+        raise DataFileError(path, f"EEG channel {channel}, sample {sample}: not finite (NaN and infinity are not "
+                            "allowed)", detail=f"EEG channel {channel} ({names[channel]!r}), sample {sample}: not "
+                            "finite (NaN and infinity are not allowed)")
+    if data.shape[0] < 2:
+        raise DataFileError(path, f"has {data.shape[0]} EEG channel; ICA needs at least 2")
+    if data.shape[1] <= data.shape[0]:
+        raise DataFileError(path, f"has {data.shape[1]} samples for {data.shape[0]} EEG channels; ICA needs more "
+                                  "samples than channels")
+    return Recording(data, names)
+
+
+def channel_difference(names: tuple[str, ...], reference: tuple[str, ...]) -> str:
+    """How a site's EEG channels differ from the reference site's, in a few words, for a DataFileError detail.
+
+    Parameters
+    ----------
+    names, reference : tuple of str
+        The site's channel names and the reference site's.
+
+    Returns
+    -------
+    str
+        The channels only one of them has, or, for the same set, that the order differs.
+    """
+    extra = [name for name in names if name not in reference]
+    missing = [name for name in reference if name not in names]
+    if not extra and not missing:
+        return "the same channels in another order (first difference: " + next(
+            f"position {i}: {a!r} for {b!r}" for i, (a, b) in enumerate(zip(names, reference)) if a != b) + ")"
+    parts = []
+    if extra:
+        parts.append(f"only here: {', '.join(extra)}")
+    if missing:
+        parts.append(f"missing here: {', '.join(missing)}")
+    return "; ".join(parts)
 
 
 def ica_observations(path, X: np.ndarray) -> np.ndarray:
@@ -265,6 +386,19 @@ def read_table(path, *, label_column: int | str | None = None,
 
 def _read_any(path: Path, label_column, delimiter: str):
     """Points and labels of a data file, by suffix; a missing or empty file is an error."""
+    _check_is_file(path)
+    suffix = path.suffix.lower()
+    if suffix in RECORDING_SUFFIXES:
+        # A recording is a time series of channels: RF-ICA's input (read_recording), not points to cluster.
+        raise DataFileError(path, f"is a recording ({suffix}); FedGEM reads tables (CSV, NPY, NPZ), recordings are "
+                            "RF-ICA's (algorithm=rfica)")
+    if suffix in (".npy", ".npz"):
+        return _read_numpy_file(path, suffix, label_column)
+    return _read_csv_file(path, label_column, delimiter)
+
+
+def _check_is_file(path: Path) -> None:
+    """A data file a site may read: a regular, non-empty file named itself (not through a link)."""
     if path.is_symlink():
         # A site's data is a file it names itself; a link could lead a client to any file of its machine.
         raise DataFileError(path, "is a symbolic link; name the data file itself")
@@ -274,10 +408,6 @@ def _read_any(path: Path, label_column, delimiter: str):
         raise DataFileError(path, "no such file")
     if path.stat().st_size == 0:
         raise DataFileError(path, "file is empty")
-    suffix = path.suffix.lower()
-    if suffix in (".npy", ".npz"):
-        return _read_numpy_file(path, suffix, label_column)
-    return _read_csv_file(path, label_column, delimiter)
 
 
 def _split(n_points: int, y: np.ndarray | None, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

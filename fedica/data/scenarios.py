@@ -27,7 +27,16 @@ import numpy as np
 from fedica.data.blobs import SETTINGS, blobs_client_data
 from fedica.data.classes import digits_client_data, waveform_client_data
 from fedica.data.common import ClientData
-from fedica.data.files import AUTO_COMPONENTS, client_data_from_table, ica_observations, read_table
+from fedica.data.files import (
+    AUTO_COMPONENTS,
+    Recording,
+    check_no_label_column,
+    client_data_from_table,
+    ica_observations,
+    is_recording,
+    read_recording,
+    read_table,
+)
 from fedica.data.ica_paper import (
     ica_client_data,
     ica_corrupted_clients,
@@ -238,7 +247,11 @@ def _load_client_file(params: dict, partition_id: int, seed: int) -> ClientData:
 
 def _load_ica_file(params: dict, partition_id: int, seed: int) -> np.ndarray:
     # ica_scenario_data has already picked this site's file (``path``) from ``paths``, for its cache key.
-    return ica_observations(params["path"], file_table(params["path"], params["label_column"])[0]).T
+    path = params["path"]
+    if is_recording(path):
+        check_no_label_column(path, params["label_column"])
+        return file_recording(path).data
+    return ica_observations(path, file_table(path, params["label_column"])[0]).T
 
 
 def _ica_paper_poor_sites(params: dict, seed: int) -> dict[str, list[int]]:
@@ -469,6 +482,47 @@ def _cached_table(path: str, label_column, _stamp) -> tuple[np.ndarray, np.ndarr
         if array is not None:
             array.setflags(write=False)
     return X, y
+
+
+def file_recording(path) -> Recording:
+    """A site's EEG recording (:func:`fedica.data.files.read_recording`), read once per process.
+
+    As :func:`file_table`: the config's up-front check and the run's loader share the read, keyed by the path
+    and the file's modification time and size; the observations are the cache's own, read-only.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+
+    Returns
+    -------
+    Recording
+        ``data`` of shape (n_channels, n_samples), read-only, and ``channel_names``.
+
+    Raises
+    ------
+    fedica.data.files.DataFileError
+        For a missing or unreadable file, no EEG channel, or MNE not installed (never cached).
+    """
+    return _cached_recording(str(path), _file_stamp(path))
+
+
+@functools.lru_cache(maxsize=CLIENT_CACHE_SIZE)
+def _cached_recording(path: str, _stamp) -> Recording:
+    recording = read_recording(path)
+    recording.data.setflags(write=False)
+    return recording
+
+
+def ica_channel_names(scenario: Mapping) -> list[str] | None:
+    """The EEG channel names of a files scenario of recordings (every site has them, in this order), else None.
+
+    Read from the first site's file through :func:`file_recording`'s cache, so only where that file is on this
+    machine; tables (CSV, NPY, NPZ) name no channels.
+    """
+    if scenario.get("name") != "files" or not scenario.get("paths") or not is_recording(scenario["paths"][0]):
+        return None
+    return list(file_recording(scenario["paths"][0]).channel_names)
 
 
 def true_n_clusters(scenario: Mapping) -> int | None:

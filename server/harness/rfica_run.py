@@ -15,7 +15,7 @@ from fedica.server.harness.books import RunBooks
 from fedica.server.harness.outputs import run_output_dir, write_site_sources
 from fedica.server.rfica import RFICAStrategy
 
-from fedica.data.scenarios import ica_poor_sites, ica_scenario_truth
+from fedica.data.scenarios import ica_channel_names, ica_poor_sites, ica_scenario_truth
 from fedica.evaluation.ica import ica_error
 
 METHODS = ("rf-ica", "f-ica", "simple-mean", "simple-median")
@@ -41,6 +41,7 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
         (scenario ``files``) every ``error`` and ``rfica.true_mixing`` are None. ``rfica.estimate`` is the
         aggregated mixing matrix, ``rfica.unmixing`` its inverse; with ``scenario.write_sources`` the sites'
         recovered sources are written (:func:`fedica.server.harness.outputs.write_site_sources`) and ``rfica.sources_files`` lists them.
+        ``rfica.channel_names`` names the estimate's rows for recordings read on this machine (else absent).
     """
     sc, alg, seed = cfg["scenario"], cfg["algorithm"], int(cfg["seed"])
     strategy = RFICAStrategy(contrast=alg["contrast"], init=alg["init"], local_solver=alg["local_solver"],
@@ -82,6 +83,12 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
         "hostile_clients": books.hostile_partitions,
         "participation": federation.participation,
     }
+    # The rows of the estimate, for recordings (scenario=files through MNE): the config checked that every site
+    # has these channels in this order. A deployment's files are on the sites' machines; other runs name none
+    # (and their result keeps its keys).
+    channel_names = None if cfg["engine"]["name"] == "deployment" else ica_channel_names(sc)
+    if channel_names is not None:
+        rfica["channel_names"] = channel_names
     if sc.get("write_sources"):
         rfica["sources_files"] = write_site_sources(sc, strategy.components_, seed, run_output_dir())
     return {

@@ -135,3 +135,24 @@ def test_an_rfica_files_run_draws_the_unmixing_beside_the_estimate(rfica_run, tm
     (tmp_path / "result.json").write_text(json.dumps(result))
     image, _ = draw(capsys, tmp_path)
     assert_a_picture(image, 1000, 900)
+
+
+def test_an_rfica_run_on_recordings_draws_each_components_channel_weights(rfica_run, tmp_path, capsys):
+    # The run's sites' observations as EEG recordings (FIF, in volts) with named channels, as a files run of
+    # recordings records them: each source is drawn beside its channel weights, the channels named.
+    mne = pytest.importorskip("mne")
+    result = json.loads((rfica_run / "result.json").read_text())
+    names = [f"EEG{i:02d}" for i in range(len(result["rfica"]["estimate"]))]
+    paths = []
+    for site in range(result["scenario"]["n_clients"]):
+        Y = ica_scenario_data(result["scenario"], site, result["seed"])
+        raw = mne.io.RawArray(1e-5 * Y, mne.create_info(names, 250.0, "eeg"), verbose="error")
+        paths.append(str(tmp_path / f"site{site}_raw.fif"))
+        raw.save(paths[-1], verbose="error")
+    result["scenario"] = {"name": "files", "paths": paths, "label_column": None, "n_components": None,
+                          "test_fraction": 0.3, "write_sources": False}
+    result["rfica"]["true_mixing"] = None
+    result["rfica"]["channel_names"] = names
+    (tmp_path / "result.json").write_text(json.dumps(result))
+    image, _ = draw(capsys, tmp_path)
+    assert_a_picture(image, 1000, 900)
