@@ -17,7 +17,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from fedica.data.common import ClientData
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
-from fedica.fedgem.local import assign_labels, choose_n_components
+from fedica.fedgem.local import assign_labels, estimate_n_components, local_bound
 from fedica.fedgem.selection import VARIANCE_FLOOR
 from fedica.parameters import FEDGEM_PARAMETERS
 from fedica.persistence import SaveLoadMixin, read_result
@@ -351,15 +351,16 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     def _local_cluster_counts(self, data, n_local_clusters, seed) -> np.ndarray:
         self.local_clusters_at_bound_ = np.zeros(len(data), dtype=bool)
         if n_local_clusters is None:
-            choices = [choose_n_components(X, self.max_local_clusters,
-                                           random_state=sklearn_seed(generator(seed, "client.kmeanspp", g)))
-                       for g, X in enumerate(data)]
-            self.local_clusters_at_bound_ = np.array([choice.at_bound for choice in choices])
+            counts = np.array([
+                estimate_n_components(X, self.max_local_clusters, random_state=sklearn_seed(generator(seed, "client.kmeanspp", g)))
+                for g, X in enumerate(data)])
+            bounds = np.array([local_bound(X, self.max_local_clusters) for X in data])
+            self.local_clusters_at_bound_ = (counts == bounds) & (bounds > 1)
             for g in np.flatnonzero(self.local_clusters_at_bound_):
-                warnings.warn(f"site {g} chose K_g={choices[g].n_components}, its bound: it may hold more clusters "
+                warnings.warn(f"site {g} chose K_g={counts[g]}, its bound: it may hold more clusters "
                               "(give n_local_clusters, or raise max_local_clusters for a site of more points)",
                               UserWarning, stacklevel=3)
-            return np.array([choice.n_components for choice in choices])
+            return counts
         counts = np.asarray(n_local_clusters)
         if counts.ndim > 1 or (counts.ndim == 1 and counts.shape[0] != len(data)):
             raise ValueError(f"n_local_clusters={n_local_clusters!r}: must be one int or one per site "

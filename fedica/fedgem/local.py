@@ -421,15 +421,27 @@ class LocalChoice:
         return self.bound > 1 and self.n_components == self.bound
 
 
-def local_bound(n_points, max_components):
-    """The largest K_g a site of ``n_points`` points may choose: ``min(max_components, floor(sqrt(n / 2)))``, >= 1.
+def local_bound(X, max_components):
+    """The largest K_g a site may choose: ``min(max_components, floor(sqrt(n / 2)), distinct rows)``, at least 1.
 
     ``sqrt(n / 2)`` is the classical rule of thumb for the number of clusters of ``n`` points (Mardia et
-    al. 1979): a component of a spherical mixture in ``d`` dimensions costs ``d + 2`` parameters, and below
-    about ``sqrt(2 n)`` points per component their estimates are too noisy for any penalised likelihood to
-    compare (a site of 10 points may choose 1 or 2, one of 70 up to 5).
+    al. 1979): a component of a spherical mixture in ``d`` dimensions costs ``d + 2`` parameters, and with
+    fewer than about ``sqrt(2 n)`` points per component their estimates are too noisy for a penalised
+    likelihood to compare (a site of 10 points may choose 1 or 2, one of 70 up to 5). A site cannot hold
+    more clusters than distinct rows.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+    max_components : int
+
+    Returns
+    -------
+    bound : int
     """
-    return max(1, min(int(max_components), math.isqrt(int(n_points) // 2)))
+    X = _as_points(X)
+    rule = math.isqrt(X.shape[0] // 2)
+    return max(1, min(int(max_components), rule, np.unique(X, axis=0).shape[0]))
 
 
 def choose_n_components(X, max_components, *, criterion="icl", random_state=None):
@@ -456,7 +468,7 @@ def choose_n_components(X, max_components, *, criterion="icl", random_state=None
     X = _as_points(X)
     if criterion not in LOCAL_CRITERIA:
         raise ValueError(f"criterion={criterion!r}: must be one of {', '.join(LOCAL_CRITERIA)}")
-    bound = min(local_bound(X.shape[0], max_components), np.unique(X, axis=0).shape[0])
+    bound = local_bound(X, max_components)
     floor = TIE_VARIANCE_FLOOR * max(float(X.var(axis=0).mean()), np.finfo(float).tiny)
     scores = np.empty(bound)
     for k in range(1, bound + 1):
