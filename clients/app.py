@@ -28,7 +28,7 @@ from flwr.clientapp import ClientApp
 
 from fedica.data.common import ClientData
 from fedica.data.scenarios import ica_scenario_data, scenario_client_data
-from fedica.fedgem.local import estimate_n_components
+from fedica.fedgem.local import choose_n_components
 from fedica.hostile import hostile_kind, split_components_count
 from fedica.protocol import CATEGORY, ERROR_KEY, EVALUATE, RAY_NODE_KEY
 from fedica.seeding import generator, sklearn_seed
@@ -84,7 +84,7 @@ def _site_scenario(cfg: Mapping[str, Any], partition_id: int, context: Context) 
 
 
 class ArraySource:
-    """A user's clients: the site's own array from ``load_data(context)``; K_g given or estimated by BIC."""
+    """A user's clients: the site's own array from ``load_data(context)``; K_g given or chosen by the site's ICL."""
 
     def __init__(self, load_data: Callable[[Context], Any], n_components: int | None, max_components: int,
                  path_keys: tuple[str, ...] = ()):
@@ -109,7 +109,11 @@ class ArraySource:
             k = int(context.state[LOCAL_CLUSTERS_KEY]["k"])
         else:
             rng = generator(int(values["seed"]), "client.kmeanspp", partition_id)
-            k = estimate_n_components(X, self.max_components, random_state=sklearn_seed(rng))
+            choice = choose_n_components(X, self.max_components, random_state=sklearn_seed(rng))
+            k = choice.n_components
+            if choice.at_bound:
+                log.warning("site %d chose K_g=%d, its bound: it may hold more clusters (give n_components, or "
+                            "raise max_components for a site of more points)", partition_id, k)
             context.state[LOCAL_CLUSTERS_KEY] = MetricRecord({"k": k})
         return ClientData(X, None, X[:0], None, k)
 
@@ -181,7 +185,7 @@ def make_client_app(load_data: Callable[[Context], Any], n_components: int | Non
         ``load_data(context)`` returns the site's array of shape (n_samples, n_features), e.g.
         ``np.load(context.node_config["data-path"])``.
     n_components : int or None, default=None
-        FedGEM's K_g for this site; None: the site chooses by BIC over 2..``max_components``.
+        FedGEM's K_g for this site; None: the site chooses (the ICL over 1..``max_components``, at most ``sqrt(n / 2)``).
     max_components : int, default=10
     path_keys : str or sequence of str, default=()
         Node-config or run-config keys that hold the paths ``load_data`` reads: before it is

@@ -66,6 +66,11 @@ STREAMS: dict[str, Stream] = {
     "classes.assign": Stream("spawn", 8),
     "files.split": Stream("spawn", 9),
     "files.components": Stream("spawn", 10),
+    # scikit-learn's bundled data sets (fedica.data.real); codes clear of the signals scenario's.
+    "real.sites": Stream("spawn", 15),
+    "real.split": Stream("spawn", 16),
+    "real.assign": Stream("spawn", 17),
+    "real.components": Stream("spawn", 18, ("partition",)),
     # Each client's own draws.
     "client.fastica": Stream("entropy", 1, ("partition",)),
     # The second start of a site whose local ICA did not converge (docs/ALGORITHMS.md section 1.2).

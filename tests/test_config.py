@@ -401,7 +401,7 @@ def test_the_scenario_keys_are_the_registrys_and_the_yamls():
     assert set(scenarios.SCENARIOS) == {path.stem for path in (CONF_DIR / "scenario").glob("*.yaml")}
     for name, scenario in scenarios.SCENARIOS.items():
         assert config.SECTION_KEYS["scenario"][name] is scenario.keys, name
-    assert scenarios.SCENARIO_NAMES == ("blobs", "waveform", "digits", "mnist", "files")
+    assert scenarios.SCENARIO_NAMES == ("blobs", "waveform", "digits", "mnist", "sklearn_real", "files")
     assert scenarios.ICA_SCENARIOS == ("ica_paper", "signals", "recordings", "files")
 
 

@@ -21,7 +21,8 @@ from fedica.data.common import ClientData
 from fedica.fedgem.local import estimate_n_components
 from fedica.seeding import generator, sklearn_seed
 
-# ``n_components: auto``: each client chooses its K_g (BIC), from 2 to MAX_AUTO_COMPONENTS.
+# ``n_components: auto``: each client chooses its K_g (the ICL, fedica.fedgem.local.estimate_n_components), from
+# 1 to MAX_AUTO_COMPONENTS (fewer on a small site).
 AUTO_COMPONENTS = "auto"
 MAX_AUTO_COMPONENTS = 10
 # The share of a labelled file held out for scoring when test_fraction is None (without labels nothing is held
@@ -80,8 +81,8 @@ def load_client_file(path, *, label_column: int | str | None = None, n_component
     label_column : int, str or None
     n_components : int, "auto" or None
         K_g; None means the number of distinct labels (an error without labels); "auto" lets the
-        client choose by BIC over isotropic mixtures of 2 to :data:`MAX_AUTO_COMPONENTS`
-        components, fitted on its training points.
+        client choose by the ICL over spherical mixtures of 1 to :data:`MAX_AUTO_COMPONENTS`
+        components (fewer on a small site), fitted on its training points.
     test_fraction : float or None
         In [0, 1): the share of the points held out for scoring; 0 trains on every point (nothing is
         scored). None: :data:`LABELLED_TEST_FRACTION` when the file has labels, else 0.

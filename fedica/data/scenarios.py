@@ -43,6 +43,7 @@ from fedica.data.ica_paper import (
     ica_true_mixing,
 )
 from fedica.data.mnist import mnist_client_data
+from fedica.data.real import DATASETS, K_G_MODES, SPLITS, STANDARDIZE, real_client_data, real_dataset
 from fedica.data.recordings import (
     LINE_FREQUENCIES,
     recordings_client_data,
@@ -212,6 +213,19 @@ def _check_files(sc: Checker) -> None:
             lambda: _check_n_components(sc))
 
 
+def _check_sklearn_real(sc: Checker) -> None:
+    dataset = sc.choice("dataset", tuple(DATASETS))
+    split = sc.choice("split", SPLITS)
+    sc.choice("standardize", STANDARDIZE)
+    sc.choice("n_components", K_G_MODES)
+    n_clients = sc.integer("n_clients", minimum=2)
+    sc.number("test_fraction", low=0, high=1, low_open=True, high_open=True)
+    n_classes, most = int(real_dataset(dataset)[1].max()) + 1, DATASETS[dataset][1][1]
+    if split == "classes" and n_clients * most < n_classes:
+        sc.fail("n_clients", f"split=classes: {n_clients} sites of at most {most} classes cannot hold the "
+                             f"{n_classes} classes of {dataset}")
+
+
 # ---------------------------------------------------------------- each scenario's loaders and truth
 #
 # A loader takes the scenario's items as a dict, the partition id and the seed; the callers cache it.
@@ -368,6 +382,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     _labelled("waveform", ("n_clients", "n_samples", "test_fraction", "k_min", "k_max"), waveform_client_data, 3),
     _labelled("digits", _CLASS_KEYS, digits_client_data, 10),
     _labelled("mnist", _CLASS_KEYS, mnist_client_data, 10),
+    Scenario("sklearn_real", ("dataset", "split", "standardize", "n_clients", "test_fraction", "n_components"),
+             {"fedgem": _check_sklearn_real}, client_data=_load_labelled(real_client_data),
+             true_n_clusters=lambda params: int(real_dataset(params.get("dataset", "iris"))[1].max()) + 1),
     # FedGEM reads every key; RF-ICA only the paths and the label column (the others are FedGEM's).
     Scenario("files", _FILE_KEYS, {"fedgem": _check_files, "rfica": _check_file_list},
              client_data=_load_client_file, site_data=_load_ica_file),

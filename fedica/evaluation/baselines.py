@@ -26,6 +26,7 @@ from fedica.data.scenarios import scenario_client_data, true_n_clusters
 from fedica.evaluation.afcl import afcl
 from fedica.evaluation.comparison import BaselineResult, baseline_result, check_clients, run_seed
 from fedica.evaluation.ffcm import ffcm
+from fedica.fedgem.local import choose_n_components
 from fedica.evaluation.metrics import (
     adjusted_rand,
     ari_from_contingency,
@@ -38,13 +39,16 @@ from fedica.evaluation.metrics import (
 from fedica.protocol import ProtocolDriver
 from fedica.seeding import sklearn_seed
 
-__all__ = ["BASELINE_METHODS", "FILE_METHODS", "BaselineResult", "central_gmm", "dp_gmm", "dp_gmm_truncation", "evaluate_clustering",
-           "fed_kmeans", "k_fed", "run_baselines", "run_seed"]
+__all__ = ["BASELINE_METHODS", "FILE_METHODS", "BaselineResult", "central_gmm", "central_gmm_icl", "dp_gmm",
+           "dp_gmm_truncation", "evaluate_clustering", "fed_kmeans", "k_fed", "run_baselines", "run_seed"]
 
 # The names baseline_methods selects.
-BASELINE_METHODS = ("central-gmm", "dp-gmm", "k-fed", "fed-kmeans", "ffcm-avg1", "ffcm-avg2", "afcl")
+BASELINE_METHODS = ("central-gmm", "central-gmm-icl", "dp-gmm", "k-fed", "fed-kmeans", "ffcm-avg1", "ffcm-avg2", "afcl")
 # Those that run on scenario=files: the central GMM on the pooled files, the reference a user compares with.
 FILE_METHODS = ("central-gmm",)
+
+# central-gmm-icl: the most components the ICL compares on the pooled data (also at most sqrt(n / 2)).
+CENTRAL_ICL_MAX_COMPONENTS = 20
 
 # DP-GMM's default truncation never drops below this many components (see dp_gmm_truncation).
 DP_GMM_MIN_TRUNCATION = 25
@@ -89,6 +93,38 @@ def central_gmm(clients: Sequence[ClientData], n_clusters: int, *, n_init: int =
     model.fit(X)
     seconds = time.perf_counter() - start
     return baseline_result("central-gmm", [model.predict(c.X_test) for c in clients], seconds)
+
+
+def central_gmm_icl(clients: Sequence[ClientData], *, max_components: int = CENTRAL_ICL_MAX_COMPONENTS,
+                    n_init: int = 3, max_iter: int = 100, random_state=None) -> BaselineResult:
+    """Centralised spherical GMM whose K the ICL chooses on the pooled training data (K unknown).
+
+    K is chosen by :func:`fedica.fedgem.local.choose_n_components`, the criterion a FedGEM site uses
+    for its own K_g, on all sites' training points pooled (1 to ``min(max_components, sqrt(n / 2))``
+    components); then the model is fitted as :func:`central_gmm` with that K.
+
+    Parameters
+    ----------
+    clients : sequence of ClientData
+    max_components : int
+    n_init : int
+    max_iter : int
+    random_state : int, numpy.random.Generator or None
+
+    Returns
+    -------
+    BaselineResult
+        ``info["k_chosen"]`` is the chosen K.
+    """
+    check_clients(clients, "central-gmm-icl")
+    rng = np.random.default_rng(random_state)
+    X = _pooled_train(clients)
+    start = time.perf_counter()
+    k = choose_n_components(X, max_components, random_state=sklearn_seed(rng)).n_components
+    model = GaussianMixture(n_components=k, covariance_type="spherical", init_params="k-means++",
+                            n_init=n_init, max_iter=max_iter, random_state=sklearn_seed(rng)).fit(X)
+    seconds = time.perf_counter() - start
+    return baseline_result("central-gmm-icl", [model.predict(c.X_test) for c in clients], seconds, {"k_chosen": k})
 
 
 def dp_gmm_truncation(clients: Sequence[ClientData]) -> int:
@@ -275,6 +311,7 @@ def _method_runs(clients: Sequence[ClientData], true_k: int, seed: int, n_init: 
                  partitions: Sequence[int]) -> dict[str, Callable[[], BaselineResult]]:
     return {
         "central-gmm": lambda: central_gmm(clients, true_k, n_init=n_init, random_state=seed),
+        "central-gmm-icl": lambda: central_gmm_icl(clients, n_init=n_init, random_state=seed),
         "dp-gmm": lambda: dp_gmm(clients, random_state=seed),
         "k-fed": lambda: k_fed(clients, true_k, random_state=seed),
         "fed-kmeans": lambda: fed_kmeans(clients, true_k, random_state=seed),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from numbers import Integral
 from typing import Any
@@ -16,7 +17,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from fedica.data.common import ClientData
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
-from fedica.fedgem.local import assign_labels, estimate_n_components
+from fedica.fedgem.local import assign_labels, estimate_n_components, local_bound
 from fedica.fedgem.selection import VARIANCE_FLOOR
 from fedica.parameters import FEDGEM_PARAMETERS
 from fedica.persistence import SaveLoadMixin, read_result
@@ -95,7 +96,8 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     min_clients : int, default=2
         Fewest valid sites a round needs.
     max_local_clusters : int, default=10
-        Largest K_g tried when a site's number of clusters is estimated (``n_local_clusters=None``).
+        Largest K_g tried when a site's number of clusters is estimated (``n_local_clusters=None``);
+        a site of ``n_g`` points tries at most ``floor(sqrt(n_g / 2))``.
     random_state : int, default=0
         Seeds every random stream (docs/ALGORITHMS.md, random streams); the same seed and data
         give the same result as ``fedica-run engine=inprocess``.
@@ -114,6 +116,9 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         Each site's consensus model: the global centre of each of its components.
     n_local_clusters_ : ndarray of shape (n_sites,)
         K_g of each site (given, or estimated).
+    local_clusters_at_bound_ : ndarray of shape (n_sites,), bool
+        Whether each site chose its bound (it may hold more clusters; each such site also warned);
+        all False when ``n_local_clusters`` is given.
     upsilon_ : float
         The upsilon used (given, or tuned).
     tuning_ : dict or None
@@ -175,7 +180,9 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
             One array per site, all with the same number of features.
         n_local_clusters : int, sequence of int or None, default=None
             K_g of every site (one int), of each site (a sequence), or None: each site chooses
-            its own by BIC over isotropic mixtures of 2 to ``max_local_clusters`` components.
+            its own (:func:`fedica.fedgem.local.choose_n_components`: the ICL over spherical
+            mixtures of 1 to ``min(max_local_clusters, floor(sqrt(n_g / 2)))`` components), with a
+            warning for each site that chooses its bound.
 
         Returns
         -------
@@ -342,10 +349,18 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         return _log_weighted_densities(X, self.means_, self.weights_, self.covariance_)
 
     def _local_cluster_counts(self, data, n_local_clusters, seed) -> np.ndarray:
+        self.local_clusters_at_bound_ = np.zeros(len(data), dtype=bool)
         if n_local_clusters is None:
-            return np.array([
+            counts = np.array([
                 estimate_n_components(X, self.max_local_clusters, random_state=sklearn_seed(generator(seed, "client.kmeanspp", g)))
                 for g, X in enumerate(data)])
+            bounds = np.array([local_bound(X, self.max_local_clusters) for X in data])
+            self.local_clusters_at_bound_ = (counts == bounds) & (bounds > 1)
+            for g in np.flatnonzero(self.local_clusters_at_bound_):
+                warnings.warn(f"site {g} chose K_g={counts[g]}, its bound: it may hold more clusters "
+                              "(give n_local_clusters, or raise max_local_clusters for a site of more points)",
+                              UserWarning, stacklevel=3)
+            return counts
         counts = np.asarray(n_local_clusters)
         if counts.ndim > 1 or (counts.ndim == 1 and counts.shape[0] != len(data)):
             raise ValueError(f"n_local_clusters={n_local_clusters!r}: must be one int or one per site "

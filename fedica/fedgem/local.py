@@ -17,10 +17,13 @@ so the exact solution is ``eps_k = ||M_k - theta_k||^2``. The paper's reformulat
 
 from __future__ import annotations
 
+import math
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.spatial.distance import cdist, pdist
+from scipy.special import xlogy
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 
@@ -34,6 +37,10 @@ __all__ = [
     "final_radius",
     "assign_labels",
     "local_objective",
+    "LOCAL_CRITERIA",
+    "LocalChoice",
+    "local_bound",
+    "choose_n_components",
     "estimate_n_components",
 ]
 
@@ -384,26 +391,109 @@ def local_objective(X, centroids):
     return float(cdist(X, centroids, "sqeuclidean").min(axis=1).sum())
 
 
-def estimate_n_components(X, max_components, *, random_state=None):
-    """A site's own choice of K_g, when nobody tells it: the BIC-best isotropic Gaussian mixture.
+LOCAL_CRITERIA = ("icl", "bic")
+# The smallest variance a component of a site's candidate mixture may take, relative to the site's
+# mean per-feature variance (scikit-learn's reg_covar is absolute): on tied rows (iris repeats many)
+# a component otherwise collapses to scikit-learn's 1e-6 and buys the likelihood of the ties.
+TIE_VARIANCE_FLOOR = 1e-2
+
+
+@dataclass(frozen=True)
+class LocalChoice:
+    """A site's own choice of K_g.
+
+    Attributes
+    ----------
+    n_components : int
+    bound : int
+        The largest K_g the site could choose (:func:`local_bound`).
+    scores : ndarray of shape (bound,)
+        The criterion of K_g = 1..bound (smaller is better).
+    """
+
+    n_components: int
+    bound: int
+    scores: np.ndarray
+
+    @property
+    def at_bound(self) -> bool:
+        """Whether the site chose its bound (with a bound above 1): it may hold more clusters."""
+        return self.bound > 1 and self.n_components == self.bound
+
+
+def local_bound(X, max_components):
+    """The largest K_g a site may choose: ``min(max_components, floor(sqrt(n / 2)), distinct rows)``, at least 1.
+
+    ``sqrt(n / 2)`` is the classical rule of thumb for the number of clusters of ``n`` points (Mardia et
+    al. 1979): a component of a spherical mixture in ``d`` dimensions costs ``d + 2`` parameters, and with
+    fewer than about ``sqrt(2 n)`` points per component their estimates are too noisy for a penalised
+    likelihood to compare (a site of 10 points may choose 1 or 2, one of 70 up to 5). A site cannot hold
+    more clusters than distinct rows.
 
     Parameters
     ----------
     X : ndarray of shape (n, d)
     max_components : int
-        Largest K_g tried; the range is 2 to ``min(max_components, n // 2)``.
+
+    Returns
+    -------
+    bound : int
+    """
+    X = _as_points(X)
+    rule = math.isqrt(X.shape[0] // 2)
+    return max(1, min(int(max_components), rule, np.unique(X, axis=0).shape[0]))
+
+
+def choose_n_components(X, max_components, *, criterion="icl", random_state=None):
+    """A site's own choice of K_g: the criterion-best spherical Gaussian mixture of 1 to :func:`local_bound` components.
+
+    Each candidate is scikit-learn's ``GaussianMixture(covariance_type="spherical")`` (k-means
+    initialisation, one start) with every variance floored at :data:`TIE_VARIANCE_FLOOR` times the
+    site's mean per-feature variance, so that duplicated rows cannot make a component degenerate.
+    The ICL (Biernacki et al. 2000) is the BIC plus twice the entropy of the candidate's
+    responsibilities, the criterion the server uses for K_hat (docs/ALGORITHMS.md section 2.6).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+    max_components : int
+        Largest K_g tried (the bound also grows with ``n``: :func:`local_bound`).
+    criterion : {"icl", "bic"}
+    random_state : int or None
+
+    Returns
+    -------
+    LocalChoice
+    """
+    X = _as_points(X)
+    if criterion not in LOCAL_CRITERIA:
+        raise ValueError(f"criterion={criterion!r}: must be one of {', '.join(LOCAL_CRITERIA)}")
+    bound = local_bound(X, max_components)
+    floor = TIE_VARIANCE_FLOOR * max(float(X.var(axis=0).mean()), np.finfo(float).tiny)
+    scores = np.empty(bound)
+    for k in range(1, bound + 1):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model = GaussianMixture(k, covariance_type="spherical", reg_covar=floor, n_init=1,
+                                    random_state=random_state).fit(X)
+        scores[k - 1] = model.bic(X)
+        if criterion == "icl":
+            posterior = model.predict_proba(X)
+            scores[k - 1] -= 2.0 * float(xlogy(posterior, posterior).sum())
+    return LocalChoice(1 + int(np.argmin(scores)), bound, scores)
+
+
+def estimate_n_components(X, max_components, *, random_state=None):
+    """A site's own choice of K_g, when nobody tells it: :func:`choose_n_components` by the ICL.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+    max_components : int
     random_state : int or None
 
     Returns
     -------
     n_components : int
     """
-    X = _as_points(X)
-    upper = max(2, min(int(max_components), X.shape[0] // 2))
-    scores = []
-    for k in range(2, upper + 1):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            model = GaussianMixture(k, covariance_type="spherical", n_init=1, random_state=random_state).fit(X)
-        scores.append(model.bic(X))
-    return 2 + int(np.argmin(scores))
+    return choose_n_components(X, max_components, random_state=random_state).n_components

@@ -1,0 +1,71 @@
+"""scenario=sklearn_real (fedica.data.real): scikit-learn's bundled data sets split over sites."""
+
+import numpy as np
+import pytest
+
+from fedica.data.real import real_client_data, real_dataset
+from fedica.data.scenarios import scenario_client_data, true_n_clusters
+from fedica.evaluation.baselines import central_gmm_icl
+
+
+def _sites(n_clients=4, **kwargs):
+    return [real_client_data(g, n_clients=n_clients, **kwargs) for g in range(n_clients)]
+
+
+@pytest.mark.parametrize("dataset", ["iris", "wine", "breast_cancer", "digits"])
+@pytest.mark.parametrize("split", ["classes", "sizes", "one_class"])
+def test_every_point_is_on_one_site(dataset, split):
+    X, y = real_dataset(dataset)
+    sites = _sites(dataset=dataset, split=split, seed=1)
+    assert sum(s.n_train + s.X_test.shape[0] for s in sites) == y.size
+    assert np.array_equal(np.bincount(np.concatenate([np.r_[s.y_train, s.y_test] for s in sites])), np.bincount(y))
+
+
+def test_classes_split_gives_each_site_its_range():
+    assert all(np.unique(s.y_train).size == 2 for s in _sites(dataset="iris", split="classes", seed=0))
+    assert all(4 <= np.unique(s.y_train).size <= 6 for s in _sites(dataset="digits", split="classes", seed=0))
+
+
+def test_sizes_are_up_to_ten_times_apart():
+    sizes = [s.n_train for s in _sites(dataset="digits", split="sizes", seed=0)]
+    assert 8 <= max(sizes) / min(sizes) <= 12
+
+
+def test_one_site_holds_one_class():
+    held = sorted(np.unique(s.y_train).size for s in _sites(dataset="wine", split="one_class", seed=3))
+    assert held == [1, 3, 3, 3]
+
+
+def test_standardised_on_the_pool_or_per_site():
+    pooled = np.vstack([s.X_train for s in _sites(dataset="wine", split="sizes", standardize="pool", seed=0)])
+    assert np.allclose(pooled.mean(axis=0), 0) and np.allclose(pooled.std(axis=0), 1)
+    for site in _sites(dataset="wine", split="classes", standardize="site", seed=0):
+        assert np.allclose(site.X_train.mean(axis=0), 0)
+
+
+def test_k_g_given_or_chosen():
+    given = _sites(dataset="iris", split="one_class", seed=0)
+    assert [s.n_components for s in given] == [np.unique(s.y_train).size for s in given]
+    chosen = _sites(dataset="iris", split="one_class", seed=0, n_components="auto")
+    assert all(1 <= s.n_components <= 10 for s in chosen)
+    assert [s.X_train.tolist() for s in chosen] == [s.X_train.tolist() for s in given]
+
+
+def test_a_site_alone_is_the_site_of_the_federation():
+    scenario = {"name": "sklearn_real", "dataset": "breast_cancer", "split": "classes", "standardize": "pool",
+                "n_clients": 5, "test_fraction": 0.3, "n_components": "given"}
+    alone = scenario_client_data(scenario, 3, 7)
+    assert np.array_equal(alone.X_train, _sites(n_clients=5, dataset="breast_cancer", seed=7)[3].X_train)
+    assert true_n_clusters(scenario) == 2
+
+
+def test_bad_keys_are_refused():
+    with pytest.raises(ValueError, match="split='halves'"):
+        real_client_data(0, split="halves")
+    with pytest.raises(ValueError, match="dataset='mnist'"):
+        real_dataset("mnist")
+
+
+def test_central_gmm_icl_chooses_its_k():
+    result = central_gmm_icl(_sites(dataset="iris", split="sizes", seed=0), random_state=0)
+    assert 1 <= result.info["k_chosen"] <= 7

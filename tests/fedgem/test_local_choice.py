@@ -1,0 +1,77 @@
+"""A site's own choice of K_g (fedica.fedgem.local.choose_n_components) and the estimator's record of it."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from fedica.fedgem.estimator import FedGEM
+from fedica.fedgem.local import choose_n_components, estimate_n_components, local_bound
+
+
+def _blobs(n_per, centres, seed=0, scale=0.3):
+    rng = np.random.default_rng(seed)
+    return np.vstack([c + scale * rng.standard_normal((n_per, len(c))) for c in centres])
+
+
+CENTRES = [(0.0, 0.0), (6.0, 0.0), (0.0, 6.0)]
+
+
+@pytest.mark.parametrize("n, max_components, expected", [(2, 10, 1), (10, 10, 2), (70, 10, 5), (800, 10, 10),
+                                                         (800, 4, 4)])
+def test_the_bound_grows_with_the_site(n, max_components, expected):
+    X = np.random.default_rng(0).standard_normal((n, 2))
+    assert local_bound(X, max_components) == expected
+
+
+def test_the_bound_counts_distinct_rows():
+    X = np.repeat([[0.0, 0.0], [1.0, 1.0]], 50, axis=0)
+    assert local_bound(X, 10) == 2
+
+
+def test_three_clusters_are_found():
+    assert estimate_n_components(_blobs(40, CENTRES), 10, random_state=0) == 3
+
+
+def test_one_cluster_is_allowed():
+    choice = choose_n_components(_blobs(60, CENTRES[:1]), 10, random_state=0)
+    assert choice.n_components == 1 and not choice.at_bound and choice.scores.shape == (choice.bound,)
+
+
+def test_duplicated_rows_do_not_make_components():
+    # Every row five times: without the relative variance floor, components collapse onto the ties.
+    X = np.repeat(np.round(_blobs(20, CENTRES), 1), 5, axis=0)
+    assert estimate_n_components(X, 10, random_state=0) == 3
+
+
+@pytest.mark.parametrize("criterion", ["icl", "bic"])
+def test_both_criteria_choose(criterion):
+    assert choose_n_components(_blobs(40, CENTRES), 10, criterion=criterion, random_state=0).n_components == 3
+
+
+def test_an_unknown_criterion_is_refused():
+    with pytest.raises(ValueError, match="criterion='aic'"):
+        choose_n_components(_blobs(10, CENTRES), 10, criterion="aic")
+
+
+def test_the_choice_is_unit_free():
+    X = _blobs(40, CENTRES)
+    assert [estimate_n_components(c * X, 10, random_state=0) for c in (1e-3, 1.0, 1e3)] == [3, 3, 3]
+
+
+def test_a_site_at_its_bound_warns_and_is_recorded():
+    many = _blobs(12, [(6.0 * i, 0.0) for i in range(8)])  # 96 points, 8 clusters, bound 6
+    sites = [many, _blobs(40, CENTRES, seed=1)]
+    with pytest.warns(UserWarning, match="site 0 chose K_g=6, its bound") as record:
+        model = FedGEM(upsilon=1.0, random_state=0).fit(sites)
+    assert len([w for w in record if "its bound" in str(w.message)]) == 1
+    assert model.local_clusters_at_bound_.tolist() == [True, False]
+    assert model.n_local_clusters_.tolist() == [6, 3]
+
+
+def test_given_counts_are_not_chosen():
+    sites = [_blobs(40, CENTRES, seed=g) for g in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = FedGEM(upsilon=1.0, random_state=0).fit(sites, n_local_clusters=[3, 3])
+    assert model.n_local_clusters_.tolist() == [3, 3] and not model.local_clusters_at_bound_.any()
