@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from fedica.scripts.deploy import processes
 
-REPO = Path(__file__).resolve().parents[2]
 FLWR_RUN_MARK = "flwr_run"
 
 
@@ -79,8 +78,11 @@ def flwr_env(tmp_path):
     # What earlier tests left in this process's environment (fedica's engine switch, Ray's and Python's settings) stays out.
     inherited = {k: v for k, v in processes.flower_environment(tmp_path / "flwr-home").items()
                  if not k.startswith(("FEDICA_", "RAY_", "HYDRA_", "PYTHONPATH", "PYTHONHOME"))}
-    # The SuperLink's processes import this checkout's fedica, not whichever one the environment installed.
-    env = {**inherited, "PYTHONPATH": str(REPO), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
+    # The SuperLink's processes import the installed fedica, as a user's do. Not a checkout on PYTHONPATH: there
+    # fedica.server and fedica.clients come from fedica's __path__, extended while the package initialises, and
+    # Flower's simulation loads the ServerApp and the ClientApp in two threads at once, so the ClientApp's thread
+    # could look for fedica.clients before the extension (CI: ModuleNotFoundError: No module named 'fedica.clients').
+    env = {**inherited, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
            "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()), "RAY_TMPDIR": ray_tmp, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
     try:
         yield env
