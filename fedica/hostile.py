@@ -31,9 +31,8 @@ from fedica.protocol import (
     GEM_ROUND,
     GEM_SILHOUETTE,
     RFICA_FIT,
+    Site,
 )
-
-from fedica.protocol.tasks import Site
 
 Arrays = dict[str, np.ndarray]
 Values = dict[str, Any]
