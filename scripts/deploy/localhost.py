@@ -72,6 +72,8 @@ class LocalDeployment:
         self._temp: Path | None = None
         self._extra: list[ManagedProcess] = []
         self._app: Path | None = None
+        self._fab: Path | None = None
+        self._node_homes: list[Path] = []  # the FLWR_HOME of the SuperLink and of each SuperNode: where a run's FAB is installed
         self._app_lock = threading.Lock()
 
     # -- lifecycle
@@ -129,7 +131,8 @@ class LocalDeployment:
                 terminate([self.superlink], self.options.shutdown_grace)
             if self._temp is not None:
                 shutil.rmtree(self._temp, ignore_errors=True)
-                self._temp = self._app = None
+                self._temp = self._app = self._fab = None
+                self._node_homes.clear()
 
     def processes(self) -> list[ManagedProcess]:
         return ([self.superlink] if self.superlink else []) + self.supernodes + self._extra
@@ -161,7 +164,10 @@ class LocalDeployment:
                         "--ssl-keyfile", str(self.tls.server_key)]
             if options.node_auth:
                 command.append("--enable-supernode-auth")
-        env = flower_environment(self.temp / "flwr-home" / "superlink")
+        home = self.temp / "flwr-home" / "superlink"
+        with self._app_lock:
+            self._node_homes.append(home)
+        env = flower_environment(home)
         # The ServerApp runs with the SuperLink's working directory.
         return start_process("SuperLink", command, self.log_dir / "superlink.log", env, self.log_dir)
 
@@ -211,7 +217,12 @@ class LocalDeployment:
         if private_key is not None:
             command += ["--auth-supernode-private-key", str(private_key)]
         name = name or f"supernode-{index}"
-        env = flower_environment(self.temp / "flwr-home" / name)
+        home = self.temp / "flwr-home" / name
+        with self._app_lock:
+            self._node_homes.append(home)
+            if self._fab is not None:
+                self._install_fab([home])
+        env = flower_environment(home)
         process = start_process(f"SuperNode {name}", command, self.log_dir / f"{name}.log", env, self.log_dir)
         if len(self.supernodes) >= len(self.node_configs):
             self._extra.append(process)  # a node beyond the scenario's (say, an intruder in a test); stopped on close too
@@ -366,11 +377,41 @@ class LocalDeployment:
         return path
 
     def app_dir(self) -> Path:
-        """The Flower App submitted by :meth:`run` (built once per deployment)."""
+        """The Flower App submitted by :meth:`run` (built once per deployment, and installed where it will run)."""
         with self._app_lock:
             if self._app is None:
-                self._app = build_app(self.temp / "app")
+                app = build_app(self.temp / "app")
+                self._fab = self._build_fab(app)
+                self._install_fab(self._node_homes)
+                self._app = app
             return self._app
+
+    def _build_fab(self, app: Path) -> Path:
+        """``flwr build``: the FAB that ``flwr run`` will submit (Flower builds it deterministically: same files, same hash)."""
+        out = self.temp / "fab"
+        out.mkdir(exist_ok=True)
+        done = subprocess.run([flower_executable("flwr"), "build", "--app", str(app)], env=flower_environment(self.cli_home),
+                              cwd=str(out), capture_output=True, text=True, timeout=CLI_TIMEOUT, stdin=subprocess.DEVNULL)
+        fabs = sorted(out.glob("*.fab"))
+        if done.returncode != 0 or len(fabs) != 1:
+            raise DeploymentError(f"`flwr build --app {app}` failed (exit {done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        return fabs[0]
+
+    def _install_fab(self, homes: Sequence[Path]) -> None:
+        """Install the FAB in each FLWR_HOME before any run needs it.
+
+        Flower 1.42's ServerApp and ClientApp processes install a run's FAB on arrival, and the second of two runs
+        started at once finds the first one's half-copied folder, takes it as installed and fails with "Cannot find
+        pyproject.toml". Installed beforehand, every run finds the folder complete.
+        """
+        assert self._fab is not None
+        installs = [(home, subprocess.Popen([flower_executable("flwr"), "install", str(self._fab)], env=flower_environment(home),
+                                            cwd=str(self.temp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                            stdin=subprocess.DEVNULL)) for home in homes]
+        for home, install in installs:
+            output, _ = install.communicate(timeout=CLI_TIMEOUT)
+            if install.returncode != 0:
+                raise DeploymentError(f"`flwr install {self._fab.name}` in {home} failed (exit {install.returncode}): {output[-2000:]}")
 
     def run(self, overrides: Sequence[str], out_dir: Path, *, timeout: float | None = None) -> dict[str, Any]:
         """Submit fedica with ``overrides``, wait for it, and return the result the ServerApp wrote to ``out_dir``.

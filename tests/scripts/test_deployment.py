@@ -237,6 +237,8 @@ def _tls_job(root):
             out["intruder_log"] = intruder.log_text()
             out["nodes"] = d.list_supernodes()
             out["node_ids"] = list(d.node_ids)
+            out["installed_apps"] = {home.name: sorted(p.name for p in (home / "apps").iterdir())
+                                     for home in (d.temp / "flwr-home").iterdir() if (home / "apps").is_dir()}
         out["left"] = _still_running(recorder.stop())
         return out
 
@@ -421,6 +423,16 @@ def test_a_supernode_with_an_unregistered_key_is_refused(deployments):
     assert "Failed to activate SuperNode" in outcome["intruder_log"]
     assert "SuperNode ID" not in outcome["intruder_log"]
     assert sorted(int(n["node-id"]) for n in outcome["nodes"]) == sorted(outcome["node_ids"] + [outcome["spoofer_id"]])
+
+
+@pytest.mark.deployment
+def test_the_app_is_installed_once_before_the_runs_that_share_it(deployments):
+    # Flower installs a run's FAB when it arrives; three runs at once raced for one folder ("Cannot find
+    # pyproject.toml"). The deployment installs it first, and the runs' FAB is that one: one folder per home.
+    installed = _outcome(deployments, "tls")["installed_apps"]
+    assert {"superlink", "supernode-0", "supernode-1", "supernode-2"} <= set(installed)
+    assert all(len(apps) == 1 for apps in installed.values()), installed
+    assert len({apps[0] for apps in installed.values()}) == 1
 
 
 @pytest.mark.deployment
