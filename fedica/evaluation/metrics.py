@@ -8,9 +8,8 @@ contingency table, from which the pooled ("global") ARI follows exactly.
 from __future__ import annotations
 
 import numpy as np
-from scipy import sparse
 from scipy.spatial.distance import pdist, squareform
-from sklearn.metrics import adjusted_rand_score, silhouette_score
+from sklearn.metrics import silhouette_score
 
 __all__ = [
     "adjusted_rand",
@@ -25,7 +24,11 @@ __all__ = [
 
 
 def adjusted_rand(labels_true, labels_pred) -> float:
-    """Adjusted Rand index (scikit-learn's `adjusted_rand_score`).
+    """Adjusted Rand index, equal to scikit-learn's `adjusted_rand_score` bit for bit.
+
+    Computed from the contingency table by :func:`ari_from_contingency`'s kernel: scikit-learn's own
+    function spends most of its time validating parameters and building a sparse pair-confusion matrix,
+    which a federation calls once per client and stage (2,000 times in a run of 1,000 clients).
 
     Parameters
     ----------
@@ -36,7 +39,14 @@ def adjusted_rand(labels_true, labels_pred) -> float:
     -------
     float
     """
-    return float(adjusted_rand_score(np.asarray(labels_true), np.asarray(labels_pred)))
+    labels_true = np.asarray(labels_true)
+    labels_pred = np.asarray(labels_pred)
+    if labels_true.ndim != 1 or labels_true.shape != labels_pred.shape:
+        raise ValueError(f"labels_true and labels_pred must be 1-D of equal length, got shapes "
+                         f"{labels_true.shape} and {labels_pred.shape}")
+    _, rows = np.unique(labels_true, return_inverse=True)
+    _, cols = np.unique(labels_pred, return_inverse=True)
+    return _ari_from_cells(np.ones(rows.size, dtype=np.int64), rows.ravel(), cols.ravel())
 
 
 def weighted_local_ari(per_client_ari, weights) -> float:
@@ -173,18 +183,39 @@ def ari_from_contingency(true_values, pred_values, counts) -> float:
         return 1.0  # scikit-learn's value for empty labelings
     _, rows = np.unique(true_values, return_inverse=True)
     _, cols = np.unique(pred_values, return_inverse=True)
-    table = sparse.coo_matrix((counts.astype(np.int64), (rows.ravel(), cols.ravel()))).tocsr()  # sums repeats
-    n_samples = int(counts.sum())
-    row_sums = np.ravel(table.sum(axis=1))
-    col_sums = np.ravel(table.sum(axis=0))
-    sum_squares = int((table.data.astype(object) ** 2).sum()) if table.nnz else 0
+    return _ari_from_cells(counts.astype(np.int64), rows.ravel(), cols.ravel())
+
+
+def _ari_from_cells(counts: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> float:
+    """The ARI of a contingency table given as cells ``(rows[i], cols[i])`` holding ``counts[i]`` (repeats summed).
+
+    scikit-learn's pair-confusion formula and special cases, on exact integers: the pair counts are taken in
+    int64 while they fit (below 3e9 points) and in Python integers beyond, as are the final products (up to
+    n^4), so the value equals scikit-learn's bit for bit and a forged count cannot overflow it.
+    """
+    n_samples = int(counts.sum(dtype=object)) if counts.size else 0
+    if n_samples == 0:
+        return 1.0  # scikit-learn's value for empty labelings
+    exact = np.int64 if n_samples < 3_000_000_000 else object
+    cells = _summed(counts, rows * (int(cols.max()) + 1) + cols, exact)
+    row_sums = _summed(counts, rows, exact)
+    col_sums = _summed(counts, cols, exact)
+    sum_squares = int((cells * cells).sum())
     tp = sum_squares - n_samples
-    fp = int(table.dot(col_sums).astype(object).sum()) - sum_squares
-    fn = int(table.T.dot(row_sums).astype(object).sum()) - sum_squares
+    fp = int((col_sums * col_sums).sum()) - sum_squares
+    fn = int((row_sums * row_sums).sum()) - sum_squares
     tn = n_samples**2 - fp - fn - sum_squares
     if fn == 0 and fp == 0:
         return 1.0
     return 2.0 * (tp * tn - fn * fp) / ((tp + fn) * (fn + tn) + (tp + fp) * (fp + tn))
+
+
+def _summed(counts: np.ndarray, keys: np.ndarray, dtype) -> np.ndarray:
+    """``counts`` summed per distinct key, in ``dtype``."""
+    _, groups = np.unique(keys, return_inverse=True)
+    sums = np.zeros(int(groups.max()) + 1, dtype=dtype)
+    np.add.at(sums, groups.ravel(), counts.astype(dtype))
+    return sums
 
 
 def k_hat_from_predictions(pred_values, counts) -> int:

@@ -1,0 +1,48 @@
+"""The ARI kernels equal scikit-learn's adjusted_rand_score bit for bit, and forged counts cannot overflow them."""
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from fedica.evaluation.metrics import adjusted_rand, ari_from_contingency, contingency
+
+
+def _labelings(seed: int, count: int):
+    rng = np.random.default_rng(seed)
+    for case in range(count):
+        n = int(rng.integers(1, 400))
+        true = rng.integers(0, rng.integers(1, 12), n)
+        pred = rng.integers(-3, rng.integers(-2, 60), n)
+        if case % 5 == 0:
+            pred = true.copy()  # identical: sklearn's special case
+        if case % 7 == 0:
+            pred = np.zeros(n, dtype=int)  # one predicted cluster
+        yield true, pred
+
+
+def test_adjusted_rand_equals_scikit_learn_bit_for_bit():
+    for true, pred in _labelings(0, 500):
+        assert adjusted_rand(true, pred) == adjusted_rand_score(true, pred)
+
+
+def test_the_pooled_ari_from_triplets_equals_scikit_learn_on_the_pooled_labels():
+    for true, pred in _labelings(1, 200):
+        half = true.size // 2
+        triplets = [np.concatenate(parts) for parts in zip(contingency(true[:half], pred[:half]),
+                                                            contingency(true[half:], pred[half:]))]
+        assert ari_from_contingency(*triplets) == adjusted_rand_score(true, pred)
+
+
+def test_labels_of_any_kind_and_empty_labelings():
+    assert adjusted_rand(["a", "b", "a"], ["x", "x", "y"]) == adjusted_rand_score(["a", "b", "a"], ["x", "x", "y"])
+    assert adjusted_rand([], []) == 1.0
+    with pytest.raises(ValueError, match="equal length"):
+        adjusted_rand([0, 1], [0])
+
+
+def test_forged_counts_beyond_int64_squares_give_a_finite_ari_in_range():
+    # 1e18 squared overflows int64; the pair counts are then taken in Python integers.
+    value = ari_from_contingency([0, 0, 1, 1], [0, 1, 0, 1], [10**18, 3, 7, 10**18])
+    assert -1.0 <= value <= 1.0 and np.isfinite(value)
+    small = ari_from_contingency([0, 0, 1, 1], [0, 1, 0, 1], [10**6, 3, 7, 10**6])
+    assert value == pytest.approx(1.0, abs=1e-9) and small < value
