@@ -47,7 +47,9 @@ def print_commands(cfg: Mapping[str, Any], out_dir: Path, superlink_address: str
         "# 1. On the SuperLink machine (FLWR_DISABLE_UPDATE_CHECK=1 FLWR_TELEMETRY_ENABLED=0 keep it quiet):",
         shlex.join(superlink),
         "",
-        "# 2. On the machine that submits the run: add this connection to $FLWR_HOME/config.toml (default ~/.flwr/config.toml):",
+        "# 2. On the SuperLink machine, the only one whose `flwr` commands it answers (from another machine, through",
+        f"#    `ssh -N -L {options.superlink_port}:127.0.0.1:{options.superlink_port} <superlink machine>`), add this connection",
+        "#    to $FLWR_HOME/config.toml (default ~/.flwr/config.toml):",
         *connection,
     ]
     if options.node_auth:
@@ -61,9 +63,10 @@ def _superlink_setup(
     options: DeploymentOptions, out_dir: Path, superlink_address: str, address: str
 ) -> tuple[list[str], list[str], list[str]]:
     """The SuperLink's command, the submitting machine's connection entry, and a note on TLS (writes ``certs/``)."""
-    superlink = ["flower-superlink", "--host", options.host, "--port", str(options.superlink_port),
+    superlink = ["fedica-superlink", "--host", options.host, "--port", str(options.superlink_port),
                  "--database", "fedica-superlink.db", "--disable-runtime-dependency-installation"]
-    connection = [f"[superlink.{CONNECTION}]", f"address = {toml_string(address)}"]
+    # The Control API answers only the SuperLink machine's loopback address (scripts/deploy/superlink.py).
+    connection = [f"[superlink.{CONNECTION}]", f"address = {toml_string(join_host_port('127.0.0.1', options.superlink_port))}"]
     tls_note = []
     if options.tls:
         tls = make_tls_files(out_dir / "certs", certificate_names(options, [superlink_address]), days=365)

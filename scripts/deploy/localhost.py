@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -152,7 +153,8 @@ class LocalDeployment:
     def _start_superlink(self) -> ManagedProcess:
         options = self.options
         command = [
-            flower_executable("flower-superlink"),
+            # Flower's SuperLink behind fedica's operator guard (scripts/deploy/superlink.py)
+            sys.executable, "-m", "fedica.scripts.deploy.superlink",
             "--host", options.host, "--port", str(options.superlink_port),
             "--database", str(self.temp / "superlink-state.db"),
             "--disable-runtime-dependency-installation",
@@ -199,14 +201,18 @@ class LocalDeployment:
             time.sleep(0.2)
 
     def start_supernode(
-        self, index: int, node_config: Mapping[str, Any], *, private_key: Path | None = None, port: int | None = None, name: str | None = None
+        self, index: int, node_config: Mapping[str, Any], *, private_key: Path | None = None, port: int | None = None,
+        name: str | None = None, superlink: str | None = None,
     ) -> ManagedProcess:
-        """Start one SuperNode (its Runtime API on ``supernode_port + index`` unless ``port`` is given)."""
+        """Start one SuperNode (its Runtime API on ``supernode_port + index`` unless ``port`` is given).
+
+        ``superlink`` is the address it dials (default: the SuperLink's), e.g. a relay in a test.
+        """
         options = self.options
         port = options.supernode_port + index if port is None else port
         command = [
             flower_executable("flower-supernode"),
-            "--superlink", options.superlink_address,
+            "--superlink", options.superlink_address if superlink is None else superlink,
             "--port", str(port),
             "--node-config", node_config_arg(node_config),
         ]

@@ -79,12 +79,14 @@ def test_print_commands_for_separate_machines(tmp_path, capsys):
     text = capsys.readouterr().out
     assert code == 0
     commands = [line for line in text.splitlines() if line and not line.startswith("#")]
-    superlink = [c for c in commands if c.startswith("flower-superlink")]
+    superlink = [c for c in commands if c.startswith("fedica-superlink")]
     supernodes = [c for c in commands if c.startswith("flower-supernode")]
     registrations = [c for c in commands if c.startswith("flwr supernode register")]
     assert len(superlink) == 1 and "--host 0.0.0.0 --port 9443" in superlink[0]
     assert "--enable-supernode-auth" in superlink[0] and "--ssl-certfile" in superlink[0] and "--insecure" not in superlink[0]
     assert len(supernodes) == 3 and len(registrations) == 3
+    # The operator's connection is the SuperLink machine's loopback: fedica-superlink answers its Control API nowhere else.
+    assert 'address = "127.0.0.1:9443"' in text
     for i, command in enumerate(supernodes):
         assert "--superlink link.example.org:9443" in command
         assert f"partition-id={i} num-partitions=3" in command

@@ -204,6 +204,83 @@ def _timed(job):
     return run
 
 
+class _RemotePeer:
+    """A TCP relay on 127.0.0.1 whose connections reach the SuperLink from 127.0.0.2.
+
+    It stands for a machine other than the operator's (fedica-superlink answers the Control and Runtime
+    APIs only from 127.0.0.1 and ::1) while every server the tests start listens on loopback only.
+    TLS passes through it untouched.
+    """
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.listener.close()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), source_address=("127.0.0.2", 0))
+            except OSError:
+                client.close()
+                continue
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pipe, args=(source, target), daemon=True).start()
+
+
+def _pipe(source: socket.socket, target: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            target.sendall(data)
+    with contextlib.suppress(OSError):
+        target.shutdown(socket.SHUT_WR)
+
+
+def _outsider_cli_home(home: Path, port: int, ca_cert: Path) -> Path:
+    """The outsider's FLWR_HOME: a connection to the SuperLink (through the relay) that trusts ``ca.pem``."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "fedica"\n\n[superlink.fedica]\naddress = "127.0.0.1:{port}"\n'
+                                      f'root-certificates = "{ca_cert}"\n')
+    return home
+
+
+def _outsider_actions(d, home: Path, root: Path) -> dict:
+    """What the outsider tries while the operator's runs go on: each ``flwr`` command's exit code and output."""
+    deadline = time.monotonic() + 600
+    running = []
+    while not running and time.monotonic() < deadline:
+        running = [int(r["run-id"]) for r in d.flwr_json("ls", "fedica").get("runs", []) if str(r.get("status")).startswith("running")]
+        time.sleep(1)
+    assert running, "no run of the operator's was seen running"
+    key, public = make_node_key(root / "keys", "outsider")
+
+    def flwr(*args):
+        done = subprocess.run([processes.flower_executable("flwr"), *args], env=processes.flower_environment(home), cwd=str(root),
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        return {"exit": done.returncode, "output": done.stdout + done.stderr}
+
+    return {
+        "ls": flwr("ls", "fedica", "--format", "json"),
+        "register": flwr("supernode", "register", str(public), "fedica", "--format", "json"),
+        "run": flwr("run", str(d.app_dir()), "fedica", "--format", "json"),
+        "log": flwr("log", str(running[0]), "fedica", "--show"),
+        "stop": flwr("stop", str(running[0]), "fedica", "--format", "json"),
+        "target_run": running[0],
+    }
+
+
 def _tls_job(root):
     """TLS with SuperNode authentication: FedGEM, RF-ICA and a run that fails, at once; an intruder with an unregistered key."""
     options = _options(tls=True, node_auth=True)
@@ -217,26 +294,35 @@ def _tls_job(root):
 
     def job():
         out = {}
-        with LocalDeployment(options, [{"partition-id": i, "num-partitions": 3} for i in range(3)], root / "tls" / "deployment") as d:
+        with contextlib.ExitStack() as stack:
+            d = stack.enter_context(LocalDeployment(options, [{"partition-id": i, "num-partitions": 3} for i in range(3)],
+                                                    root / "tls" / "deployment"))
             recorder = _ProcessRecorder(d)
             key, _ = make_node_key(root / "intruder-key", "intruder")
             # It claims to be site 0: admitted, it would change both results.
             intruder = d.start_supernode(3, {"partition-id": 0, "num-partitions": 3}, private_key=key, port=intruder_port, name="intruder")
-            # Flower 1.42 lets anyone who reaches the port register a key (its Control API shares the port); this
-            # one is admitted and claims site 0 too: the run's binding of partitions to nodes must leave it out.
+            # A key the operator registered by mistake (or a site's stolen key): admitted, and it claims site 0
+            # too; the run's binding of partitions to nodes must leave it out.
             spoofer_key, spoofer_public = make_node_key(root / "spoofer-key", "spoofer")
             d.register_node_keys([spoofer_public])
+            outsider = stack.enter_context(_RemotePeer(d.options.superlink_port))
+            # The spoofer dials from the outsider's address: a site's SuperNode needs only the Fleet API, which
+            # fedica-superlink serves to any peer.
             spoofer = d.start_supernode(4, {"partition-id": 0, "num-partitions": 3}, private_key=spoofer_key,
-                                        port=spoofer_port, name="spoofer")
+                                        port=spoofer_port, name="spoofer", superlink=f"127.0.0.1:{outsider.port}")
             out["spoofer_id"] = d.await_supernode(spoofer, time.monotonic() + 120)
-            with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+            outsider_home = _outsider_cli_home(root / "outsider", outsider.port, d.tls.ca_cert)
+            d.app_dir()  # built and installed before the runs, so that the outsider's wait for one starts with them
+            with ThreadPoolExecutor(max_workers=len(runs) + 1) as pool:
                 futures = {name: pool.submit(d.run, overrides, root / "tls" / name) for name, overrides in runs.items()}
+                out["outsider"] = pool.submit(_outsider_actions, d, outsider_home, root / "outsider").result()
             for name, future in futures.items():
                 out[name] = future.exception() if name == "failing" else future.result()
             out["intruder_exit"] = intruder.popen.wait(timeout=60)
             out["intruder_log"] = intruder.log_text()
             out["nodes"] = d.list_supernodes()
             out["node_ids"] = list(d.node_ids)
+            out["runs_listed"] = [int(r["run-id"]) for r in d.flwr_json("ls", "fedica").get("runs", [])]
             out["installed_apps"] = {home.name: sorted(p.name for p in (home / "apps").iterdir())
                                      for home in (d.temp / "flwr-home").iterdir() if (home / "apps").is_dir()}
         out["left"] = _still_running(recorder.stop())
@@ -423,6 +509,21 @@ def test_a_supernode_with_an_unregistered_key_is_refused(deployments):
     assert "Failed to activate SuperNode" in outcome["intruder_log"]
     assert "SuperNode ID" not in outcome["intruder_log"]
     assert sorted(int(n["node-id"]) for n in outcome["nodes"]) == sorted(outcome["node_ids"] + [outcome["spoofer_id"]])
+
+
+@pytest.mark.deployment
+def test_an_outsider_with_the_ca_file_can_neither_submit_list_read_stop_nor_register(deployments):
+    outcome = _outcome(deployments, "tls")
+    actions = outcome["outsider"]
+    for name in ("ls", "register", "run", "log", "stop"):
+        assert "403 Forbidden" in actions[name]["output"], (name, actions[name])
+    # The run it tried to stop completed, and no run of the outsider's was created.
+    ids = {outcome[name]["deployment"]["run_id"] for name in ("fedgem", "rfica")}
+    assert actions["target_run"] in ids | {outcome["failing"].run_id}
+    assert all(outcome[name]["deployment"]["status"] == "finished:completed" for name in ("fedgem", "rfica"))
+    assert len(outcome["runs_listed"]) == 3, outcome["runs_listed"]
+    # Its SuperNode-side counterpart, a node dialling from the outsider's address, was served by the Fleet API.
+    assert outcome["spoofer_id"] in [int(n["node-id"]) for n in outcome["nodes"]]
 
 
 @pytest.mark.deployment
