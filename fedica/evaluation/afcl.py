@@ -431,7 +431,9 @@ def server_round(state: AFCLState, round_number: int, valid: list[tuple[int, tup
         seeds = competitive_pass(state.seeds, batches, rival_rate=state.rival_rate)
         absolute = sum(np.abs(residuals).sum(axis=0) for _, (residuals, _, _, _) in valid)
         state.weights = feature_weights(absolute, state.weights, beta=state.beta, learning_rate=state.learning_rate)
-        state.seeds = merge_seeds(seeds, state.merge_tol)
+        # No merge here: the authors' main loop only counts the merged seeds (k_record) and keeps every row of
+        # server_miu_numer; afcl_result merges once, after the last round.
+        state.seeds = seeds
     state.server_seconds += time.perf_counter() - start
     log.debug("AFCL round %d: %d seeds (%d with points), Davies-Bouldin %.6g", round_number, n_seeds,
               state.history[-1]["live_seeds"], db)
@@ -490,9 +492,10 @@ def afcl_result(state: AFCLState, clients: Sequence[ClientData]) -> BaselineResu
 
     Any transport's run ends here (:func:`afcl` in memory, ``fedica.server.harness.comparators`` over Flower).
     """
-    labels = [np.argmin(cdist((c.X_test - state.offset) / state.scale, state.seeds, "sqeuclidean"), axis=1)
+    final = merge_seeds(state.seeds, state.merge_tol)
+    labels = [np.argmin(cdist((c.X_test - state.offset) / state.scale, final, "sqeuclidean"), axis=1)
               for c in clients]
-    info = {"rounds": len(state.history), "k_initial": state.k_initial, "seeds": int(state.seeds.shape[0]),
+    info = {"rounds": len(state.history), "k_initial": state.k_initial, "seeds": int(final.shape[0]),
             "residual_bytes": int(state.residual_bytes), "upload_bytes": int(state.upload_bytes),
             "privacy": PRIVACY_NOTE, "client_seconds": state.client_seconds, "server_seconds": state.server_seconds,
             "rejected": list(state.rejected)}
