@@ -6,8 +6,8 @@ written as a real federated protocol: :func:`afcl_protocol` is the server, a gen
 :func:`client_reply` is the whole client side; :func:`afcl` drives both in memory and labels the test points.
 
 This follows the authors' MATLAB code (github.com/Yunfan-Zhang/AFCL: ``AFCL_main.m``, ``AFCL_client.m``,
-``AFCL_server.m``, ``AFCL_aggregation.m``; the paper itself was not reachable, its appendix is there), run synchronously
-(every client in every round; the paper's asynchrony is a participation pattern, not part of the updates):
+``AFCL_server.m``, ``AFCL_aggregation.m``; the paper itself was not reachable, its appendix is there), run
+synchronously (every client in every round; the paper's asynchrony is a participation pattern, not part of the updates):
 
 1. Initialisation: every client sends K_g k-means++ seeds drawn from its own points (so the server starts
    with K_max = sum_g K_g seeds, the upper bound the FedGEM paper gives AFCL) and its per-feature min and
@@ -292,7 +292,8 @@ class AFCLState(ProtocolState):
     rounds : int
         At most this many rounds (the FedGEM paper runs every iterative comparator for T=20).
     merge_tol : float
-        After the last round, seeds that agree to within this in every normalised coordinate merge (the authors' 0.001).
+        After the last round, seeds that agree to within this in every normalised coordinate merge (the
+        authors' 0.001).
     db_tol : float
         Stop once the federated Davies-Bouldin index changes by at most this (the authors' 1e-4).
     rival_rate : float
@@ -478,10 +479,10 @@ def afcl(clients: Sequence[ClientData], *, learning_rate: float = 1e-3, beta: fl
     -------
     BaselineResult
         ``fit_seconds`` is the clients' and the server's own work.
-        Test points go to their nearest final seed (after the merge); K_hat counts the seeds that receive some. ``info`` holds
-        ``rounds``, ``k_initial`` (K_max), ``seeds`` (final), ``residual_bytes`` and ``upload_bytes`` (what the
-        clients sent, the residuals being one d-vector per training point and round), ``privacy``,
-        ``client_seconds``, ``server_seconds`` and ``rejected``.
+        Test points go to their nearest final seed (after the merge); K_hat counts the seeds that receive some.
+        ``info`` holds ``rounds``, ``k_initial`` (K_max), ``seeds`` (final), ``residual_bytes`` and
+        ``upload_bytes`` (what the clients sent, the residuals being one d-vector per training point and round),
+        ``privacy``, ``client_seconds``, ``server_seconds`` and ``rejected``.
     """
     check_clients(clients, "afcl")
     state = AFCLState(learning_rate=learning_rate, beta=beta, rounds=rounds, merge_tol=merge_tol, db_tol=db_tol,
