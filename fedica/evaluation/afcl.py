@@ -5,9 +5,9 @@ written as a real federated protocol: :func:`afcl_protocol` is the server, a gen
 :class:`~fedica.protocol.Request` that is sent the clients' :class:`~fedica.protocol.Reply` lists;
 :func:`client_reply` is the whole client side; :func:`afcl` drives both in memory and labels the test points.
 
-Only the abstract of the paper was available; this follows the authors' MATLAB code
-(github.com/Yunfan-Zhang/AFCL: ``AFCL_main.m``, ``AFCL_client.m``, ``AFCL_server.m``), run synchronously
-(every client in every round; the paper's asynchrony is a participation pattern, not part of the updates):
+This follows the authors' MATLAB code (github.com/Yunfan-Zhang/AFCL: ``AFCL_main.m``, ``AFCL_client.m``,
+``AFCL_server.m``, ``AFCL_aggregation.m``; the paper itself was not reachable, its appendix is there), run
+synchronously (every client in every round; the paper's asynchrony is a participation pattern, not part of the updates):
 
 1. Initialisation: every client sends K_g k-means++ seeds drawn from its own points (so the server starts
    with K_max = sum_g K_g seeds, the upper bound the FedGEM paper gives AFCL) and its per-feature min and
@@ -19,11 +19,14 @@ Only the abstract of the paper was available; this follows the authors' MATLAB c
    runs one pass of frequency-sensitive competitive learning over them: the winner minimises
    ``wins_l * ||x - m_l||^2``; the winner and its cooperating set (seeds no farther from it than x) move
    toward x by ``balance_g * w`` per feature; optionally (``rival_rate`` > 0, not in the authors' code) the
-   nearest seed outside that set is pushed away as in RPCCL. Seeds that coincide to ``merge_tol`` in every
-   coordinate are merged, and the feature weights become proportional to ``1 / sum_h (D_j / D_h)^(1/beta)``,
-   D being the summed absolute residuals per feature, with a mean of ``learning_rate``.
+   nearest seed outside that set is pushed away as in RPCCL. The feature weights become proportional to
+   ``1 / sum_h (D_j / D_h)^(1/beta)``, D being the summed absolute residuals per feature, with a mean of
+   ``learning_rate``. Every seed is kept from round to round.
+4. After the last round, seeds that coincide to ``merge_tol`` in every coordinate are merged (as the authors'
+   code does once, after its loop); test points go to the nearest merged seed.
 
-docs/ALGORITHMS.md section 2.10.2 gives the same steps with every choice made where the sources are silent.
+docs/ALGORITHMS.md section 2.10.2 gives the same steps, compared line by line with the authors' code, and why
+on overlapping clusters (Waveform) the seeds collapse into one.
 
 Every round's upload therefore carries one d-vector per training point, from which the server recovers the
 client's data exactly: the privacy cost the FedGEM paper criticises. :func:`afcl` reports its size.
@@ -289,7 +292,8 @@ class AFCLState(ProtocolState):
     rounds : int
         At most this many rounds (the FedGEM paper runs every iterative comparator for T=20).
     merge_tol : float
-        Seeds that agree to within this in every normalised coordinate merge (the authors' 0.001).
+        After the last round, seeds that agree to within this in every normalised coordinate merge (the
+        authors' 0.001).
     db_tol : float
         Stop once the federated Davies-Bouldin index changes by at most this (the authors' 1e-4).
     rival_rate : float
@@ -431,7 +435,9 @@ def server_round(state: AFCLState, round_number: int, valid: list[tuple[int, tup
         seeds = competitive_pass(state.seeds, batches, rival_rate=state.rival_rate)
         absolute = sum(np.abs(residuals).sum(axis=0) for _, (residuals, _, _, _) in valid)
         state.weights = feature_weights(absolute, state.weights, beta=state.beta, learning_rate=state.learning_rate)
-        state.seeds = merge_seeds(seeds, state.merge_tol)
+        # No merge here: the authors' main loop only counts the merged seeds (k_record) and keeps every row of
+        # server_miu_numer; afcl_result merges once, after the last round.
+        state.seeds = seeds
     state.server_seconds += time.perf_counter() - start
     log.debug("AFCL round %d: %d seeds (%d with points), Davies-Bouldin %.6g", round_number, n_seeds,
               state.history[-1]["live_seeds"], db)
@@ -473,10 +479,10 @@ def afcl(clients: Sequence[ClientData], *, learning_rate: float = 1e-3, beta: fl
     -------
     BaselineResult
         ``fit_seconds`` is the clients' and the server's own work.
-        Test points go to their nearest final seed; K_hat counts the seeds that receive some. ``info`` holds
-        ``rounds``, ``k_initial`` (K_max), ``seeds`` (final), ``residual_bytes`` and ``upload_bytes`` (what the
-        clients sent, the residuals being one d-vector per training point and round), ``privacy``,
-        ``client_seconds``, ``server_seconds`` and ``rejected``.
+        Test points go to their nearest final seed (after the merge); K_hat counts the seeds that receive some.
+        ``info`` holds ``rounds``, ``k_initial`` (K_max), ``seeds`` (final), ``residual_bytes`` and
+        ``upload_bytes`` (what the clients sent, the residuals being one d-vector per training point and round),
+        ``privacy``, ``client_seconds``, ``server_seconds`` and ``rejected``.
     """
     check_clients(clients, "afcl")
     state = AFCLState(learning_rate=learning_rate, beta=beta, rounds=rounds, merge_tol=merge_tol, db_tol=db_tol,
@@ -490,9 +496,10 @@ def afcl_result(state: AFCLState, clients: Sequence[ClientData]) -> BaselineResu
 
     Any transport's run ends here (:func:`afcl` in memory, ``fedica.server.harness.comparators`` over Flower).
     """
-    labels = [np.argmin(cdist((c.X_test - state.offset) / state.scale, state.seeds, "sqeuclidean"), axis=1)
+    final = merge_seeds(state.seeds, state.merge_tol)
+    labels = [np.argmin(cdist((c.X_test - state.offset) / state.scale, final, "sqeuclidean"), axis=1)
               for c in clients]
-    info = {"rounds": len(state.history), "k_initial": state.k_initial, "seeds": int(state.seeds.shape[0]),
+    info = {"rounds": len(state.history), "k_initial": state.k_initial, "seeds": int(final.shape[0]),
             "residual_bytes": int(state.residual_bytes), "upload_bytes": int(state.upload_bytes),
             "privacy": PRIVACY_NOTE, "client_seconds": state.client_seconds, "server_seconds": state.server_seconds,
             "rejected": list(state.rejected)}

@@ -5,10 +5,12 @@ import pytest
 from sklearn.metrics import davies_bouldin_score
 
 from fedica.data.blobs import blobs_client_data
+from fedica.data.classes import waveform_client_data
 from fedica.evaluation.afcl import (
     AFCLState,
     afcl,
     afcl_protocol,
+    afcl_result,
     client_reply,
     competitive_pass,
     feature_weights,
@@ -41,6 +43,33 @@ def test_afcl_finds_k_on_separated_blobs(separated_blobs):
     # One float64 d-vector per training point and round: the data set itself, every round.
     assert result.info["residual_bytes"] == result.info["rounds"] * 1000 * 2 * 8
     assert "x = r / w + m" in result.info["privacy"]
+
+
+def test_seeds_merge_once_after_the_last_round(separated_blobs):
+    # AFCL_main.m keeps every row of server_miu_numer through the rounds (its in-loop merge only fills
+    # k_record) and merges coinciding seeds once, after the loop, before counting K.
+    state = AFCLState(learning_rate=0.01, seed=0)
+    protocol = afcl_protocol(state)
+    request = next(protocol)
+    with pytest.raises(StopIteration):
+        while True:
+            request = protocol.send([_answer(request, separated_blobs[g], g) for g in range(len(separated_blobs))])
+    assert state.seeds.shape[0] == state.k_initial > 4
+    assert merge_seeds(state.seeds, state.merge_tol).shape[0] == 4  # the cooperating seeds did coincide
+    result = afcl_result(state, separated_blobs)
+    assert result.info["seeds"] == result.k_hat == 4
+
+
+def test_on_waveform_afcl_keeps_its_starting_seeds_only_for_its_first_rounds():
+    # The FedGEM paper's AFCL on Waveform (K_hat 12.52 +- 1.11, ARI .157) is what the first round gives: every
+    # one of the sum_g K_g starting seeds (K_g from 2 to 3) still receives test points. The cooperating sets then
+    # pull the seeds of the overlapping classes together until one is left (ALGORITHMS.md 2.10.2).
+    clients = [waveform_client_data(g, seed=0, n_samples=1500, k_max=3) for g in range(5)]
+    k_max = sum(c.n_components for c in clients)
+    first = afcl(clients, rounds=1, random_state=0)
+    assert first.k_hat == k_max > 10
+    assert 0.1 < evaluate_clustering(clients, first.test_labels)["global_ari"] < 0.3
+    assert afcl(clients, rounds=20, random_state=0).k_hat == 1
 
 
 def test_the_server_rebuilds_every_training_point(separated_blobs):
