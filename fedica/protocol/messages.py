@@ -313,6 +313,9 @@ def validate_weights(arrays: Mapping[str, Any], key: str, n_components: int) -> 
 # A client's own text (an error reply's reason) is cut to this many characters before the books keep it:
 # the books go into result.json, and one client's 20 MB reason every round would make it hundreds of MB.
 MAX_CLIENT_TEXT = 500
+# A whole rejection's reason in the books (the server's words around a client's): a value a check quotes
+# (``'n-points'='...' is not an integer``) is the client's text too.
+MAX_REASON_TEXT = 2 * MAX_CLIENT_TEXT
 # A reply is refused, before its arrays are decoded, when it holds more than REPLY_SIZE_FACTOR times the
 # bytes of the larger of what the server sent that client and the (lower) median reply of the other clients
 # of the exchange, plus REPLY_SIZE_FLOOR. Honest replies are a fixed function of the task, the dimension
@@ -326,12 +329,12 @@ REPLY_SIZE_FLOOR = 2**20
 _SCALAR_BYTES = 8
 
 
-def client_text(text: Any) -> str:
-    """A client's text as the server's books keep it: at most :data:`MAX_CLIENT_TEXT` characters, and the cut said."""
+def client_text(text: Any, limit: int = MAX_CLIENT_TEXT) -> str:
+    """A client's text as the server's books keep it: at most ``limit`` characters, and the cut said."""
     text = str(text)
-    if len(text) <= MAX_CLIENT_TEXT:
+    if len(text) <= limit:
         return text
-    return f"{text[:MAX_CLIENT_TEXT]}... (cut: {len(text)} characters)"
+    return f"{text[:limit]}... (cut: {len(text)} characters)"
 
 
 def value_bytes(value: Any) -> int:

@@ -14,9 +14,10 @@ from fedica.protocol import (
     check_reply_size,
     client_text,
     payload_bytes,
+    record_rejection,
     reply_size_limits,
 )
-from fedica.protocol.messages import MAX_CLIENT_TEXT, REPLY_SIZE_FACTOR
+from fedica.protocol.messages import MAX_CLIENT_TEXT, MAX_REASON_TEXT, REPLY_SIZE_FACTOR
 
 
 def test_an_extra_array_of_1e8_floats_is_over_the_limit_and_honest_replies_are_within_it():
@@ -58,3 +59,9 @@ def test_the_in_memory_driver_refuses_an_oversized_reply_with_its_size_and_cuts_
     reasons = {entry["client"]: entry["reason"] for entry in books}
     assert reasons[1].startswith("malformed reply: the reply holds 2.0 MiB, more than the 1.0 MiB")
     assert reasons[2].endswith("... (cut: 100000 characters)") and len(reasons[2]) < 600
+
+
+def test_a_rejections_reason_quoting_a_clients_value_is_cut_in_the_books():
+    books = []
+    record_rejection(books, 3, 1, f"malformed reply: 'n-points'={'9' * 900_000!r} is not an integer")
+    assert len(books[0]["reason"]) < MAX_REASON_TEXT + 40 and books[0]["reason"].endswith("(cut: 900048 characters)")
