@@ -23,8 +23,8 @@ from flwr.serverapp import Grid
 
 from fedica.protocol import (
     ERROR_KEY,
-    InvalidReply,
     REPLY_SIZE_FLOOR,
+    InvalidReply,
     NotEnoughClients,
     Reply,
     Request,
