@@ -208,3 +208,20 @@ def spoofed_partition(partition_id: int, n_clients: int, hostile: np.ndarray) ->
         if not hostile[victim]:
             return victim
     return partition_id
+
+
+# ---------------------------------------------------------------- bloated_reply (either algorithm)
+
+# Every reply of a bloated_reply client carries its honest content plus an extra array of BLOAT_NUMBERS
+# float64 (32 MiB) and an error reason of BLOAT_ERROR_CHARS characters (20 MB, every round): the server
+# must refuse it by its size before decoding it, and keep none of the reason's bulk in its books.
+BLOATED_REPLY = "bloated_reply"
+BLOAT_NUMBERS = 2**22
+BLOAT_ERROR_CHARS = 20 * 10**6
+BLOAT_ARRAY = "padding"
+
+
+def bloated_reply(arrays: dict[str, np.ndarray], values: dict) -> tuple[dict[str, np.ndarray], dict]:
+    """What a ``bloated_reply`` client sends: its honest ``arrays`` and ``values``, an extra array and a long ``error``."""
+    return ({**arrays, BLOAT_ARRAY: np.zeros(BLOAT_NUMBERS)},
+            {**values, "error": "x" * BLOAT_ERROR_CHARS})

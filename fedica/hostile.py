@@ -87,6 +87,8 @@ def attack_reply(kind: str, task: str, honest: tuple[Arrays, Values], arrays: Ma
         reply_arrays, reply_values = honest
         return reply_arrays, {**reply_values,
                               "partition-id": attacks.spoofed_partition(partition_id, hostile.size, hostile)}
+    if kind == attacks.BLOATED_REPLY:
+        return attacks.bloated_reply(*honest)
     if kind == "split_components" and task in (GEM_INIT, GEM_ROUND, GEM_FINAL):
         return _split_components(task, arrays, honest, cfg)
     reply_arrays, reply_values = honest

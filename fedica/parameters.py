@@ -41,6 +41,15 @@ __all__ = ["Interval", "Options", "PositiveNumbers", "Parameter", "Declaration",
 # How ``upsilon="auto"`` chooses the final partition (fedica.fedgem.coordinator implements both).
 UPSILON_CRITERIA = ("likelihood", "silhouette")
 
+# Upper bounds of the counts that set a run's time or memory, so that a mistyped 1e9 is refused up front
+# instead of running for days or exhausting memory. A FedGEM round is an exchange with every site (milliseconds
+# in memory, seconds in a deployment): 10,000 rounds are hours. k-means++'s n_init seedings advance together,
+# n_init x (3 + log K_g) x n floats at a site of n points (1,000 seedings of 5,000 points: 0.4 GB; 10^9 asked
+# 7.45 GiB of seeds alone). RF-ICA's k-means restarts each cluster all the sites' columns: 1,000 take minutes.
+MAX_ROUNDS = 10_000
+MAX_SEEDINGS = 1_000
+MAX_KMEANS_RESTARTS = 1_000
+
 # Parameter.config_default when the config's default is the library's.
 _SAME_DEFAULT = object()
 
@@ -267,8 +276,8 @@ class Declaration(Mapping[str, Parameter]):
                 parameter.check(values[name])
 
 
-def _integer(low: int) -> tuple[Interval]:
-    return (Interval("integer", low),)
+def _integer(low: int, high: int | None = None) -> tuple[Interval]:
+    return (Interval("integer", low, high, "left" if high is None else "both"),)
 
 
 def _real(low: float | None = None, high: float | None = None, closed: str = "left") -> tuple[Interval]:
@@ -277,7 +286,7 @@ def _real(low: float | None = None, high: float | None = None, closed: str = "le
 
 FEDGEM_PARAMETERS = Declaration(
     "fedgem",
-    Parameter("rounds", _integer(0), 10, "T, the number of collaborative rounds."),
+    Parameter("rounds", _integer(0, MAX_ROUNDS), 10, "T, the number of collaborative rounds."),
     Parameter("local_steps", _integer(1), 1, "S, EM steps per site per round."),
     Parameter("upsilon", (Interval("real", 0, None, "neither"), Options(("auto",))), "auto",
               "The final-radius hyperparameter; auto chooses it (and so K_hat) by upsilon_criterion."),
@@ -287,7 +296,7 @@ FEDGEM_PARAMETERS = Declaration(
               "How upsilon=auto chooses: the sites' federated ICL, or their local silhouettes."),
     Parameter("guard_factor", _real(0, closed="neither"), 1.5,
               "The tuning prefers K_hat <= guard_factor * sqrt(sum K_g)."),
-    Parameter("n_init", _integer(1), 3, "k-means++ seedings per site; the best starts the site."),
+    Parameter("n_init", _integer(1, MAX_SEEDINGS), 3, "k-means++ seedings per site; the best starts the site."),
     Parameter("silhouette_sample", _integer(10), 1000, "Points per site scored by the tuning's silhouette."),
     Parameter("radius_outlier_factor", _real(1, closed="neither"), 10.0,
               "A ball this many times the median radius takes part in no merge; None: off.", none=True),
@@ -324,7 +333,7 @@ RFICA_PARAMETERS = Declaration(
               "The subspace of n_components: the server's robust one (one more exchange) or each site's own; "
               "None: federated when n_components is set, local otherwise.", none=True),
     Parameter("benchmark", (Options(BENCHMARK_RULES),), "largest", "The site the others' signs are aligned to."),
-    Parameter("kmeans_restarts", _integer(1), 10, "k-means restarts of the server's clustering of columns."),
+    Parameter("kmeans_restarts", _integer(1, MAX_KMEANS_RESTARTS), 10, "k-means restarts of the server's clustering of columns."),
     Parameter("gm_tol", _real(0, closed="neither"), 1e-10, "Tolerance of the geometric median."),
     # matched measured better or equal on every workload (docs/RESULTS.md); the paper's runs keep k-means.
     Parameter("clustering", (Options(CLUSTERINGS),), "matched",

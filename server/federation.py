@@ -17,18 +17,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from fedica.server.records import MalformedMessage, pack, unpack
+from fedica.server.records import MalformedMessage, content_bytes, pack, unpack
 from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fedica.protocol import (
     ERROR_KEY,
+    REPLY_SIZE_FLOOR,
     InvalidReply,
     NotEnoughClients,
     Reply,
     Request,
+    check_reply_size,
+    client_text,
     message_type,
     record_rejection,
+    reply_size_limits,
     reported_ray_node,
     require_int,
 )
@@ -230,13 +234,16 @@ class Federation:
         """
         # The SuperLink answers for an unreachable node itself (source node 1): the node is the message's destination.
         destination = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
+        received = list(received)
+        limits = self._size_limits(sent, received)
         answered: set[int] = set()
         replies: list[Reply] = []
         seen_partitions: set[int] = set()
         for message in received:
             node = destination.get(message.metadata.reply_to_message_id, message.metadata.src_node_id)
             answered.add(node)
-            reply = self._decode(node, message, request.round_label, seen_partitions)
+            reply = self._decode(node, message, request.round_label, seen_partitions,
+                                 limits.get(message.metadata.reply_to_message_id, REPLY_SIZE_FLOOR))
             if reply is not None:
                 seen_partitions.add(reply.partition_id)
                 replies.append(reply)
@@ -321,11 +328,21 @@ class Federation:
             return {node: {} for node in self.nodes}
         return {self.node_of[p]: arrays for p, arrays in request.payloads.items() if p in self.node_of}
 
-    def _decode(self, node: int, message: Message, round_label: int | str, seen: set[int]) -> Reply | None:
+    @staticmethod
+    def _size_limits(sent: list[Message], received: list[Message]) -> dict[str, int]:
+        """The most bytes each reply (by its reply-to id) may hold, from what its node was sent and the others' replies."""
+        sent_bytes = {m.metadata.message_id: content_bytes(m.content) for m in sent}
+        sizes = {m.metadata.reply_to_message_id: content_bytes(m.content) for m in received if not m.has_error()}
+        return reply_size_limits(sent_bytes, sizes)
+
+    def _decode(self, node: int, message: Message, round_label: int | str, seen: set[int],
+                size_limit: int) -> Reply | None:
         if message.has_error():
-            self.reject_node(node, round_label, f"client error (code {message.error.code}): {message.error.reason}")
+            self.reject_node(node, round_label,
+                             f"client error (code {message.error.code}): {client_text(message.error.reason)}")
             return None
         try:
+            check_reply_size(content_bytes(message.content), size_limit)
             arrays, values = unpack(message.content)
             partition = require_int(values, "partition-id", minimum=0, maximum=self.expected - 1)
             self._check_claim(node, partition, seen)
@@ -334,6 +351,6 @@ class Federation:
             return None
         self.node_of.setdefault(partition, node)
         if ERROR_KEY in values:
-            self.reject_node(node, round_label, f"client error: {values[ERROR_KEY]}")
+            self.reject_node(node, round_label, f"client error: {client_text(values[ERROR_KEY])}")
             return None
         return Reply(partition, arrays, values)

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from fedica.protocol.messages import value_bytes
+
 ARRAYS = "arrays"
 VALUES = "values"
 
@@ -160,6 +162,25 @@ def _remember(cache: dict, key: Any, value: Any) -> None:
     if len(cache) >= _HEADER_CACHE_LIMIT:
         cache.clear()
     cache[key] = value
+
+
+def content_bytes(content: RecordDict) -> int:
+    """The bytes of a message's arrays (their encoded data) and values, counted without decoding an array.
+
+    What the transport holds a reply's size to before :func:`unpack` decodes it
+    (:func:`fedica.protocol.messages.reply_size_limits`); a missing record, or one of the wrong type,
+    counts nothing here (:func:`unpack` refuses it).
+    """
+    total = 0
+    try:
+        record_arrays, record_values = content[ARRAYS], content[VALUES]
+    except KeyError:
+        return 0
+    if isinstance(record_arrays, ArrayRecord):
+        total += sum(len(array.data) for array in record_arrays.values())
+    if isinstance(record_values, ConfigRecord):
+        total += sum(value_bytes(value) for value in record_values.values())
+    return total
 
 
 def config_to_json(cfg: Mapping[str, Any]) -> str:

@@ -414,8 +414,9 @@ def test_option_lists_come_from_the_modules_that_implement_them():
     assert config.SCENARIOS_BY_ALGORITHM == {"rfica": scenarios.ICA_SCENARIOS, "fedgem": scenarios.SCENARIO_NAMES}
     assert config.SCENARIOS_BY_ALGORITHM["fedgem"] is scenarios.SCENARIO_NAMES
     assert config.ATTACKS_BY_ALGORITHM == {
-        "rfica": ("none", *attacks.ICA_ATTACKS, attacks.SPOOF_PARTITION),
-        "fedgem": ("none", *attacks.GEM_ATTACKS, *attacks.GEM_PROTOCOL_ATTACKS, attacks.SPOOF_PARTITION)}
+        "rfica": ("none", *attacks.ICA_ATTACKS, attacks.SPOOF_PARTITION, attacks.BLOATED_REPLY),
+        "fedgem": ("none", *attacks.GEM_ATTACKS, *attacks.GEM_PROTOCOL_ATTACKS, attacks.SPOOF_PARTITION,
+                   attacks.BLOATED_REPLY)}
     assert scenarios.SETTINGS is blobs.SETTINGS
     # The default runs the four cheap comparators; FFCM and AFCL are chosen by name (the tables experiment runs all).
     assert set(compose_config(["algorithm=fedgem"])["baseline_methods"]) <= set(baselines.BASELINE_METHODS)

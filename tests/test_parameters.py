@@ -60,7 +60,7 @@ def test_allowed_values_pass_and_none_only_where_declared():
         grid.check(good)
     cap = Parameter("cap", (Interval("real", 1),), 3.0, "", none=True)
     assert cap.check(None) is None and cap.check(1) == 1
-    with pytest.raises(TypeError, match=r"^rounds=None: must be an integer >= 0$"):
+    with pytest.raises(TypeError, match=r"^rounds=None: must be an integer in \[0, 10000\]$"):
         FEDGEM_PARAMETERS["rounds"].check(None)
     assert FEDGEM_PARAMETERS["rounds"].check(np.int64(3)) == 3
 
@@ -162,7 +162,7 @@ def test_the_algorithm_yaml_holds_exactly_the_declared_keys_and_defaults(name, d
 
 @pytest.mark.parametrize("kwargs, kind, message", [
     ({"upsilon_criterion": "silhoutte"}, ValueError, "upsilon_criterion='silhoutte': must be one of likelihood, silhouette"),
-    ({"rounds": "ten"}, TypeError, "rounds='ten': must be an integer >= 0"),
+    ({"rounds": "ten"}, TypeError, "rounds='ten': must be an integer in [0, 10000]"),
     ({"upsilon": "Auto"}, ValueError, "upsilon='Auto': must be a positive number or auto"),
     ({"upsilon_grid": []}, ValueError, "upsilon_grid=[]: must be a non-empty list of positive numbers"),
     ({"covariance_type": "full"}, ValueError, "covariance_type='full': must be one of identity, spherical"),
@@ -216,7 +216,7 @@ SITES = [np.random.default_rng(g).standard_normal((30, 2)) for g in range(3)]
 @pytest.mark.parametrize("kwargs, kind, message", [
     ({"upsilon_criterion": "silhoutte"}, ValueError, "upsilon_criterion='silhoutte': must be one of likelihood, silhouette"),
     ({"upsilon": "Auto"}, ValueError, "upsilon='Auto': must be a positive number or auto"),
-    ({"rounds": "ten"}, TypeError, "rounds='ten': must be an integer >= 0"),
+    ({"rounds": "ten"}, TypeError, "rounds='ten': must be an integer in [0, 10000]"),
     ({"participation": 1.5}, ValueError, "participation=1.5: must be in (0, 1]"),
     ({"max_local_clusters": 1}, ValueError, "max_local_clusters=1: must be >= 2"),
     ({"max_overlap_pairs": 0}, ValueError, "max_overlap_pairs=0: must be >= 1"),

@@ -22,6 +22,7 @@ from fedica.data.files import (
     check_no_label_column,
     ica_observations,
     is_recording,
+    table_extent,
 )
 from fedica.data.scenarios import ICA_SCENARIOS, SCENARIO_NAMES, SCENARIOS, file_recording, file_table
 
@@ -37,6 +38,13 @@ SCENARIO_KEYS: dict[str, tuple[str, ...]] = {name: scenario.keys for name, scena
 MAX_CLIENTS = 100_000
 # A generated scenario may take at most this share of the machine's memory.
 MEMORY_SHARE = 0.5
+# A run on files holds about this many copies of their tables at its peak (measured in-process, FedGEM: two
+# CSVs of 81 MB, 64 MB of numbers, peaked 240 MB above the interpreter's own: the parse buffer, the split,
+# the sites' points). A table's numbers are bounded before any file is parsed (fedica.data.files.table_extent).
+FILE_TABLE_COPIES = 4
+# RF-ICA's server holds about this many r x r matrices per site (its covariance, its mixing estimate, their
+# normalised and aligned copies): a file of r columns costs the server this many r^2 numbers per site.
+ICA_MATRICES_PER_SITE = 4
 
 
 def client_count(scenario: Mapping[str, Any]) -> int:
@@ -115,13 +123,47 @@ def check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str, ray_a
     if "write_sources" not in broken and sc["write_sources"] and engine == "deployment":
         errors.add("scenario.write_sources=true: sources are written only by engines that run every site on this "
                    "machine (inprocess, simulation); in a deployment each site holds its own data")
-    if engine != "deployment" and "paths" not in broken:
+    if engine != "deployment" and "paths" not in broken and _files_fit(sc, algorithm, errors):
         tables = _read_local_files(sc, errors, read="label_column" not in broken, recordings=algorithm == "rfica")
         if algorithm == "rfica":
             _check_ica_channels(sc, tables, errors)
         elif not {"n_components", "test_fraction"} & set(broken):
             _check_client_tables(sc, tables, errors)
     errors.raise_any()
+
+
+def _files_fit(sc: Mapping[str, Any], algorithm: str, errors: Errors) -> bool:
+    """Whether the files' tables, bounded before any is parsed, fit half this machine's memory; else one line in ``errors``.
+
+    A CSV holds at most a number per two bytes; a ``.npy`` or ``.npz`` file says its shape in its header.
+    Under RF-ICA a file's columns are channels, and the server's r x r matrices per site must fit too.
+    """
+    extents = {}
+    for index, path in enumerate(sc["paths"]):
+        if not is_recording(path):
+            try:
+                extents[index] = table_extent(path)
+            except DataFileError:
+                continue  # the reading names the problem
+    if not extents:
+        return True
+    available = MEMORY_SHARE * _physical_memory()
+    needed = 8 * FILE_TABLE_COPIES * sum(numbers for numbers, _ in extents.values())
+    if needed > available:
+        errors.add(f"scenario.paths: the {len(extents)} files' tables may hold {needed / FILE_TABLE_COPIES / 2**30:.1f} "
+                   f"GiB of numbers, and a run about {FILE_TABLE_COPIES} copies of them ({needed / 2**30:.1f} GiB): "
+                   f"more than half of this machine's memory ({available / 2**30:.1f} GiB)")
+        return False
+    widest = max(extents, key=lambda index: extents[index][1])
+    channels = extents[widest][1]
+    needed = 8 * ICA_MATRICES_PER_SITE * len(sc["paths"]) * channels**2
+    if algorithm == "rfica" and needed > available:
+        errors.add(f"scenario.paths[{widest}]={sc['paths'][widest]}: its {channels} columns are RF-ICA's channels, "
+                   f"and the server holds {ICA_MATRICES_PER_SITE} {channels} x {channels} matrices per site "
+                   f"({needed / 2**30:.1f} GiB for {len(sc['paths'])} sites): more than half of this machine's "
+                   f"memory ({available / 2**30:.1f} GiB)")
+        return False
+    return True
 
 
 def _paths_line(index: int, path: str, error: DataFileError) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import zipfile
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -398,6 +399,71 @@ def _read_any(path: Path, label_column, delimiter: str):
     return _read_csv_file(path, label_column, delimiter)
 
 
+def table_extent(path, *, delimiter: str = ",") -> tuple[int, int]:
+    """At most how many numbers a table file holds, and its columns, known without parsing it.
+
+    What the config holds a run's files to before any is read (``fedica.config``): a CSV's columns are its
+    first line's cells, and it holds at most one number per two bytes (a digit and a delimiter or a line
+    end); a ``.npy`` file's, or an ``.npz`` file's ``X``, shape is in its array header.
+
+    Returns
+    -------
+    numbers, columns : int
+
+    Raises
+    ------
+    DataFileError
+        For a file :func:`read_table` would refuse on these grounds (no such file, an unreadable header).
+    """
+    path = Path(path)
+    _check_is_file(path)
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        rows, columns = _array_shape(path, lambda: open(path, "rb"))
+    elif suffix == ".npz":
+        rows, columns = _npz_shape(path)
+    else:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            first = next((row for row in csv.reader(handle, delimiter=delimiter) if any(c.strip() for c in row)), [])
+        columns = max(len(first), 1)
+        return math.ceil(path.stat().st_size / 2), columns
+    return rows * columns, columns
+
+
+# The .npy header formats whose shape is read without loading the array.
+_NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _array_shape(path: Path, opened) -> tuple[int, int]:
+    """The (rows, columns) of a .npy array from its header alone (a 1-D array is one column)."""
+    try:
+        with opened() as handle:
+            version = np.lib.format.read_magic(handle)
+            read_header = _NPY_HEADER_READERS.get(version)
+            if read_header is None:
+                raise DataFileError(path, f"is a .npy array of format version {version[0]}.{version[1]}; "
+                                    "save it with numpy's default format (1.0 or 2.0)")
+            shape = read_header(handle)[0]
+    except DataFileError:
+        raise
+    except (ValueError, OSError, EOFError, SyntaxError) as error:
+        raise DataFileError(path, f"cannot be read: an array's header is malformed ({type(error).__name__})") from None
+    rows = shape[0] if shape else 1
+    return int(rows), int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+
+
+def _npz_shape(path: Path) -> tuple[int, int]:
+    """The (rows, columns) of an .npz file's ``X`` from its member's header (the archive is not extracted)."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as error:
+        raise DataFileError(path, f"cannot be read as .npz ({type(error).__name__})") from None
+    with archive:
+        if "X.npy" not in archive.namelist():
+            return 0, 1  # read_table names what is missing
+        return _array_shape(path, lambda: archive.open("X.npy"))
+
+
 def _check_is_file(path: Path) -> None:
     """A data file a site may read: a regular, non-empty file named itself (not through a link)."""
     if path.is_symlink():
@@ -494,17 +560,24 @@ def _is_number(cell: str) -> bool:
 
 
 def _read_numpy_file(path: Path, suffix: str, label_column):
+    # numpy's own message can quote the file's bytes (a malformed array header, an archive's member names):
+    # the line that travels names only the kind of failure, as for every other file error.
     try:
         loaded = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
-        raise DataFileError(path, f"cannot be read as {suffix} ({error})") from None
+        raise DataFileError(path, f"cannot be read as {suffix} ({type(error).__name__})") from None
     y = None
     if suffix == ".npz":
         with loaded:
             if "X" not in loaded.files:
-                raise DataFileError(path, f".npz file has no array 'X' (arrays found: {loaded.files})")
-            X = loaded["X"]
-            y = loaded["y"] if "y" in loaded.files else None
+                problem = ".npz file has no array 'X'"
+                raise DataFileError(path, problem, detail=f".npz file has no array 'X' (arrays found: {loaded.files})")
+            try:
+                X = loaded["X"]
+                y = loaded["y"] if "y" in loaded.files else None
+            except (ValueError, OSError, EOFError, SyntaxError) as error:
+                raise DataFileError(path, f"cannot be read as .npz: an array's header or data is malformed "
+                                    f"({type(error).__name__})") from None
         if y is not None and label_column is not None:
             raise DataFileError(path, f"has a 'y' array and label_column={label_column!r} was given; "
                                 "use one source of labels")

@@ -29,6 +29,7 @@ from fedica.protocol.messages import (
     GEM_ROUND,
     GEM_SILHOUETTE,
     RAY_NODE_KEY,
+    REPLY_SIZE_FLOOR,
     RFICA_FIT,
     TRAIN,
     InvalidReply,
@@ -37,8 +38,12 @@ from fedica.protocol.messages import (
     Reply,
     Request,
     RunStopped,
+    check_reply_size,
+    client_text,
     majority_width,
     message_type,
+    payload_bytes,
+    reply_size_limits,
     reported_ray_node,
     reported_seconds,
     require_array,
@@ -58,4 +63,6 @@ __all__ = [
     "Transform", "drive", "majority_width", "message_type", "record_rejection", "reported_ray_node",
     "reported_seconds", "require_array", "require_int", "validate_gem_components", "validate_ica_reply",
     "validate_weights",
+    # the size of a reply
+    "REPLY_SIZE_FLOOR", "check_reply_size", "client_text", "payload_bytes", "reply_size_limits",
 ]

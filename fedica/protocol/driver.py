@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping
 
-from fedica.protocol.messages import Reply, Request
+from fedica.protocol.messages import (
+    InvalidReply,
+    Reply,
+    Request,
+    check_reply_size,
+    client_text,
+    payload_bytes,
+    reply_size_limits,
+)
 from fedica.protocol.state import Rejection, record_rejection
 from fedica.protocol.tasks import ClientTasks, Site
 
@@ -63,8 +71,24 @@ class InMemoryFederation:
             try:
                 replies.append(Reply(partition, *self.tasks.answer(request.task, self.sites[partition], arrays, values)))
             except ValueError as err:
-                record_rejection(self.rejected, partition, request.round_label, f"client error: {type(err).__name__}: {err}")
-        return replies
+                record_rejection(self.rejected, partition, request.round_label,
+                                 f"client error: {type(err).__name__}: {client_text(err)}")
+        return self._within_size(request, replies)
+
+    def _within_size(self, request: Request, replies: list[Reply]) -> list[Reply]:
+        """The replies the exchange's size limits admit (:func:`~fedica.protocol.messages.reply_size_limits`), as over Flower."""
+        sent = {p: payload_bytes(arrays) for p, arrays in (request.payloads or {}).items()}
+        sizes = {reply.partition_id: payload_bytes(reply.arrays, reply.values) for reply in replies}
+        limits = reply_size_limits(sent, sizes)
+        kept = []
+        for reply in replies:
+            try:
+                check_reply_size(sizes[reply.partition_id], limits[reply.partition_id])
+            except InvalidReply as err:
+                record_rejection(self.rejected, reply.partition_id, request.round_label, f"malformed reply: {err}")
+                continue
+            kept.append(reply)
+        return kept
 
     def run(self, protocol: ProtocolRun) -> None:
         """Drive ``protocol`` to its end with these sites (a :data:`ProtocolDriver`)."""

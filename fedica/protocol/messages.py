@@ -306,3 +306,80 @@ def validate_weights(arrays: Mapping[str, Any], key: str, n_components: int) -> 
     if np.any(weights <= 0) or abs(weights.sum() - 1.0) > 1e-6:
         raise InvalidReply(f"{key!r} must be positive weights summing to 1")
     return weights
+
+
+# ---------------------------------------------------------------- the size of a reply
+
+# A client's own text (an error reply's reason) is cut to this many characters before the books keep it:
+# the books go into result.json, and one client's 20 MB reason every round would make it hundreds of MB.
+MAX_CLIENT_TEXT = 500
+# A whole rejection's reason in the books (the server's words around a client's): a value a check quotes
+# (``'n-points'='...' is not an integer``) is the client's text too.
+MAX_REASON_TEXT = 2 * MAX_CLIENT_TEXT
+# A reply is refused, before its arrays are decoded, when it holds more than REPLY_SIZE_FACTOR times the
+# bytes of the larger of what the server sent that client and the (lower) median reply of the other clients
+# of the exchange, plus REPLY_SIZE_FLOOR. Honest replies are a fixed function of the task, the dimension
+# and the components (FedGEM's rounds 3 d K_g numbers, RF-ICA's r^2, the evaluation's contingency counts),
+# within a few times of each other across sites and of the request (a comparator's per-point residuals grow
+# with a site's size, hence the wide factor); the floor covers a small exchange's fixed costs (values, an
+# honest error's reason) whatever the dimension.
+REPLY_SIZE_FACTOR = 64
+REPLY_SIZE_FLOOR = 2**20
+# The bytes a value that is neither a string nor a list counts for (a number, a bool).
+_SCALAR_BYTES = 8
+
+
+def client_text(text: Any, limit: int = MAX_CLIENT_TEXT) -> str:
+    """A client's text as the server's books keep it: at most ``limit`` characters, and the cut said."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... (cut: {len(text)} characters)"
+
+
+def value_bytes(value: Any) -> int:
+    """The bytes one reply value holds: a string's characters, a list's entries (8 bytes each), 8 for a scalar."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, (list, tuple)):
+        return sum(value_bytes(item) for item in value)
+    return _SCALAR_BYTES
+
+
+def payload_bytes(arrays: Mapping[str, Any] | None, values: Mapping[str, Any] | None = None) -> int:
+    """The bytes of a message's arrays (their data, as sent) and values, known without decoding anything."""
+    arrays_bytes = sum(int(np.asarray(a).nbytes) for a in (arrays or {}).values())
+    return arrays_bytes + sum(value_bytes(v) for v in (values or {}).values())
+
+
+def reply_size_limits(sent: Mapping[Any, int], received: Mapping[Any, int]) -> dict[Any, int]:
+    """The most bytes each client's reply of one exchange may hold (see :data:`REPLY_SIZE_FACTOR`).
+
+    Parameters
+    ----------
+    sent : mapping of client to int
+        The bytes of the arrays the server sent each client (none: 0).
+    received : mapping of client to int
+        The bytes of each client's reply.
+
+    Returns
+    -------
+    limits : dict of client to int
+        By the clients of ``received``. A client's own reply never raises its own limit: the median is
+        of the others' (the lower median, so that with two clients a bloated one does not set the other's).
+    """
+    sizes = list(received.items())
+    limits = {}
+    for client, _ in sizes:
+        others = sorted(size for other, size in sizes if other != client)
+        typical = others[(len(others) - 1) // 2] if others else 0
+        limits[client] = REPLY_SIZE_FACTOR * max(sent.get(client, 0), typical) + REPLY_SIZE_FLOOR
+    return limits
+
+
+def check_reply_size(size: int, limit: int) -> None:
+    """Raise :class:`InvalidReply` when a reply of ``size`` bytes is over its ``limit`` (:func:`reply_size_limits`)."""
+    if size > limit:
+        raise InvalidReply(f"the reply holds {size / 2**20:.1f} MiB, more than the {limit / 2**20:.1f} MiB this "
+                           f"exchange admits ({REPLY_SIZE_FACTOR} x the larger of the request and the other "
+                           f"clients' median reply, + {REPLY_SIZE_FLOOR / 2**20:.0f} MiB); it is not decoded")

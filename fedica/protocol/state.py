@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from fedica.protocol.messages import NotEnoughClients
+from fedica.protocol.messages import MAX_REASON_TEXT, NotEnoughClients, client_text
 
 log = logging.getLogger("fedica.server")
 
@@ -28,7 +28,11 @@ Rejection = dict[str, Any]
 
 def record_rejection(book: list[Rejection], client: int | str, round_label: int | str, reason: str, *,
                      logger: logging.Logger = log, label: str = "") -> None:
-    """Append ``{client, round, reason}`` to ``book`` and log it (``label`` names the protocol, e.g. "FFCM ")."""
+    """Append ``{client, round, reason}`` to ``book`` and log it (``label`` names the protocol, e.g. "FFCM ").
+
+    The reason is cut to :data:`~fedica.protocol.messages.MAX_REASON_TEXT` characters: it may quote a client.
+    """
+    reason = client_text(reason, MAX_REASON_TEXT)
     logger.warning("%sclient %s, round %s: reply rejected: %s", label, client, round_label, reason)
     book.append({"client": client, "round": round_label, "reason": reason})
 
