@@ -26,7 +26,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,14 @@ class Journal:
         The journal's folder (:data:`JOURNAL_DIR` inside a run's folder).
     recorded : list of RecordedStage
         The stages already on disk, in order; a run replays them before it asks any client.
+
+    Attributes
+    ----------
+    stages : int
+        The completed stages on disk (replayed or new).
+    after_stage : callable or None
+        ``after_stage(journal, request)``, called once a new stage is on disk (a harness saves
+        its partial result there, so that even a killed run leaves one).
     """
 
     def __init__(self, directory: str | os.PathLike, recorded: list[RecordedStage]):
@@ -102,6 +110,7 @@ class Journal:
         self.recorded = recorded
         self.replayed = 0
         self.stages = len(recorded)
+        self.after_stage: Callable[[Journal, Request], None] | None = None
 
     @classmethod
     def create(cls, run_dir: str | os.PathLike, description: Mapping[str, Any]) -> Journal:
@@ -156,7 +165,10 @@ class Journal:
     def append(self, request: Request, replies: list[Reply], books: Mapping[str, list[Any]]) -> Path:
         """Record a completed stage (atomically): its request's digest, its replies and the transport's books of it."""
         self.stages += 1
-        return save_stage(self.directory / stage_file(self.stages), self.stages, request, replies, books)
+        path = save_stage(self.directory / stage_file(self.stages), self.stages, request, replies, books)
+        if self.after_stage is not None:
+            self.after_stage(self, request)
+        return path
 
 
 def journaled(protocol: Generator[Request, list[Reply], None], journal: Journal,

@@ -23,8 +23,8 @@ from sklearn.exceptions import ConvergenceWarning
 
 from fedica.attacks import hostile_clients
 from fedica.config import client_count
-from fedica.protocol import Journal, RunStopped
-from fedica.results import versions
+from fedica.protocol import Journal, Request, RunStopped
+from fedica.results import PARTIAL_RESULT_FILE, versions, write_json_atomic
 
 log = logging.getLogger("fedica.server")
 
@@ -71,6 +71,16 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
         "versions": versions(),
         "history": books.history,
     }
+    if journal is not None:
+        def save_partial(journal: Journal, request: Request) -> None:
+            # Rewritten after every stage: a run killed at any point leaves what it had done, and how to go on.
+            write_json_atomic(journal.directory.parent / PARTIAL_RESULT_FILE, {
+                **header, "clients": federation.clients_record(0), "participation": federation.participation,
+                "status": f"saved after stage {journal.stages} ({request.task} {request.round_label}); unless the run "
+                          f"is still going, fedica-run with the same configuration and resume={journal.directory.parent} "
+                          "goes on from there"})
+
+        journal.after_stage = save_partial
     # Recorded under the filters in force (ResourceWarnings, say, stay ignored), so that none reaches the terminal.
     with warnings.catch_warnings(record=True) as caught:
         try:

@@ -35,30 +35,60 @@ def without_timings(folder: Path) -> dict:
     return result
 
 
+def stopped_run(folder: Path, sig: int, after: int = 2) -> tuple[subprocess.Popen, int]:
+    """A run sent ``sig`` by its pid once its journal holds ``after`` completed stages; and the stages then."""
+    process = subprocess.Popen([*RUN, f"hydra.run.dir={folder}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+    deadline = time.monotonic() + 240
+    while stages(folder) < after and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(process.pid, sig)
+    process.wait(timeout=60)
+    return process, stages(folder)
+
+
 @pytest.fixture(scope="module")
 def killed_run(tmp_path_factory):
     """A run killed with SIGKILL after its second completed stage, and the stages its journal held then."""
     folder = tmp_path_factory.mktemp("killed") / "run"
-    process = subprocess.Popen([*RUN, f"hydra.run.dir={folder}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 240
-    while stages(folder) < 2 and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
-    assert process.wait(timeout=30) == -signal.SIGKILL
-    return folder, stages(folder)
+    process, completed = stopped_run(folder, signal.SIGKILL)
+    assert process.returncode == -signal.SIGKILL
+    return folder, completed
 
 
-def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path, killed_run):
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("whole")
+    whole = fedica_run(f"hydra.run.dir={folder}")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    return folder
+
+
+def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path, killed_run, uninterrupted):
     folder, completed = killed_run
     assert 2 <= completed < 20 and not (folder / "result.json").exists()
+    # What it had done is saved after every stage (the kill may fall between a stage's file and this one), with how to go on.
+    partial = json.loads((folder / "partial_result.json").read_text())
+    assert partial["status"].split(" (")[0] in {f"saved after stage {completed - 1}", f"saved after stage {completed}"}
+    assert f"resume={folder} goes on" in partial["status"] and partial["participation"]
 
     done = fedica_run(f"resume={folder}", f"hydra.run.dir={tmp_path / 'resume-log'}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"replaying its {completed} completed stages" in done.stdout + done.stderr
-    whole = fedica_run(f"hydra.run.dir={tmp_path / 'whole'}")
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    assert without_timings(folder) == without_timings(tmp_path / "whole")
-    assert stages(folder) == stages(tmp_path / "whole")
+    assert without_timings(folder) == without_timings(uninterrupted)
+    assert stages(folder) == stages(uninterrupted)
+    assert not (folder / "partial_result.json").exists()  # superseded by the result
+
+
+def test_ctrl_c_leaves_a_partial_result_and_the_run_resumes(tmp_path, uninterrupted):
+    folder = tmp_path / "run"
+    process, completed = stopped_run(folder, signal.SIGINT, after=3)
+    assert process.returncode == 130, process.stderr.read()[-3000:]
+    partial = json.loads((folder / "partial_result.json").read_text())
+    assert partial["status"].startswith("interrupted (Ctrl-C); its journal holds") and f"resume={folder}" in partial["status"]
+    done = fedica_run(f"resume={folder}", f"hydra.run.dir={tmp_path / 'resume-log'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert without_timings(folder) == without_timings(uninterrupted)
 
 
 def test_a_missing_or_foreign_journal_is_refused_in_one_line(tmp_path, killed_run):
