@@ -27,8 +27,9 @@ def run_folder(cfg: Mapping[str, Any], out_dir: str | os.PathLike) -> Path:
     return Path(cfg["resume"]) if cfg.get("resume") else Path(out_dir)
 
 
-def run_journal(cfg: Mapping[str, Any], out_dir: str | os.PathLike) -> Journal:
-    """The journal of ``cfg``'s run: the interrupted run's it resumes, else a new one in ``out_dir``.
+def run_journal(cfg: Mapping[str, Any], folder: str | os.PathLike) -> Journal:
+    """The journal of ``cfg``'s run in ``folder`` (:func:`run_folder`; a deployment's ServerApp: its ``out-dir``):
+    the interrupted run's when ``cfg`` resumes one, else a new one.
 
     Raises
     ------
@@ -36,5 +37,5 @@ def run_journal(cfg: Mapping[str, Any], out_dir: str | os.PathLike) -> Journal:
         ``resume`` names a folder whose journal is missing or of another configuration (one line).
     """
     if cfg.get("resume"):
-        return Journal.resume(cfg["resume"], journal_description(cfg))
-    return Journal.create(out_dir, journal_description(cfg))
+        return Journal.resume(folder, journal_description(cfg))
+    return Journal.create(folder, journal_description(cfg))
