@@ -31,13 +31,13 @@ log = logging.getLogger("fedica.server")
 def run_engine(cfg: Mapping[str, Any], journal: Journal | None = None) -> dict[str, Any]:
     """Run ``cfg`` on the engine it names (``cfg["engine"]["name"]``) and return the result.
 
-    ``journal`` (the local engines): every stage is recorded there and the stages it holds are
-    replayed (:func:`fedica.server.harness.runner.run_federation`).
+    ``journal`` (the in-process engine; a deployment's ServerApp keeps its own): every stage is
+    recorded there and the stages it holds are replayed (:func:`fedica.server.harness.runner.run_federation`).
     """
     configure_logging(cfg.get("log_level", "INFO"))
     engine = cfg["engine"]["name"]
     if engine == "simulation":
-        return run_simulation_engine(cfg, journal)
+        return run_simulation_engine(cfg)
     if engine == "inprocess":
         return run_inprocess(cfg, journal=journal)
     from fedica.scripts.deploy import run_deployment
@@ -55,7 +55,7 @@ def run_inprocess(cfg: Mapping[str, Any], client_app: ClientApp | None = None,
     return run_federation(grid, cfg, bound_partitions=grid.node_partitions, journal=journal)
 
 
-def run_simulation_engine(cfg: Mapping[str, Any], journal: Journal | None = None) -> dict[str, Any]:
+def run_simulation_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Drive the federation with Flower's simulation runtime: on a local Ray, or the cluster ``engine.ray_address`` names."""
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -72,7 +72,7 @@ def run_simulation_engine(cfg: Mapping[str, Any], journal: Journal | None = None
     @server_app.main()
     def _main(grid: Grid, context: Context) -> None:
         try:
-            outcome["result"] = run_federation(grid, cfg, journal=journal)
+            outcome["result"] = run_federation(grid, cfg)
         except BaseException as err:  # re-raised in the caller's thread below
             outcome["error"] = err
 

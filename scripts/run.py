@@ -74,8 +74,8 @@ def main(cfg: DictConfig) -> None:
     if is_complete_result(out_dir / RESULT_FILE):
         log.info("%s is complete; skipping this run", out_dir / RESULT_FILE)
         return
-    # A deployment's server runs in its own process, which keeps no journal yet (docs/DEPLOYMENT.md).
-    if journal is None and cfg_dict["engine"]["name"] != "deployment":
+    # A deployment's ServerApp keeps its own journal; a simulation's nodes cannot be resumed (fedica.config: resume).
+    if journal is None and cfg_dict["engine"]["name"] == "inprocess":
         journal = _journal(cfg_dict, out_dir)
     if journal is not None and journal.recorded:
         log.info("resuming %s: replaying its %d completed stages", out_dir, len(journal.recorded))

@@ -22,7 +22,7 @@ from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedica.protocol import CATEGORY, EVALUATE, TRAIN, Reply, Request, journaled
+from fedica.protocol import CATEGORY, EVALUATE, TRAIN, JournalError, Reply, Request, journaled
 
 log = logging.getLogger("fedica.server")
 
@@ -171,6 +171,10 @@ class ProtocolStrategy(Strategy):
         self.federation.connect()
         self._protocol = self.protocol()
         if self.federation.journal is not None:
+            if self.federation.journal.recorded and self.federation.bound_partitions is None:
+                # Nodes that say who they are only in their replies cannot be asked by partition after replayed stages.
+                raise JournalError("a resumed run needs the nodes' partitions bound (node-partitions, as fedica-deploy "
+                                   "and the in-process engine give them); this federation learns them from replies")
             # The stages the journal holds are replayed here, before any client is asked.
             self._protocol = journaled(self._protocol, self.federation.journal,
                                        {"rejected": self.federation.rejected,

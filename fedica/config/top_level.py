@@ -36,6 +36,10 @@ def check_resume(top: Checker, algorithm: Mapping[str, Any], engine: str | None)
     if not (folder / JOURNAL_DIR / MANIFEST_FILE).is_file():
         top.fail("resume", f"must be the folder of an interrupted run (its {JOURNAL_DIR}/{MANIFEST_FILE} is "
                            f"{'missing' if folder.is_dir() else 'missing: no such folder'}), or null")
+    if engine == "simulation":
+        top.fail("resume", "engine=simulation: its nodes say which site they are only in their replies, which the "
+                           "replayed stages do not ask; resume with engine=inprocess (the same numbers to 1e-12) "
+                           "or a deployment")
     if algorithm.get("covariance_type") == "spherical":
         top.fail("resume", "algorithm.covariance_type=spherical: each site keeps its variances between rounds, which "
                            "the replayed rounds do not give back to it; run it again without resume")

@@ -1,8 +1,9 @@
 """A run's journal under ``fedica-run``: a new one in a new run's folder, or an interrupted run's (``resume=RUN_DIR``).
 
 The journal (:mod:`fedica.protocol.journal`) is written for the run's configuration, less the
-keys that change nothing a run computes (:data:`RESUME_FREE_KEYS`): a resumed run may say more
-in its log, wait longer for its nodes or its replies, and of course names the folder it resumes.
+keys that change nothing a run computes (:data:`RESUME_FREE_KEYS`, and of the ``engine`` section
+all but its name): a resumed run may say more in its log, wait longer for its nodes or its
+replies, start its processes on other ports or with TLS, and of course names the folder it resumes.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ RESUME_FREE_KEYS = ("resume", "log_level", "round_timeout", "node_wait_timeout")
 
 
 def journal_description(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """What a journal is written for: the validated configuration without :data:`RESUME_FREE_KEYS`."""
-    return {key: value for key, value in cfg.items() if key not in RESUME_FREE_KEYS}
+    """What a journal is written for: the validated configuration without :data:`RESUME_FREE_KEYS`, its engine by name."""
+    description = {key: value for key, value in cfg.items() if key not in RESUME_FREE_KEYS}
+    description["engine"] = {"name": cfg["engine"]["name"]}
+    return description
 
 
 def run_folder(cfg: Mapping[str, Any], out_dir: str | os.PathLike) -> Path:

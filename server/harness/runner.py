@@ -77,8 +77,7 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
             write_json_atomic(journal.directory.parent / PARTIAL_RESULT_FILE, {
                 **header, "clients": federation.clients_record(0), "participation": federation.participation,
                 "status": f"saved after stage {journal.stages} ({request.task} {request.round_label}); unless the run "
-                          f"is still going, fedica-run with the same configuration and resume={journal.directory.parent} "
-                          "goes on from there"})
+                          f"is still going, {how_to_resume(journal)}"})
 
         journal.after_stage = save_partial
     # Recorded under the filters in force (ResourceWarnings, say, stay ignored), so that none reaches the terminal.
@@ -105,8 +104,13 @@ def stop_status(err: BaseException, journal: Journal | None) -> str:
     why = "interrupted (Ctrl-C)" if isinstance(err, KeyboardInterrupt) else f"stopped: {err}"
     if journal is None or not journal.stages:
         return why
-    return (f"{why}; its journal holds {journal.stages} completed stages: fedica-run with the same configuration "
-            f"and resume={journal.directory.parent} goes on from there")
+    return f"{why}; its journal holds {journal.stages} completed stages: {how_to_resume(journal)}"
+
+
+def how_to_resume(journal: Journal) -> str:
+    folder = journal.directory.parent
+    return (f"the same configuration with resume={folder} (fedica-deploy: --resume {folder}) goes on from the last "
+            "completed stage")
 
 
 # Warnings that ordinary runs raise and that say nothing about the result: counted in result.json,

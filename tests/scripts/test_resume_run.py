@@ -70,7 +70,7 @@ def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path, kill
     # What it had done is saved after every stage (the kill may fall between a stage's file and this one), with how to go on.
     partial = json.loads((folder / "partial_result.json").read_text())
     assert partial["status"].split(" (")[0] in {f"saved after stage {completed - 1}", f"saved after stage {completed}"}
-    assert f"resume={folder} goes on" in partial["status"] and partial["participation"]
+    assert f"resume={folder} (fedica-deploy: --resume {folder}) goes on" in partial["status"] and partial["participation"]
 
     done = fedica_run(f"resume={folder}", f"hydra.run.dir={tmp_path / 'resume-log'}")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -103,3 +103,20 @@ def test_a_missing_or_foreign_journal_is_refused_in_one_line(tmp_path, killed_ru
     (line,) = missing.stderr.strip().splitlines()
     assert line.startswith(f"fedica-run: configuration error: resume={str(tmp_path)!r}: must be the folder of an "
                            "interrupted run") and "journal.json is missing" in line
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    (["engine=simulation"], "engine=simulation: its nodes say which site they are only in their replies"),
+    (["engine=inprocess", "algorithm=fedgem", "scenario=blobs", "algorithm.covariance_type=spherical"],
+     "algorithm.covariance_type=spherical: each site keeps its variances between rounds")])
+def test_a_run_whose_clients_or_nodes_cannot_be_replayed_to_is_refused_resume_in_one_line(tmp_path, overrides, reason):
+    from fedica.server.app import compose_config
+
+    from fedica.config import ConfigError, validate_config
+    from fedica.protocol import Journal
+
+    Journal.create(tmp_path, {})
+    with pytest.raises(ConfigError) as err:
+        validate_config(compose_config([*overrides, f"resume={tmp_path}"]))
+    (line,) = err.value.errors
+    assert line.startswith(f"resume={str(tmp_path)!r}: {reason}")
