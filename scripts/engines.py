@@ -23,30 +23,36 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedica.config import client_count
+from fedica.protocol import Journal
 
 log = logging.getLogger("fedica.server")
 
 
-def run_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Run ``cfg`` on the engine it names (``cfg["engine"]["name"]``) and return the result."""
+def run_engine(cfg: Mapping[str, Any], journal: Journal | None = None) -> dict[str, Any]:
+    """Run ``cfg`` on the engine it names (``cfg["engine"]["name"]``) and return the result.
+
+    ``journal`` (the in-process engine; a deployment's ServerApp keeps its own): every stage is
+    recorded there and the stages it holds are replayed (:func:`fedica.server.harness.runner.run_federation`).
+    """
     configure_logging(cfg.get("log_level", "INFO"))
     engine = cfg["engine"]["name"]
     if engine == "simulation":
         return run_simulation_engine(cfg)
     if engine == "inprocess":
-        return run_inprocess(cfg)
+        return run_inprocess(cfg, journal=journal)
     from fedica.scripts.deploy import run_deployment
 
     return run_deployment(cfg)
 
 
-def run_inprocess(cfg: Mapping[str, Any], client_app: ClientApp | None = None) -> dict[str, Any]:
-    """Drive the federation with :class:`InProcessGrid`: same code, no transport."""
+def run_inprocess(cfg: Mapping[str, Any], client_app: ClientApp | None = None,
+                  journal: Journal | None = None) -> dict[str, Any]:
+    """Drive the federation with :class:`InProcessGrid`: same code, no transport (``journal``: as for :func:`run_engine`)."""
     from fedica.clients.app import app as default_client_app
 
     os.environ[LOCAL_ENGINE_VARIABLE] = "1"  # the clients are this user's: they read the files the config names
     grid = InProcessGrid(client_app or default_client_app, node_configs(cfg), seed=int(cfg["seed"]))
-    return run_federation(grid, cfg, bound_partitions=grid.node_partitions)
+    return run_federation(grid, cfg, bound_partitions=grid.node_partitions, journal=journal)
 
 
 def run_simulation_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedica.config import ConfigError, composition_error, validate_config
-from fedica.protocol import RunStopped
+from fedica.protocol import Journal, JournalError, RunStopped
 from fedica.results import (
     PARTIAL_RESULT_FILE,
     RESULT_FILE,
@@ -64,23 +64,47 @@ def main(cfg: DictConfig) -> None:
         _refuse([(str(err).splitlines() or [repr(err)])[0]])
     from fedica.scripts.engines import run_engine
     from fedica.server.harness.outputs import write_result
+    from fedica.server.harness.resume import run_folder
 
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    # A resumed run finishes in the folder it resumes; a new one writes in Hydra's.
+    out_dir = run_folder(cfg_dict, HydraConfig.get().runtime.output_dir)
+    # The journal a run resumes is checked first (a foreign one is refused even where the result is complete);
+    # a new run's journal is made only for a run that is not complete already (making one clears the folder's).
+    journal = _journal(cfg_dict, out_dir) if cfg_dict["resume"] else None
     if is_complete_result(out_dir / RESULT_FILE):
         log.info("%s is complete; skipping this run", out_dir / RESULT_FILE)
         return
+    # A deployment's ServerApp keeps its own journal; a simulation's nodes cannot be resumed (fedica.config: resume).
+    if journal is None and cfg_dict["engine"]["name"] == "inprocess":
+        journal = _journal(cfg_dict, out_dir)
+    if journal is not None and journal.recorded:
+        log.info("resuming %s: replaying its %d completed stages", out_dir, len(journal.recorded))
     try:
-        result = run_engine(cfg_dict)
-    except RunStopped as err:
+        result = run_engine(cfg_dict, journal)
+    except (RunStopped, KeyboardInterrupt) as err:
+        if getattr(err, "partial", None) is not None:
+            path = write_result(out_dir, err.partial, name=PARTIAL_RESULT_FILE)
+        if isinstance(err, KeyboardInterrupt):
+            raise
         print(f"fedica-run: the run stopped: {err}", file=sys.stderr)
         if err.partial is not None:
-            path = write_result(out_dir, err.partial, name=PARTIAL_RESULT_FILE)
             print(f"what it had computed: {path}", file=sys.stderr)
         sys.exit(1)
+    (out_dir / PARTIAL_RESULT_FILE).unlink(missing_ok=True)  # an interrupted attempt's, now superseded
     path = write_result(out_dir, result)
     if HydraConfig.get().mode != RunMode.MULTIRUN:
         print(format_summary(result))
         print(f"result: {path}")
+
+
+def _journal(cfg: dict, out_dir: Path) -> Journal:
+    """The run's journal (:func:`fedica.server.harness.resume.run_journal`); one it cannot resume ends the command in one line."""
+    from fedica.server.harness.resume import run_journal
+
+    try:
+        return run_journal(cfg, out_dir)
+    except JournalError as err:
+        _refuse([f"resume: {err}"])
 
 
 def _refuse(lines: list[str]) -> NoReturn:
@@ -106,8 +130,9 @@ def cli() -> None:
         _refuse([composition_error(err)])
     except KeyboardInterrupt:
         _let_children_end()
-        print("fedica-run: interrupted; completed runs keep their result.json, and the same command resumes a sweep",
-              file=sys.stderr)
+        print("fedica-run: interrupted; completed runs keep their result.json and the same command resumes a sweep; "
+              "an interrupted run keeps its partial_result.json and journal, and resume=RUN_DIR goes on from its "
+              "last completed stage", file=sys.stderr)
         sys.exit(130)
 
 

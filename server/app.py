@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fedica.server.harness.outputs import write_result
+from fedica.server.harness.resume import run_journal
 from fedica.server.harness.runner import run_federation
 from fedica.server.strategy import FlowerHandOver
 from flwr.app import Context
@@ -74,11 +75,15 @@ def main(grid: Grid, context: Context) -> None:
     out_dir = str(context.run_config.get("out-dir", "")) or os.environ.get("FEDICA_OUT") or str(
         Path("outputs") / "flwr" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     )
+    # Every stage is journalled in out_dir (fedica-deploy --resume sets out-dir to the run it resumes).
+    journal = run_journal(cfg, out_dir)
     try:
-        result = run_federation(grid, cfg, bound_partitions=parse_node_partitions(str(context.run_config.get("node-partitions", ""))))
+        result = run_federation(grid, cfg, bound_partitions=parse_node_partitions(str(context.run_config.get("node-partitions", ""))),
+                                journal=journal)
     except RunStopped as err:
         write_result(out_dir, err.partial, name=PARTIAL_RESULT_FILE)
         raise
+    (Path(out_dir) / PARTIAL_RESULT_FILE).unlink(missing_ok=True)  # the journal's, rewritten after every stage
     path = write_result(out_dir, result)
     log.info("%s\nresult: %s", format_summary(result), path.resolve())
 

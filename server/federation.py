@@ -25,6 +25,7 @@ from fedica.protocol import (
     ERROR_KEY,
     REPLY_SIZE_FLOOR,
     InvalidReply,
+    Journal,
     NotEnoughClients,
     Reply,
     Request,
@@ -106,6 +107,10 @@ class Federation:
         claims are believed, but a partition claimed by two nodes is contested: neither is used
         again (the server cannot tell which is genuine, so one hostile node cannot evict an
         honest one and take its place).
+    journal : fedica.protocol.Journal, optional
+        The run's journal: every protocol a strategy drives over this federation replays the
+        stages it holds and records every new one there, with this federation's books of it
+        (``rejected``, ``participation``), so that an interrupted run resumes.
     """
 
     grid: Grid
@@ -120,6 +125,7 @@ class Federation:
     participation: list[dict[str, Any]] = field(default_factory=list)
     bound_partitions: dict[int, int] | None = None
     scenario_name: str = ""
+    journal: Journal | None = None
 
     def __post_init__(self) -> None:
         self.node_of: dict[int, int] = {}

@@ -22,7 +22,7 @@ from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedica.protocol import CATEGORY, EVALUATE, TRAIN, Reply, Request
+from fedica.protocol import CATEGORY, EVALUATE, TRAIN, JournalError, Reply, Request, journaled
 
 log = logging.getLogger("fedica.server")
 
@@ -170,7 +170,17 @@ class ProtocolStrategy(Strategy):
             node_wait_timeout=self.node_wait_timeout, common_values=self.client_config)
         self.federation.connect()
         self._protocol = self.protocol()
-        self._request = next(self._protocol)
+        if self.federation.journal is not None:
+            if self.federation.journal.recorded and self.federation.bound_partitions is None:
+                # Nodes that say who they are only in their replies cannot be asked by partition after replayed stages.
+                raise JournalError("a resumed run needs the nodes' partitions bound (node-partitions, as fedica-deploy "
+                                   "and the in-process engine give them); this federation learns them from replies")
+            # The stages the journal holds are replayed here, before any client is asked.
+            self._protocol = journaled(self._protocol, self.federation.journal,
+                                       {"rejected": self.federation.rejected,
+                                        "participation": self.federation.participation})
+        # None: the protocol has ended already (a resumed run whose journal holds every stage).
+        self._request = next(self._protocol, None)
 
     def _configure(self, category: str) -> list[Message]:
         if self._request is None or CATEGORY[self._request.task] != category:

@@ -177,7 +177,7 @@ def _fedica_run(tmp_path, *overrides):
          "n_corrupt, sparsity, orthogonal (did you mean scenario.n_clients?)"),
         (["+algoritm=fedgem"],
          "algoritm: unknown key; the top level has keys seed, min_clients, round_timeout, node_wait_timeout, min_nodes, "
-         "baselines, baseline_methods, log_level, algorithm, scenario, engine, attack, plot, workload (did you mean algorithm?)"),
+         "baselines, baseline_methods, log_level, resume, algorithm, scenario, engine, attack, plot, workload (did you mean algorithm?)"),
         (["algorithm=fedgem", "+algorithm.kmeans_restarts=3"], "algorithm.kmeans_restarts: unknown key; algorithm 'fedgem' has keys"),
         (["engine=inprocess", "+engine.host=0.0.0.0"], "engine.host: unknown key; engine 'inprocess' has no keys besides name"),
         (["+attack.seed=3"], "attack.seed: unknown key; attack has keys kind, fraction"),

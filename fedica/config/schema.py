@@ -22,7 +22,7 @@ SECTIONS = ("algorithm", "scenario", "engine", "attack")
 # conf/config.yaml's keys, in its order.
 TOP_LEVEL_KEYS = (
     "seed", "min_clients", "round_timeout", "node_wait_timeout", "min_nodes", "baselines", "baseline_methods",
-    "log_level",
+    "log_level", "resume",
     *SECTIONS,
 )
 # Optional top-level keys that conf/experiment/*.yaml add: scripts/plot.py reads ``plot``; a

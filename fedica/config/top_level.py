@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 from fedica.config.checker import Checker, ConfigError
 from fedica.config.schema import ATTACKS_BY_ALGORITHM, LOG_LEVELS
 from fedica.data.files import LABELLED_TEST_FRACTION
 from fedica.evaluation.baselines import BASELINE_METHODS, FILE_METHODS
+from fedica.protocol.journal import JOURNAL_DIR, MANIFEST_FILE
 
-__all__ = ["check_top_level", "check_federation_size", "check_file_comparators", "check_attack", "check_plot",
+__all__ = ["check_top_level", "check_resume", "check_federation_size", "check_file_comparators", "check_attack", "check_plot",
            "check_workload"]
 
 
@@ -20,6 +22,27 @@ def check_top_level(top: Checker) -> None:
              lambda: top.seconds("round_timeout"), lambda: top.seconds("node_wait_timeout"),
              lambda: top.boolean("baselines"), lambda: top.names("baseline_methods", BASELINE_METHODS),
              lambda: top.choice("log_level", LOG_LEVELS))
+
+
+def check_resume(top: Checker, algorithm: Mapping[str, Any], engine: str | None) -> None:
+    """``resume``: null, or the folder of an interrupted run, holding its journal, that this run can resume.
+
+    Whether the journal is this configuration's is checked when the run opens it
+    (:meth:`fedica.protocol.Journal.resume`, one line too).
+    """
+    if top.get("resume") is None:
+        return
+    folder = Path(top.text("resume", optional=True))
+    if not (folder / JOURNAL_DIR / MANIFEST_FILE).is_file():
+        top.fail("resume", f"must be the folder of an interrupted run (its {JOURNAL_DIR}/{MANIFEST_FILE} is "
+                           f"{'missing' if folder.is_dir() else 'missing: no such folder'}), or null")
+    if engine == "simulation":
+        top.fail("resume", "engine=simulation: its nodes say which site they are only in their replies, which the "
+                           "replayed stages do not ask; resume with engine=inprocess (the same numbers to 1e-12) "
+                           "or a deployment")
+    if algorithm.get("covariance_type") == "spherical":
+        top.fail("resume", "algorithm.covariance_type=spherical: each site keeps its variances between rounds, which "
+                           "the replayed rounds do not give back to it; run it again without resume")
 
 
 def check_federation_size(top: Checker, n_clients: int) -> None:

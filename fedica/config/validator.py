@@ -36,6 +36,7 @@ from fedica.config.top_level import (
     check_federation_size,
     check_file_comparators,
     check_plot,
+    check_resume,
     check_top_level,
     check_workload,
 )
@@ -104,6 +105,7 @@ def validate_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     algorithm, scenario, engine = (names.get(section) for section in ("algorithm", "scenario", "engine"))
     top = Checker(cfg, "")
     errors.check(check_top_level, top)
+    errors.check(check_resume, top, cfg["algorithm"] if algorithm is not None else {}, engine)
     sc = Checker(cfg["scenario"], "scenario.") if scenario is not None else None
     # n_clients stays None while the scenario's rules are broken: the rules that need it are then skipped.
     n_clients = None

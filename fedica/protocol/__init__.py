@@ -6,6 +6,8 @@
   state (its books of rejected replies, ``require``, timings);
 - :mod:`fedica.protocol.driver`: :func:`drive` and :class:`InMemoryFederation`, the one in-memory
   driver of the estimators and the comparators;
+- :mod:`fedica.protocol.journal`: :class:`Journal`, every completed stage's replies on disk, and
+  :func:`journaled`, which replays them into a fresh protocol so that an interrupted run resumes;
 - :mod:`fedica.protocol.tasks`: :class:`ClientTasks`, the client side's task registry with its
   chain of reply transforms.
 
@@ -14,6 +16,7 @@ the same requests and replies over a Grid.
 """
 
 from fedica.protocol.driver import InMemoryFederation, ProtocolDriver, ProtocolRun, drive
+from fedica.protocol.journal import Journal, JournalError, journaled
 from fedica.protocol.messages import (
     AFCL_INIT,
     AFCL_ROUND,
@@ -58,9 +61,10 @@ from fedica.protocol.tasks import ArraySite, ClientTasks, Handler, Site, Transfo
 __all__ = [
     "AFCL_INIT", "AFCL_ROUND", "CATEGORY", "ERROR_KEY", "EVALUATE", "FFCM_INIT", "FFCM_ROUND", "GEM_EVALUATE",
     "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_ROUND", "GEM_SILHOUETTE", "RAY_NODE_KEY", "RFICA_FIT", "TRAIN",
-    "ArraySite", "ClientTasks", "Handler", "InMemoryFederation", "InvalidReply", "NotEnoughClients", "OverBudget",
+    "ArraySite", "ClientTasks", "Handler", "InMemoryFederation", "InvalidReply", "Journal", "JournalError",
+    "NotEnoughClients", "OverBudget",
     "ProtocolDriver", "ProtocolRun", "ProtocolState", "Rejection", "Reply", "Request", "RunStopped", "Site",
-    "Transform", "drive", "majority_width", "message_type", "record_rejection", "reported_ray_node",
+    "Transform", "drive", "journaled", "majority_width", "message_type", "record_rejection", "reported_ray_node",
     "reported_seconds", "require_array", "require_int", "validate_gem_components", "validate_ica_reply",
     "validate_weights",
     # the size of a reply

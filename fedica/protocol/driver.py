@@ -9,12 +9,17 @@ refuses a request (``ValueError``) is left out with its reason as a Flower trans
 client's error reply. The estimators (:class:`fedica.FedGEM`, :class:`fedica.RFICA`) and the
 in-memory comparators (:mod:`fedica.evaluation.comparison`) use it; over Flower, fedica's
 strategies drive the same generators (``fedica.server.strategy``).
+
+Given a :class:`~fedica.protocol.journal.Journal`, either records every completed stage and
+replays those a journal already holds (:func:`~fedica.protocol.journal.journaled`): an interrupted
+run resumes from its last completed stage to the result an uninterrupted one gives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping
 
+from fedica.protocol.journal import Journal, journaled
 from fedica.protocol.messages import (
     InvalidReply,
     Reply,
@@ -32,8 +37,16 @@ ProtocolRun = Generator[Request, list[Reply], None]
 ProtocolDriver = Callable[[ProtocolRun], None]
 
 
-def drive(protocol: ProtocolRun, answer: Callable[[Request], list[Reply]]) -> None:
-    """Run ``protocol`` to its end, sending it ``answer(request)`` for every request it yields."""
+def drive(protocol: ProtocolRun, answer: Callable[[Request], list[Reply]], journal: Journal | None = None,
+          books: Mapping[str, list] | None = None) -> None:
+    """Run ``protocol`` to its end, sending it ``answer(request)`` for every request it yields.
+
+    With a ``journal``, the stages it holds are replayed (not asked) and every new stage is recorded
+    in it, with what it appended to ``books`` (the transport's lists, see
+    :func:`~fedica.protocol.journal.journaled`).
+    """
+    if journal is not None:
+        protocol = journaled(protocol, journal, books)
     try:
         request = next(protocol)
         while True:
@@ -90,6 +103,9 @@ class InMemoryFederation:
             kept.append(reply)
         return kept
 
-    def run(self, protocol: ProtocolRun) -> None:
-        """Drive ``protocol`` to its end with these sites (a :data:`ProtocolDriver`)."""
-        drive(protocol, self.answer)
+    def run(self, protocol: ProtocolRun, journal: Journal | None = None) -> None:
+        """Drive ``protocol`` to its end with these sites (a :data:`ProtocolDriver`); ``journal``: as for :func:`drive`.
+
+        A site's refusal is the transport's entry in ``rejected``: a journal records it with its stage.
+        """
+        drive(protocol, self.answer, journal, {"rejected": self.rejected})

@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-timeout", type=float, help="seconds the run may take before it is stopped (default: no limit)")
     parser.add_argument("--shutdown-grace", type=float, help="seconds between SIGTERM and SIGKILL (default 10)")
     parser.add_argument("--out-dir", help="folder for result.json and the logs (default outputs/deploy/<date>/<time>)")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="go on with the interrupted run in RUN_DIR (its output folder, holding journal/) from its "
+                        "last completed stage; the same overrides as the run's")
     parser.add_argument("--print-commands", action="store_true", help="print the commands for separate machines instead of running")
     parser.add_argument("--superlink-address", default=None,
                         help="with --print-commands: the host name or IP the SuperNodes use to reach the SuperLink (default: this host's name)")
@@ -53,12 +56,17 @@ def launcher_overrides(args: argparse.Namespace) -> list[str]:
     if values["out_dir"] is not None:
         values["out_dir"] = str(Path(values["out_dir"]).expanduser().resolve())
     options = [f"engine.{key}={hydra_value(value)}" for key, value in values.items() if value is not None]
+    if args.resume is not None:
+        options.append(f"resume={hydra_value(str(Path(args.resume).expanduser().resolve()))}")
     return ["engine=deployment", *[o for o in args.overrides if o not in chosen], *options]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``fedica-deploy [overrides ...] [options]``; returns the exit code (0 done, 1 run failed, 2 bad config)."""
     from fedica.server.app import configure_logging
+    from fedica.server.harness.resume import journal_description
+
+    from fedica.protocol import Journal
 
     from fedica.config import ConfigError, validate_config
     from fedica.results import RESULT_FILE, format_summary
@@ -68,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = compose(launcher_overrides(args))
         cfg = validate_config(cfg)
         DeploymentOptions.from_engine(cfg["engine"])
+        if cfg["resume"]:
+            # Refused here, in one line, rather than by the ServerApp once every process has started.
+            Journal.resume(cfg["resume"], journal_description(cfg))
     except (ConfigError, ValueError) as err:
         # compose_config and validate_config say each mistake in a line of its own.
         for line in str(err).splitlines():

@@ -503,9 +503,12 @@ def run_deployment(
     """
     options = DeploymentOptions.from_engine(cfg["engine"])
     overrides = config_overrides(cfg)
-    out_dir = resolve_out_dir(options)
+    # A resumed run goes on in the folder it resumes, where the ServerApp finds its journal.
+    out_dir = Path(cfg["resume"]).resolve() if cfg.get("resume") else resolve_out_dir(options)
     try:
-        with sigterm_raises_interrupt(), LocalDeployment(options, deployment_node_configs(cfg), out_dir / "deployment") as deployment:
+        # A resumed run's processes log beside the interrupted attempt's, which are kept.
+        logs = out_dir / ("deployment" if not cfg.get("resume") else f"deployment-resumed-{time.strftime('%Y%m%d-%H%M%S')}")
+        with sigterm_raises_interrupt(), LocalDeployment(options, deployment_node_configs(cfg), logs) as deployment:
             if on_ready is not None:
                 on_ready(deployment)
             return deployment.run(overrides, out_dir)

@@ -48,7 +48,8 @@ def flower_driver(federation: Federation) -> ProtocolDriver:
         books = Federation(federation.grid, expected=federation.expected, min_clients=1,
                            round_timeout=federation.round_timeout, node_wait_timeout=federation.node_wait_timeout,
                            min_nodes=federation.min_nodes,
-                           common_values=federation.common_values, bound_partitions=federation.bound_partitions)
+                           common_values=federation.common_values, bound_partitions=federation.bound_partitions,
+                           journal=federation.journal)
         strategy = ComparatorStrategy(protocol, min_available_nodes=federation.expected, min_clients=1,
                                       node_wait_timeout=federation.node_wait_timeout,
                                       client_config=federation.common_values)

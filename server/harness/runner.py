@@ -23,15 +23,16 @@ from sklearn.exceptions import ConvergenceWarning
 
 from fedica.attacks import hostile_clients
 from fedica.config import client_count
-from fedica.protocol import RunStopped
-from fedica.results import versions
+from fedica.protocol import Journal, Request, RunStopped
+from fedica.results import PARTIAL_RESULT_FILE, versions, write_json_atomic
 
 log = logging.getLogger("fedica.server")
 
 _RUNNERS = {"rfica": run_rfica, "fedgem": run_fedgem}
 
 
-def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping[int, int] | None = None) -> dict[str, Any]:
+def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping[int, int] | None = None,
+                   journal: Journal | None = None) -> dict[str, Any]:
     """Run the configured algorithm over ``grid`` and assemble the result (docs/INTERFACE.md section 3).
 
     Parameters
@@ -42,6 +43,10 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
         The validated run configuration (what :func:`fedica.config.validate_config` returned).
     bound_partitions : mapping of node id to partition id, optional
         Who is who, from a source the nodes cannot forge (see :class:`fedica.server.federation.Federation`).
+    journal : fedica.protocol.Journal, optional
+        The run's journal (:func:`fedica.server.harness.resume.run_journal`): every stage of every protocol
+        of the run (the algorithm's, then the comparators') is recorded there, and the stages it
+        already holds are replayed rather than asked.
 
     Returns
     -------
@@ -54,26 +59,36 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
         node_wait_timeout=float(cfg["node_wait_timeout"]), min_nodes=cfg.get("min_nodes"),
         common_values={"cfg": config_to_json(cfg)},
         bound_partitions=None if bound_partitions is None else dict(bound_partitions),
-        scenario_name=str(cfg["scenario"].get("name", "")))
+        scenario_name=str(cfg["scenario"].get("name", "")), journal=journal)
     books = RunBooks(hostile_partitions=hostile_clients(expected, cfg["attack"], seed=int(cfg["seed"])))
     header = {
         "algorithm": cfg["algorithm"]["name"],
         "scenario": dict(cfg["scenario"]),
         "engine": cfg["engine"]["name"],
         "seed": cfg["seed"],
-        "config": dict(cfg),
+        # A resumed run is the run it resumes: its result is that run's, bit for bit, config included.
+        "config": {**cfg, "resume": None} if "resume" in cfg else dict(cfg),
         "versions": versions(),
         "history": books.history,
     }
+    if journal is not None:
+        def save_partial(journal: Journal, request: Request) -> None:
+            # Rewritten after every stage: a run killed at any point leaves what it had done, and how to go on.
+            write_json_atomic(journal.directory.parent / PARTIAL_RESULT_FILE, {
+                **header, "clients": federation.clients_record(0), "participation": federation.participation,
+                "status": f"saved after stage {journal.stages} ({request.task} {request.round_label}); unless the run "
+                          f"is still going, {how_to_resume(journal)}"})
+
+        journal.after_stage = save_partial
     # Recorded under the filters in force (ResourceWarnings, say, stay ignored), so that none reaches the terminal.
     with warnings.catch_warnings(record=True) as caught:
         try:
             partial = _RUNNERS[cfg["algorithm"]["name"]](federation, books, cfg)
-        except RunStopped as err:
+        except (RunStopped, KeyboardInterrupt) as err:
             # Nothing already computed is lost: the caller writes this as partial_result.json.
             err.partial = {
                 **header,
-                "status": f"stopped: {err}",
+                "status": stop_status(err, journal),
                 "clients": federation.clients_record(0),
                 "participation": federation.participation,
                 "timings": {"total": time.perf_counter() - start},
@@ -82,6 +97,20 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
             raise
     partial["timings"]["total"] = time.perf_counter() - start
     return {**header, **partial, "warnings": count_warnings(caught)}
+
+
+def stop_status(err: BaseException, journal: Journal | None) -> str:
+    """The ``status`` of a stopped run's partial result: why, and how to resume it if its journal holds stages."""
+    why = "interrupted (Ctrl-C)" if isinstance(err, KeyboardInterrupt) else f"stopped: {err}"
+    if journal is None or not journal.stages:
+        return why
+    return f"{why}; its journal holds {journal.stages} completed stages: {how_to_resume(journal)}"
+
+
+def how_to_resume(journal: Journal) -> str:
+    folder = journal.directory.parent
+    return (f"the same configuration with resume={folder} (fedica-deploy: --resume {folder}) goes on from the last "
+            "completed stage")
 
 
 # Warnings that ordinary runs raise and that say nothing about the result: counted in result.json,

@@ -1,0 +1,140 @@
+"""The protocol kit's journal: a run interrupted after stage k resumes to the uninterrupted run's result, bit for bit."""
+
+import json
+
+import numpy as np
+import pytest
+from fedica.server.app import compose_config
+
+from fedica.config import validate_config
+from fedica.data.common import ClientData
+from fedica.data.scenarios import ica_scenario_data, scenario_client_data
+from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
+from fedica.protocol import ArraySite, InMemoryFederation, Journal, JournalError, Reply, Request, journaled
+from fedica.protocol.journal import JOURNAL_DIR, decode_value, encode_value, load_stage, save_stage, stage_file
+from fedica.results import to_jsonable
+from fedica.rfica.coordinator import RFICAState, rfica_protocol
+from fedica.tasks import CLIENT_TASKS
+
+
+class Crash(RuntimeError):
+    """The process dying mid-stage: not a client's refusal (ValueError), so nothing catches it."""
+
+
+def tasks_that(crash_at=None, refuse=None):
+    """The client registry, crashing the run when a site answers stage ``crash_at`` ((task, round) of its request),
+    and with site ``refuse[0]`` refusing the request of ``refuse[1]`` (a rejection the transport records)."""
+    def transform(task, site, arrays, values, reply):
+        stage = (task, values["server-round"])
+        if stage == crash_at:
+            raise Crash(f"killed during {stage}")
+        if refuse is not None and (site.partition_id, stage) == refuse:
+            raise ValueError("this site refuses the round")
+        return reply
+    return CLIENT_TASKS.with_transforms(transform)
+
+
+def fedgem_run(tmp_path, crash_at=None, resume=False):
+    cfg = validate_config(compose_config(["engine=inprocess", "algorithm=fedgem", "scenario=blobs", "scenario.n_clients=5",
+                                          "algorithm.rounds=4", "baselines=false"]))
+    server = FedGEMServer(FedGEMSettings.from_config(cfg["algorithm"], min_clients=2, seed=cfg["seed"]))
+    sites = {p: ArraySite(scenario_client_data(cfg["scenario"], p, cfg["seed"]), p, cfg) for p in range(5)}
+    journal = Journal.resume(tmp_path, cfg) if resume else Journal.create(tmp_path, cfg)
+    federation = InMemoryFederation(sites, tasks_that(crash_at, refuse=(3, ("fedgem_round", "2"))), server.rejected)
+    federation.run(server.run(), journal)
+    return json.dumps(to_jsonable({
+        "history": server.history, "centroids": server.aggregation.global_centroids, "labels": server.aggregation.labels,
+        "k_hat": server.aggregation.k_hat, "upsilon": server.upsilon, "tuning": server.tuning,
+        "rejected": server.rejected, "evaluation": server.evaluation, "client_aris": server.client_aris,
+        "models": {p: m.centroids for p, m in server.models.items()}}))
+
+
+def rfica_run(tmp_path, crash_at=None, resume=False):
+    cfg = validate_config(compose_config(["engine=inprocess", "algorithm=rfica", "scenario=ica_paper",
+                                          "scenario.n_clients=6", "scenario.n_normal=400", "baselines=false"]))
+    state = RFICAState(n_components=3, whitening="federated", seed=0, min_clients=2)
+    sites = {g: ArraySite(ClientData((X := ica_scenario_data(cfg["scenario"], g, 0).T), None, X[:0], None, 1), g)
+             for g in range(6)}
+    journal = Journal.resume(tmp_path, cfg) if resume else Journal.create(tmp_path, cfg)
+    InMemoryFederation(sites, tasks_that(crash_at, refuse=(2, ("rfica_fit", "2"))), state.rejected).run(
+        rfica_protocol(state), journal)
+    kept = {k: v for k, v in vars(state).items() if k not in ("server_seconds", "client_seconds", "aggregate")}
+    aggregate = {k: v for k, v in vars(state.aggregate).items() if k != "method_seconds"}  # the timings aside
+    return json.dumps(to_jsonable({**kept, **aggregate}), default=repr)
+
+
+@pytest.mark.parametrize("run, crash_at", [(fedgem_run, ("fedgem_round", "3")), (fedgem_run, ("fedgem_evaluate", "evaluate")),
+                                           (rfica_run, ("rfica_fit", "2"))])
+def test_a_run_interrupted_after_a_stage_resumes_to_the_uninterrupted_result_bit_for_bit(tmp_path, run, crash_at):
+    uninterrupted = run(tmp_path / "whole")
+    with pytest.raises(Crash):
+        run(tmp_path / "crashed", crash_at=crash_at)
+    completed = len(list((tmp_path / "crashed" / JOURNAL_DIR).glob("stage_*.npz")))
+    assert completed >= 1
+    assert run(tmp_path / "crashed", resume=True) == uninterrupted
+    # The resumed run journalled its own stages after the replayed ones: a second crash would lose nothing either.
+    assert len(list((tmp_path / "crashed" / JOURNAL_DIR).glob("stage_*.npz"))) == \
+        len(list((tmp_path / "whole" / JOURNAL_DIR).glob("stage_*.npz"))) > completed
+
+
+def test_replayed_stages_ask_no_client(tmp_path):
+    with pytest.raises(Crash):
+        fedgem_run(tmp_path / "run", crash_at=("fedgem_round", "3"))
+    asked = []
+
+    def count(task, site, arrays, values, reply):
+        asked.append((task, values["server-round"]))
+        return reply
+
+    cfg = validate_config(compose_config(["engine=inprocess", "algorithm=fedgem", "scenario=blobs", "scenario.n_clients=5",
+                                          "algorithm.rounds=4", "baselines=false"]))
+    server = FedGEMServer(FedGEMSettings.from_config(cfg["algorithm"], min_clients=2, seed=cfg["seed"]))
+    sites = {p: ArraySite(scenario_client_data(cfg["scenario"], p, cfg["seed"]), p, cfg) for p in range(5)}
+    InMemoryFederation(sites, CLIENT_TASKS.with_transforms(count), server.rejected).run(
+        server.run(), Journal.resume(tmp_path / "run", cfg))
+    assert ("fedgem_init", "init") not in asked and ("fedgem_round", "2") not in asked
+    assert asked[0] == ("fedgem_round", "3")
+
+
+def test_a_missing_or_foreign_journal_is_refused_in_one_line(tmp_path):
+    with pytest.raises(JournalError, match="no journal to resume"):
+        Journal.resume(tmp_path, {"seed": 0})
+    Journal.create(tmp_path, {"seed": 0, "algorithm": {"rounds": 4}})
+    with pytest.raises(JournalError, match=r"another configuration \(differs in algorithm.rounds\)") as err:
+        Journal.resume(tmp_path, {"seed": 0, "algorithm": {"rounds": 5}})
+    assert "\n" not in str(err.value)
+
+
+def test_a_protocol_that_asks_something_else_than_the_journal_is_refused(tmp_path):
+    def protocol(scale):
+        yield Request("rfica_fit", 1, {0: {"w": np.full(2, scale)}}, {})
+
+    journal = Journal.create(tmp_path, {})
+    run = journaled(protocol(1.0), journal)
+    next(run)
+    with pytest.raises(StopIteration):
+        run.send([Reply(0, {}, {})])
+    with pytest.raises(JournalError, match="stage 1 .* asked something else"):
+        next(journaled(protocol(2.0), Journal.resume(tmp_path, {})))
+
+
+def test_a_stage_file_gives_back_every_reply_of_its_own_types_bit_for_bit(tmp_path):
+    values = {"n": 3, "x": 0.1 + 0.2, "nan": float("nan"), "flag": True, "np-int": np.int64(7), "np-bool": np.bool_(False),
+              "np-float": np.float32(1 / 3), "text": "a", "raw": b"\x00\xff", "items": [1, 2.5, "b"], "pair": (1, 2)}
+    arrays = {"m": np.arange(6, dtype=np.float32).reshape(2, 3), "i": np.array([1, -2], dtype=np.int8)}
+    path = tmp_path / stage_file(1)
+    save_stage(path, 1, Request("fedgem_round", 1, None), [Reply(4, arrays, values)], {"rejected": [{"client": 1}]})
+    stage = load_stage(path)
+    (reply,) = stage.replies
+    assert reply.partition_id == 4 and stage.books == {"rejected": [{"client": 1}]}
+    for key, array in arrays.items():
+        assert reply.arrays[key].dtype == array.dtype and np.array_equal(reply.arrays[key], array)
+    for key, value in values.items():
+        assert type(reply.values[key]) is type(value), key
+    assert np.isnan(reply.values["nan"]) and reply.values["x"] == values["x"] and reply.values["np-float"] == values["np-float"]
+    assert decode_value(encode_value(values["items"])) == values["items"]
+
+
+def test_a_reply_the_journal_cannot_record_is_refused_with_its_reason(tmp_path):
+    with pytest.raises(JournalError, match="reply member 'm' is a list"):
+        save_stage(tmp_path / stage_file(1), 1, Request("fedgem_round", 1, None), [Reply(0, {"m": [1.0]}, {})], {})

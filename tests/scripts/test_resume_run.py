@@ -1,0 +1,122 @@
+"""``fedica-run ... resume=RUN_DIR``: a ``fedica-run`` killed with SIGKILL mid-run resumes to the uninterrupted result.json.
+
+Real processes: the run is killed by its pid once its journal holds at least two completed
+stages, then the same command with ``resume=`` finishes it; both result.json files are compared
+whole, but for their ``timings``.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedica.protocol.journal import JOURNAL_DIR
+
+RUN = [sys.executable, "-m", "fedica", "engine=inprocess", "algorithm=fedgem", "scenario=blobs", "algorithm.rounds=20",
+       "baselines=true", "baseline_methods=[ffcm-avg1]"]
+
+
+def fedica_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*RUN, *args], capture_output=True, text=True, timeout=300)
+
+
+def stages(folder: Path) -> int:
+    return len(list((folder / JOURNAL_DIR).glob("stage_*.npz")))
+
+
+def without_timings(folder: Path) -> dict:
+    result = json.loads((folder / "result.json").read_text())
+    result.pop("timings")
+    return result
+
+
+def stopped_run(folder: Path, sig: int, after: int = 2) -> tuple[subprocess.Popen, int]:
+    """A run sent ``sig`` by its pid once its journal holds ``after`` completed stages; and the stages then."""
+    process = subprocess.Popen([*RUN, f"hydra.run.dir={folder}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+    deadline = time.monotonic() + 240
+    while stages(folder) < after and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(process.pid, sig)
+    process.wait(timeout=60)
+    return process, stages(folder)
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory):
+    """A run killed with SIGKILL after its second completed stage, and the stages its journal held then."""
+    folder = tmp_path_factory.mktemp("killed") / "run"
+    process, completed = stopped_run(folder, signal.SIGKILL)
+    assert process.returncode == -signal.SIGKILL
+    return folder, completed
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("whole")
+    whole = fedica_run(f"hydra.run.dir={folder}")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    return folder
+
+
+def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path, killed_run, uninterrupted):
+    folder, completed = killed_run
+    assert 2 <= completed < 20 and not (folder / "result.json").exists()
+    # What it had done is saved after every stage (the kill may fall between a stage's file and this one), with how to go on.
+    partial = json.loads((folder / "partial_result.json").read_text())
+    assert partial["status"].split(" (")[0] in {f"saved after stage {completed - 1}", f"saved after stage {completed}"}
+    assert f"resume={folder} (fedica-deploy: --resume {folder}) goes on" in partial["status"] and partial["participation"]
+
+    done = fedica_run(f"resume={folder}", f"hydra.run.dir={tmp_path / 'resume-log'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"replaying its {completed} completed stages" in done.stdout + done.stderr
+    assert without_timings(folder) == without_timings(uninterrupted)
+    assert stages(folder) == stages(uninterrupted)
+    assert not (folder / "partial_result.json").exists()  # superseded by the result
+
+
+def test_ctrl_c_leaves_a_partial_result_and_the_run_resumes(tmp_path, uninterrupted):
+    folder = tmp_path / "run"
+    process, completed = stopped_run(folder, signal.SIGINT, after=3)
+    assert process.returncode == 130, process.stderr.read()[-3000:]
+    partial = json.loads((folder / "partial_result.json").read_text())
+    assert partial["status"].startswith("interrupted (Ctrl-C); its journal holds") and f"resume={folder}" in partial["status"]
+    done = fedica_run(f"resume={folder}", f"hydra.run.dir={tmp_path / 'resume-log'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert without_timings(folder) == without_timings(uninterrupted)
+
+
+def test_a_missing_or_foreign_journal_is_refused_in_one_line(tmp_path, killed_run):
+    folder, _ = killed_run
+    foreign = fedica_run("seed=1", f"resume={folder}", f"hydra.run.dir={tmp_path / 'foreign'}")
+    assert foreign.returncode == 2
+    assert foreign.stderr.strip().splitlines() == [
+        f"fedica-run: configuration error: resume: {folder}: its journal was written by another configuration "
+        "(differs in seed); resume it with the same one"]
+    missing = fedica_run(f"resume={tmp_path}", f"hydra.run.dir={tmp_path / 'missing'}")
+    assert missing.returncode == 2
+    (line,) = missing.stderr.strip().splitlines()
+    assert line.startswith(f"fedica-run: configuration error: resume={str(tmp_path)!r}: must be the folder of an "
+                           "interrupted run") and "journal.json is missing" in line
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    (["engine=simulation"], "engine=simulation: its nodes say which site they are only in their replies"),
+    (["engine=inprocess", "algorithm=fedgem", "scenario=blobs", "algorithm.covariance_type=spherical"],
+     "algorithm.covariance_type=spherical: each site keeps its variances between rounds")])
+def test_a_run_whose_clients_or_nodes_cannot_be_replayed_to_is_refused_resume_in_one_line(tmp_path, overrides, reason):
+    from fedica.server.app import compose_config
+
+    from fedica.config import ConfigError, validate_config
+    from fedica.protocol import Journal
+
+    Journal.create(tmp_path, {})
+    with pytest.raises(ConfigError) as err:
+        validate_config(compose_config([*overrides, f"resume={tmp_path}"]))
+    (line,) = err.value.errors
+    assert line.startswith(f"resume={str(tmp_path)!r}: {reason}")
