@@ -14,9 +14,11 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
+from fedica.data.common import apportion
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.geometry import Identity, separation
 from fedica.fedgem.merging import FinalAggregation, final_aggregation, server_step
@@ -27,6 +29,18 @@ log = logging.getLogger("fedica.server")
 # mass a client gives one of its clusters. Genuine clusters held by one small client are that
 # light: at 0.25 one of 10 seeds of section 6.2's client-imbalance workload lost one.
 SUPPORT_MASS_SHARE = 0.1
+
+# A component is far from the federation when its distance to the federation's centre (the
+# coordinate-wise median of every client's current centroids) exceeds this many times the median
+# centroid's distance to it: no honest data put a cluster there, and its squared distances to
+# anything may overflow (issue 25: one row of 1e155 made every client's entropies NaN).
+FAR_COMPONENT_FACTOR = 100.0
+
+# The ICL's tie test: candidates within this share of the smallest ICL tie, but never by more than
+# ICL_TIE_NATS (an absolute floor on what counts as a difference: a relative tolerance alone let
+# one client's constant shift of 1e13 tie every candidate).
+ICL_TIE_RELATIVE = 1e-9
+ICL_TIE_NATS = 1e-6
 
 
 def cap_counts(models: Mapping[int, ClientModel], factor: float | None) -> None:
@@ -71,6 +85,65 @@ def admit_components(models: dict[int, ClientModel], factor: float | None) -> li
         elif model.weights.min() < 0.5 / cap:
             refused.append((partition, f"declares a component of weight {model.weights.min():.3g}, below the floor "
                                        f"{0.5 / cap:.3g} (half the uniform weight of {cap} components)"))
+    for partition, _ in refused:
+        del models[partition]
+    return refused
+
+
+def scale_free_distances(points: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """Euclidean distances (m,) of the rows of ``points`` (m, d) to ``centre`` (d,), computed without overflow.
+
+    Each row and the centre are divided by their largest magnitude before the difference is
+    squared, so that any finite input gives a finite distance or, beyond the largest double, inf
+    (never NaN); ``np.linalg.norm`` of a row of 1e160 overflows to inf, and inf - inf is NaN.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    centre = np.asarray(centre, dtype=np.float64)
+    scale = np.maximum(np.abs(points).max(axis=1, initial=0.0), np.abs(centre).max(initial=0.0))
+    safe = np.where(scale > 0, scale, 1.0)[:, None]
+    with np.errstate(over="ignore"):
+        return scale * np.linalg.norm(points / safe - centre / safe, axis=1)
+
+
+@dataclass(frozen=True)
+class FederationExtent:
+    """Where the federation's components lie: the coordinate-wise median of the centroids and their median distance to it."""
+
+    centre: np.ndarray
+    spread: float
+
+    @classmethod
+    def of(cls, centroids: np.ndarray) -> FederationExtent:
+        """The extent of stacked centroids (m, d): robust while fewer than half of them are hostile."""
+        centre = np.median(centroids, axis=0)
+        return cls(centre, float(np.median(scale_free_distances(centroids, centre))))
+
+    def far_rows(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which rows of ``centroids`` (m, d) lie more than :data:`FAR_COMPONENT_FACTOR` spreads from the centre, and their distances.
+
+        With a spread of 0 (every centroid at one point) no row is far: there is no scale to measure by.
+        """
+        distances = scale_free_distances(centroids, self.centre)
+        if not self.spread > 0:
+            return np.zeros(distances.shape, dtype=bool), distances
+        return distances > FAR_COMPONENT_FACTOR * self.spread, distances
+
+    def far_reason(self, key: str, centroids: np.ndarray) -> str | None:
+        """Why ``centroids`` (a reply's ``key``) are untrusted, or None: the first far row, by the federation's scale."""
+        far, distances = self.far_rows(centroids)
+        if not far.any():
+            return None
+        row = int(np.flatnonzero(far)[0])
+        return (f"{key!r} row {row} lies {distances[row]:.3g} from the federation's centre, more than "
+                f"{FAR_COMPONENT_FACTOR:g} x the median component's {self.spread:.3g} (untrusted: far from every other)")
+
+
+def refuse_far_components(models: dict[int, ClientModel]) -> list[tuple[int, str]]:
+    """Remove the clients that declare a component far from the federation at initialisation; return them with the reason."""
+    if len(models) < 2:
+        return []
+    extent = FederationExtent.of(np.vstack([m.centroids for m in models.values()]))
+    refused = [(p, reason) for p, m in models.items() if (reason := extent.far_reason("centroids", m.centroids))]
     for partition, _ in refused:
         del models[partition]
     return refused
@@ -305,6 +378,34 @@ def tuning_weights(counts: np.ndarray, hostile_fraction: float) -> np.ndarray:
     return counts if hostile_fraction <= 0 else np.minimum(counts, np.median(counts))
 
 
+def evaluation_weights(declared: np.ndarray, hostile_fraction: float) -> np.ndarray:
+    """The clients' weights in the local ARI: the counts they declared at initialisation, at most the median of them.
+
+    So a forger claiming thousands of points weighs no more than a typical client (with
+    ``hostile_fraction`` 0: the paper's N_g, uncapped).
+    """
+    declared = np.asarray(declared, dtype=np.float64)
+    return declared if hostile_fraction <= 0 else np.minimum(declared, np.median(declared))
+
+
+def capped_table(counts: np.ndarray, cap: float) -> np.ndarray:
+    """A client's contingency counts scaled down to at most ``cap`` test points in all (integers, largest remainders first).
+
+    A table within the cap is returned as it is; one above it keeps its proportions, so that a
+    client's table weighs in the pooled ARI at most as much as a typical client's.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if total <= cap:
+        return counts
+    return apportion(int(cap), counts.astype(np.float64))
+
+
+def table_cap(test_totals: np.ndarray, hostile_fraction: float) -> float:
+    """The most test points a client's contingency table counts with: the median of the clients' totals (inf: no cap)."""
+    return math.inf if hostile_fraction <= 0 or len(test_totals) == 0 else float(np.floor(np.median(test_totals)))
+
+
 def robust_silhouettes(scores: np.ndarray, counts: np.ndarray, hostile_fraction: float) -> np.ndarray:
     """The federation's silhouette of each candidate: the clients' weighted mean, with each client's deviations
     from its own mean clipped to the other clients' range.
@@ -334,12 +435,14 @@ def robust_silhouettes(scores: np.ndarray, counts: np.ndarray, hostile_fraction:
 
 
 def robust_totals(scores: np.ndarray, sizes: np.ndarray, hostile_fraction: float) -> np.ndarray:
-    """The clients' summed scores per candidate, each client's change from the first candidate clipped per point.
+    """The clients' summed scores per candidate: each client's first score and its changes from it, per point and clipped.
 
-    A client's score of the first candidate is kept; its per-point changes from it are clipped
-    to the other clients' range (:func:`clip_to_order_statistics`) and weighted by
-    :func:`tuning_weights`, so that no client makes a candidate win by reporting a likelihood that
-    no honest client's data gives.
+    A client's score of the first candidate and its changes from it across the candidates are
+    both taken per declared point and clipped to the other clients' range
+    (:func:`clip_to_order_statistics`), then weighted by :func:`tuning_weights`, so that no client
+    makes a candidate win, or every candidate tie, by reporting a likelihood that no honest
+    client's data gives. The first score is the same in every candidate: it sets the totals' level
+    (and so the relative part of the ICL's tie test, :func:`icl_winners`), never their order.
 
     Parameters
     ----------
@@ -352,7 +455,16 @@ def robust_totals(scores: np.ndarray, sizes: np.ndarray, hostile_fraction: float
     -------
     totals : ndarray of shape (n_candidates,)
     """
-    base = scores[:, :1]
-    per_point = (scores - base) / sizes[:, None]
-    clipped = clip_to_order_statistics(per_point, hostile_count(len(sizes), hostile_fraction))
-    return (base + clipped * tuning_weights(sizes, hostile_fraction)[:, None]).sum(axis=0)
+    n_trim = hostile_count(len(sizes), hostile_fraction)
+    base = scores[:, :1] / sizes[:, None]
+    with np.errstate(over="ignore"):  # a difference beyond the largest double is clipped as inf
+        per_point = (scores - scores[:, :1]) / sizes[:, None]
+    level = clip_to_order_statistics(base, n_trim)
+    clipped = clip_to_order_statistics(per_point, n_trim)
+    return ((level + clipped) * tuning_weights(sizes, hostile_fraction)[:, None]).sum(axis=0)
+
+
+def icl_winners(scores: np.ndarray) -> np.ndarray:
+    """The candidates (indices) whose ICL ties the smallest: within :data:`ICL_TIE_RELATIVE` of it, at most :data:`ICL_TIE_NATS`."""
+    best = float(scores.min())
+    return np.flatnonzero(scores <= best + min(ICL_TIE_RELATIVE * abs(best), ICL_TIE_NATS))

@@ -1,0 +1,115 @@
+"""The trust rules against attacks that know them (issue 25): far components, the tuning's level and
+tie test, and the evaluation's weights (fedica.fedgem.trust)."""
+
+import numpy as np
+import pytest
+
+from fedica.evaluation.metrics import ari_from_contingency
+from fedica.fedgem.components import ClientModel
+from fedica.fedgem.trust import (
+    FAR_COMPONENT_FACTOR,
+    FederationExtent,
+    capped_table,
+    evaluation_weights,
+    icl_winners,
+    refuse_far_components,
+    robust_totals,
+    scale_free_distances,
+    table_cap,
+)
+
+
+def test_distances_of_overflowing_rows_are_finite_or_inf_never_nan():
+    points = np.array([[1e160, -1e160], [3.0, 4.0], [1e-170, 0.0], [0.0, 0.0]])
+    distances = scale_free_distances(points, np.zeros(2))
+    assert np.all(~np.isnan(distances))
+    assert distances[0] == pytest.approx(np.sqrt(2) * 1e160)
+    assert distances[1] == pytest.approx(5.0)
+    assert distances[2] == pytest.approx(1e-170) and distances[3] == 0.0
+    # Beyond the largest double the distance is inf, still ordered above every threshold.
+    assert scale_free_distances(np.array([[1.7e308, 0.0]]), np.array([-1.7e308, 0.0]))[0] == np.inf
+
+
+def test_a_row_far_from_the_federation_by_its_scale_is_untrusted_whatever_the_clients_own_scale():
+    rng = np.random.default_rng(0)
+    centroids = rng.uniform(-10, 10, (40, 2))
+    extent = FederationExtent.of(centroids)
+    assert extent.far_reason("maximisers", centroids) is None
+    reply = np.array([[1.0, 2.0], [1e157, 1e157]])
+    reason = extent.far_reason("maximisers", reply)
+    assert "row 1" in reason and "untrusted" in reason
+    # Just inside the factor is trusted: the rule is the federation's spread, not a fixed size.
+    inside = extent.centre + [0.99 * FAR_COMPONENT_FACTOR * extent.spread, 0.0]
+    assert extent.far_reason("maximisers", inside[None]) is None
+    # No spread (every centroid at one point): nothing to measure by, no row is far.
+    assert FederationExtent.of(np.zeros((5, 2))).far_reason("maximisers", reply) is None
+
+
+def test_a_client_declaring_a_far_component_is_refused_at_initialisation():
+    models = {p: ClientModel(100, np.full(2, 0.5), np.array([[p, 0.0], [0.0, p]]), 100) for p in range(1, 6)}
+    models[9] = ClientModel(100, np.full(2, 0.5), np.array([[1.0, 1.0], [-1e155, 0.0]]), 100)
+    refused = dict(refuse_far_components(models))
+    assert set(refused) == {9} and "'centroids' row 1" in refused[9]
+    assert set(models) == {1, 2, 3, 4, 5}
+
+
+def _honest_scores(rng, n_clients=20, n_points=125):
+    """Per-client log-likelihoods of three candidates: the first is best by 2 nats per point."""
+    per_point = -3.0 + 0.05 * rng.standard_normal((n_clients, 1)) + np.array([0.0, -2.0, -2.5])
+    return per_point * n_points, np.full(n_clients, float(n_points))
+
+
+def test_a_constant_shift_of_one_clients_likelihoods_moves_no_total_and_ties_no_candidate():
+    rng = np.random.default_rng(1)
+    scores, sizes = _honest_scores(rng)
+    clean = robust_totals(scores, sizes, 0.25)
+    shifted = scores.copy()
+    shifted[3] += -1e13
+    attacked = robust_totals(shifted, sizes, 0.25)
+    # The shifted client's level is clipped to the honest range: the totals stay within one honest client's.
+    assert np.all(np.abs(attacked - clean) < 0.1 * 125)
+    icl = -2 * attacked
+    assert icl_winners(icl).tolist() == [0]
+
+
+def test_the_tie_test_is_relative_but_never_looser_than_an_absolute_floor():
+    assert icl_winners(np.array([5.0, 5.0, 6.0])).tolist() == [0, 1]
+    # Relative 1e-9 of 2e13 would be 2e4 nats; the absolute floor keeps distinct candidates distinct.
+    assert icl_winners(np.array([2e13 + 100.0, 2e13, 2e13 + 1.0])).tolist() == [1]
+
+
+def test_evaluation_weights_are_the_declared_counts_at_most_their_median():
+    declared = np.array([100, 120, 125, 125, 5000])
+    assert evaluation_weights(declared, 0.25).tolist() == [100, 120, 125, 125, 125]
+    assert evaluation_weights(declared, 0.0).tolist() == declared.tolist()
+
+
+def test_a_table_above_the_median_is_scaled_down_to_it_with_its_proportions():
+    counts = np.array([1000, 1475, 1])
+    scaled = capped_table(counts, 250)
+    assert scaled.sum() == 250 and scaled.tolist() == [101, 149, 0]
+    assert capped_table(counts, 5000).tolist() == counts.tolist()
+    assert table_cap(np.array([250, 250, 2475]), 0.25) == 250
+    assert table_cap(np.array([250, 250, 2475]), 0.0) == np.inf
+
+
+def test_one_forged_table_weighs_in_the_pooled_ari_as_one_typical_client():
+    rng = np.random.default_rng(2)
+    tables = []
+    for _ in range(19):  # honest: 250 test points over 10 clusters, 96 % on the diagonal
+        labels = rng.integers(0, 10, 250)
+        predicted = np.where(rng.random(250) < 0.96, labels, rng.integers(0, 10, 250))
+        pairs, counts = np.unique(np.c_[labels, predicted], axis=0, return_counts=True)
+        tables.append((pairs[:, 0], pairs[:, 1], counts))
+    true_f, pred_f = (grid.ravel() for grid in np.meshgrid(np.arange(10), np.arange(10)))
+    forged = (true_f, pred_f, np.full(100, 25 * 10 * 99 // 1000))  # 9.9x a client's 250, spread evenly
+
+    def pooled(parts, cap):
+        return ari_from_contingency(*(np.concatenate([p[i] for p in parts]) for i in range(2)),
+                                    np.concatenate([capped_table(p[2], cap) for p in parts]))
+
+    honest = pooled(tables, np.inf)
+    uncapped = pooled(tables + [forged], np.inf)
+    capped = pooled(tables + [forged], table_cap(np.array([t[2].sum() for t in tables + [forged]]), 0.25))
+    assert honest - uncapped > 0.25
+    assert honest - capped < 0.1
