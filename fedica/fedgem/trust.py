@@ -29,6 +29,10 @@ log = logging.getLogger("fedica.server")
 # mass a client gives one of its clusters. Genuine clusters held by one small client are that
 # light: at 0.25 one of 10 seeds of section 6.2's client-imbalance workload lost one.
 SUPPORT_MASS_SHARE = 0.1
+# ... but not when it lies no further from a cluster that enough clients support than this share of the
+# median distance between such clusters and their nearest neighbours: there it is no separate
+# cluster but a plant between true ones (colluders' components midway between the closest pair).
+EMBEDDED_SHARE = 0.5
 
 # A component is far from the federation when its distance to the federation's centre (the
 # coordinate-wise median of every client's current centroids) exceeds this many times the median
@@ -160,13 +164,16 @@ def support_quorum(n_clients: int, hostile_fraction: float) -> int:
 
 
 def unsupported_clusters(labels: np.ndarray, owners: np.ndarray, masses: np.ndarray, quorum: int,
-                         typical_mass: float) -> np.ndarray:
-    """Which global clusters too few clients and too little mass support.
+                         typical_mass: float, centroids: np.ndarray | None = None) -> np.ndarray:
+    """Which global clusters too few clients and too little (or misplaced) mass support.
 
     If up to a fraction of the clients may be hostile, a cluster whose members come from no
     more clients than that could be theirs alone; it is counted when more clients support it
     (``quorum``) or when its mass reaches ``typical_mass``, the mass a typical client gives one
-    of its clusters (a genuine cluster held by few clients carries real data).
+    of its clusters (a genuine cluster held by few clients carries real data), and, given the
+    ``centroids``, it is not embedded among the quorum's clusters: its distance to the nearest
+    of them is at least :data:`EMBEDDED_SHARE` times the median distance from one of them to
+    its nearest other (a plant midway between the two closest true clusters is at most that).
 
     Parameters
     ----------
@@ -177,6 +184,8 @@ def unsupported_clusters(labels: np.ndarray, owners: np.ndarray, masses: np.ndar
         Each component's weight, counted with its client's count capped at the median.
     quorum : int
     typical_mass : float
+    centroids : ndarray of shape (k_hat, d), optional
+        The global clusters' centroids (without them, no cluster is taken as embedded).
 
     Returns
     -------
@@ -186,7 +195,24 @@ def unsupported_clusters(labels: np.ndarray, owners: np.ndarray, masses: np.ndar
     supporters = np.zeros(k_hat, dtype=np.int64)
     np.add.at(supporters, np.unique(np.c_[labels, owners], axis=0)[:, 0], 1)
     mass = np.bincount(labels, weights=masses, minlength=k_hat)
-    return (supporters < quorum) & (mass < typical_mass)
+    few = supporters < quorum
+    return few & ((mass < typical_mass) | embedded_clusters(centroids, ~few))
+
+
+def embedded_clusters(centroids: np.ndarray | None, backed: np.ndarray) -> np.ndarray:
+    """Which clusters lie no further from a ``backed`` cluster than :data:`EMBEDDED_SHARE` of the backed clusters' median nearest-neighbour distance.
+
+    Needs two backed clusters for a scale; with fewer (or no ``centroids``) none is embedded.
+    """
+    if centroids is None or backed.sum() < 2:
+        return np.zeros(backed.shape, dtype=bool)
+    anchors = centroids[backed]
+    gaps = np.stack([scale_free_distances(anchors, centre) for centre in centroids])  # (k_hat, n_backed)
+    own = np.flatnonzero(backed)
+    gaps_among = gaps[own].copy()
+    gaps_among[np.arange(own.size), np.arange(own.size)] = np.inf
+    scale = float(np.median(gaps_among.min(axis=1)))
+    return ~backed & (gaps.min(axis=1) <= EMBEDDED_SHARE * scale)
 
 
 def outlying_radii(eps: np.ndarray, factor: float | None, scale: Callable[[], float]) -> np.ndarray:
@@ -281,7 +307,7 @@ def trusted_final_aggregation(
         if support is None:
             break
         weak = unsupported_clusters(trusted.labels, final.owners[keep], support.masses[keep], support.quorum,
-                                    support.typical_mass)
+                                    support.typical_mass, trusted.global_centroids)
         if not weak.any() or weak.all():
             break
         excluded[np.flatnonzero(keep)[weak[trusted.labels]]] = True

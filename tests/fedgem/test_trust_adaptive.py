@@ -16,6 +16,7 @@ from fedica.fedgem.trust import (
     robust_totals,
     scale_free_distances,
     table_cap,
+    unsupported_clusters,
 )
 
 
@@ -113,3 +114,52 @@ def test_one_forged_table_weighs_in_the_pooled_ari_as_one_typical_client():
     capped = pooled(tables + [forged], table_cap(np.array([t[2].sum() for t in tables + [forged]]), 0.25))
     assert honest - uncapped > 0.25
     assert honest - capped < 0.1
+
+
+def test_a_cluster_of_few_clients_midway_between_two_true_ones_is_not_counted_by_its_mass():
+    # Clusters 0-2 have three supporters each (quorum 3); cluster 3, of two clients with a typical
+    # mass, sits midway between clusters 0 and 1; cluster 4, of one client, lies apart.
+    centroids = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 6.0], [2.0, 0.0], [9.0, 9.0]])
+    labels = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 4])
+    owners = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 5])
+    masses = np.full(labels.size, 40.0)
+    weak = unsupported_clusters(labels, owners, masses, quorum=3, typical_mass=5.0, centroids=centroids)
+    assert weak.tolist() == [False, False, False, True, False]
+    # Without the centroids only the mass counts (the rule before).
+    assert not unsupported_clusters(labels, owners, masses, quorum=3, typical_mass=5.0).any()
+
+
+# The workload: blobs with G=20 clients, K=10, d=2, R_min=4.
+BLOBS_G20_K10 = ["engine=inprocess", "algorithm=fedgem", "scenario=blobs", "scenario.n_clients=20",
+                 "scenario.n_clusters=10", "baselines=false", "seed=0"]
+
+
+def _attacked(kind, fraction):
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    result = run_inprocess(compose_config(BLOBS_G20_K10 + [f"attack={kind}", f"attack.fraction={fraction}"]))
+    return result, result["metrics"]["fedgem"]
+
+
+def test_one_overflowing_row_is_rejected_with_its_reason_and_the_run_finds_the_truth():
+    # Before: the run stopped (every client's entropies NaN).
+    result, metrics = _attacked("overflow_row", 0.05)
+    reasons = [r for r in result["clients"]["rejected"] if "far from every other" in r["reason"]]
+    assert [(r["client"], r["round"]) for r in reasons] == [(result["fedgem"]["hostile_clients"][0], 2)]
+    assert metrics["k_hat"] == 10 and metrics["global_ari"] > 0.95
+
+
+def test_midpoint_colluders_found_no_cluster_of_their_own():
+    # Before: K_hat 11 (their own test points fell in the planted cluster), global ARI .87.
+    _, metrics = _attacked("midpoint_cluster", 0.25)
+    assert metrics["k_hat"] == metrics["honest_k_hat"] == 10
+
+
+def test_a_forged_local_ari_is_rejected_and_a_forged_table_weighs_as_a_median_client():
+    # Before: reported local ARI .29, global ARI .43 (honest .97).
+    result, metrics = _attacked("forged_metrics", 0.05)
+    forged = [r for r in result["clients"]["rejected"] if "own contingency table" in r["reason"]]
+    assert [r["client"] for r in forged] == result["fedgem"]["hostile_clients"]
+    assert metrics["local_ari"] == pytest.approx(metrics["honest_local_ari"])
+    assert metrics["k_hat"] == 10
