@@ -171,7 +171,8 @@ def unsupported_clusters(labels: np.ndarray, owners: np.ndarray, masses: np.ndar
     more clients than that could be theirs alone; it is counted when more clients support it
     (``quorum``) or when its mass reaches ``typical_mass``, the mass a typical client gives one
     of its clusters (a genuine cluster held by few clients carries real data), and, given the
-    ``centroids``, it is not embedded among the quorum's clusters: its distance to the nearest
+    ``centroids``, a cluster of two or more clients is not embedded among the quorum's clusters
+    (several clients' components at one such point are a collusion): its distance to the nearest
     of them is at least :data:`EMBEDDED_SHARE` times the median distance from one of them to
     its nearest other (a plant midway between the two closest true clusters is at most that).
 
@@ -196,7 +197,10 @@ def unsupported_clusters(labels: np.ndarray, owners: np.ndarray, masses: np.ndar
     np.add.at(supporters, np.unique(np.c_[labels, owners], axis=0)[:, 0], 1)
     mass = np.bincount(labels, weights=masses, minlength=k_hat)
     few = supporters < quorum
-    return few & ((mass < typical_mass) | embedded_clusters(centroids, ~few))
+    # Only a cluster of two or more clients is taken as a plant: one client's stray component near its
+    # clusters is an honest misfit too (section 6.2's cluster imbalance, G=5: K_hat 7 -> 8 when it was).
+    planted = embedded_clusters(centroids, ~few) & (supporters >= 2)
+    return few & ((mass < typical_mass) | planted)
 
 
 def embedded_clusters(centroids: np.ndarray | None, backed: np.ndarray) -> np.ndarray:
