@@ -4,7 +4,10 @@ No client's declared count or radius is taken at face value: counts are capped a
 of the median declared count; a client declaring far more components than the others, or a
 component of negligible weight, is not admitted; components whose balls are outliers by a
 robust rule take part in no merge; in the final aggregation an untrusted component founds no
-global cluster, and neither does a cluster that too few clients and too little mass support.
+global cluster, and neither does a cluster that too few clients and too little mass support (or
+that several such clients plant among the others). A component far from every other by the
+federation's own scale is untrusted, with distances computed scale-free; the tuning's scores and
+the evaluation's replies weigh at most what a typical client's do.
 """
 
 from __future__ import annotations
