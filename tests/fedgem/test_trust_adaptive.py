@@ -163,3 +163,19 @@ def test_a_forged_local_ari_is_rejected_and_a_forged_table_weighs_as_a_median_cl
     assert [r["client"] for r in forged] == result["fedgem"]["hostile_clients"]
     assert metrics["local_ari"] == pytest.approx(metrics["honest_local_ari"])
     assert metrics["k_hat"] == 10
+
+
+def test_the_attacks_send_what_they_claim():
+    from fedica import attacks
+
+    rng = np.random.default_rng(3)
+    honest = rng.standard_normal((3, 2))
+    overflowing = attacks.overflow_maximisers(honest, rng)
+    assert np.all(np.abs(overflowing[0]) >= 1e155) and np.all(np.abs(overflowing[0]) <= 1e160)
+    assert np.array_equal(overflowing[1:], honest[1:]) and np.all(np.isfinite(overflowing))
+    assert np.array_equal(attacks.shifted_likelihoods(np.array([-5.0, -6.0])), [-5.0 - 1e13, -6.0 - 1e13])
+    centres = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 4.0], [7.0, 7.0]])
+    assert attacks.closest_pair_midpoint(centres).tolist() == [0.0, 2.0]
+    true_values, pred_values, counts = attacks.forged_contingency(np.array([4, 2, 4]), np.array([0, 1, 1, 2]), 600)
+    assert sorted(set(zip(true_values.tolist(), pred_values.tolist()))) == [(t, p) for t in range(3) for p in (2, 4)]
+    assert counts.tolist() == [100] * 6
