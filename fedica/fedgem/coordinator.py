@@ -34,7 +34,6 @@ from fedica.fedgem.trust import (
     cap_counts,
     capped_table,
     cluster_support,
-    evaluation_weights,
     final_radii,
     hostile_count,
     icl_winners,
@@ -42,7 +41,7 @@ from fedica.fedgem.trust import (
     refuse_far_components,
     robust_silhouettes,
     robust_totals,
-    table_cap,
+    table_caps,
     trusted_final_aggregation,
     trusted_server_step,
 )
@@ -441,27 +440,26 @@ class FedGEMServer(ProtocolState):
     def evaluation_over(self, partitions) -> dict[str, float]:
         """The evaluation metrics over the evaluated clients among ``partitions`` (say, the honest ones).
 
-        Every reply carries at most a typical client's weight (with ``max_hostile_fraction`` > 0):
-        a local ARI weighs the count its client declared at initialisation, at most the median
-        declared count (:func:`~fedica.fedgem.trust.evaluation_weights`), and a contingency table
-        is scaled down to at most the median client's test points
-        (:func:`~fedica.fedgem.trust.capped_table`) in the pooled ARI; K_hat counts the clusters
-        the tables as sent name.
+        A local ARI weighs its client's counted points (its declared count, capped at
+        ``count_cap_factor`` times the median); in the pooled ARI a contingency table counts with at
+        most its client's test share (:func:`~fedica.fedgem.trust.table_caps`, with
+        ``max_hostile_fraction`` > 0); K_hat counts the clusters the tables as sent name.
         """
         chosen = [p for p in partitions if p in self.evaluated]
         if not chosen:
             return {"local_ari": float("nan"), "global_ari": float("nan"), "k_hat": 0}
-        fraction = self.settings.max_hostile_fraction
         true_all, pred_all, count_all = (np.concatenate([getattr(self.evaluated[p], name) for p in chosen])
                                          for name in ("true_values", "pred_values", "counts"))
         metrics = {"k_hat": k_hat_from_predictions(pred_all, count_all)}
         if all(self.evaluated[p].has_labels for p in chosen):
-            declared = evaluation_weights(np.array([m.declared_points for m in self.models.values()]), fraction)
-            weight_of = dict(zip(self.models, declared))
             metrics["local_ari"] = weighted_local_ari(np.array([self.evaluated[p].local_ari for p in chosen]),
-                                                      np.array([weight_of[p] for p in chosen]))
-            cap = table_cap(np.array([e.counts.sum() for e in self.evaluated.values()]), fraction)
-            capped = np.concatenate([capped_table(self.evaluated[p].counts, cap) for p in chosen])
+                                                      np.array([self.models[p].n_points for p in chosen]))
+            evaluated = list(self.evaluated)
+            caps = dict(zip(evaluated, table_caps(np.array([self.evaluated[p].counts.sum() for p in evaluated]),
+                                                  np.array([self.models[p].declared_points for p in evaluated]),
+                                                  np.array([self.models[p].n_points for p in evaluated]),
+                                                  self.settings.max_hostile_fraction)))
+            capped = np.concatenate([capped_table(self.evaluated[p].counts, caps[p]) for p in chosen])
             metrics["global_ari"] = ari_from_contingency(true_all, pred_all, capped)
         return metrics
 

@@ -6,8 +6,8 @@ component of negligible weight, is not admitted; components whose balls are outl
 robust rule take part in no merge; in the final aggregation an untrusted component founds no
 global cluster, and neither does a cluster that too few clients and too little mass support (or
 that several such clients plant among the others). A component far from every other by the
-federation's own scale is untrusted, with distances computed scale-free; the tuning's scores and
-the evaluation's replies weigh at most what a typical client's do.
+federation's own scale is untrusted, with distances computed scale-free; the tuning's scores weigh at
+most what a typical client's do, and an evaluation table at most its client's test share.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ FAR_COMPONENT_FACTOR = 100.0
 # one client's constant shift of 1e13 tie every candidate).
 ICL_TIE_RELATIVE = 1e-9
 ICL_TIE_NATS = 1e-6
+
+# A client's contingency table counts with at most this multiple of the median client's test points
+# per training point (every site's test share is the same, up to rounding on tiny sites).
+TEST_SHARE_SLACK = 1.5
 
 
 def cap_counts(models: Mapping[int, ClientModel], factor: float | None) -> None:
@@ -411,32 +415,41 @@ def tuning_weights(counts: np.ndarray, hostile_fraction: float) -> np.ndarray:
     return counts if hostile_fraction <= 0 else np.minimum(counts, np.median(counts))
 
 
-def evaluation_weights(declared: np.ndarray, hostile_fraction: float) -> np.ndarray:
-    """The clients' weights in the local ARI: the counts they declared at initialisation, at most the median of them.
-
-    So a forger claiming thousands of points weighs no more than a typical client (with
-    ``hostile_fraction`` 0: the paper's N_g, uncapped).
-    """
-    declared = np.asarray(declared, dtype=np.float64)
-    return declared if hostile_fraction <= 0 else np.minimum(declared, np.median(declared))
-
-
 def capped_table(counts: np.ndarray, cap: float) -> np.ndarray:
     """A client's contingency counts scaled down to at most ``cap`` test points in all (integers, largest remainders first).
 
-    A table within the cap is returned as it is; one above it keeps its proportions, so that a
-    client's table weighs in the pooled ARI at most as much as a typical client's.
+    A table within the cap is returned as it is; one above it keeps its proportions.
     """
     counts = np.asarray(counts, dtype=np.int64)
-    total = int(counts.sum())
-    if total <= cap:
+    if int(counts.sum()) <= cap:
         return counts
     return apportion(int(cap), counts.astype(np.float64))
 
 
-def table_cap(test_totals: np.ndarray, hostile_fraction: float) -> float:
-    """The most test points a client's contingency table counts with: the median of the clients' totals (inf: no cap)."""
-    return math.inf if hostile_fraction <= 0 or len(test_totals) == 0 else float(np.floor(np.median(test_totals)))
+def table_caps(test_totals: np.ndarray, declared: np.ndarray, counted: np.ndarray, hostile_fraction: float) -> np.ndarray:
+    """The most test points each client's contingency table counts with in the pooled ARI (inf: no cap).
+
+    Every client's test share is the same (a scenario splits each site's data alike), so a table
+    counts with at most :data:`TEST_SHARE_SLACK` times the median client's test points per declared
+    training point, times the client's counted training points (its declared count, capped at
+    ``count_cap_factor`` times the median): a forged table far larger than the client's own share
+    weighs as a table of that share. Honest tables are never scaled.
+
+    Parameters
+    ----------
+    test_totals, declared, counted : ndarray of shape (n_clients,)
+    hostile_fraction : float
+        0 switches the cap off.
+
+    Returns
+    -------
+    caps : ndarray of shape (n_clients,)
+    """
+    counted = np.asarray(counted, dtype=np.float64)
+    if hostile_fraction <= 0 or counted.size == 0:
+        return np.full(counted.shape, np.inf)
+    share = float(np.median(np.asarray(test_totals, dtype=np.float64) / np.asarray(declared, dtype=np.float64)))
+    return np.floor(TEST_SHARE_SLACK * share * counted)
 
 
 def robust_silhouettes(scores: np.ndarray, counts: np.ndarray, hostile_fraction: float) -> np.ndarray:

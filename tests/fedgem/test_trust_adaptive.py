@@ -10,12 +10,11 @@ from fedica.fedgem.trust import (
     FAR_COMPONENT_FACTOR,
     FederationExtent,
     capped_table,
-    evaluation_weights,
     icl_winners,
     refuse_far_components,
     robust_totals,
     scale_free_distances,
-    table_cap,
+    table_caps,
     unsupported_clusters,
 )
 
@@ -79,22 +78,19 @@ def test_the_tie_test_is_relative_but_never_looser_than_an_absolute_floor():
     assert icl_winners(np.array([2e13 + 100.0, 2e13, 2e13 + 1.0])).tolist() == [1]
 
 
-def test_evaluation_weights_are_the_declared_counts_at_most_their_median():
-    declared = np.array([100, 120, 125, 125, 5000])
-    assert evaluation_weights(declared, 0.25).tolist() == [100, 120, 125, 125, 125]
-    assert evaluation_weights(declared, 0.0).tolist() == declared.tolist()
-
-
-def test_a_table_above_the_median_is_scaled_down_to_it_with_its_proportions():
+def test_a_table_beyond_its_clients_test_share_is_scaled_down_with_its_proportions():
     counts = np.array([1000, 1475, 1])
     scaled = capped_table(counts, 250)
     assert scaled.sum() == 250 and scaled.tolist() == [101, 149, 0]
     assert capped_table(counts, 5000).tolist() == counts.tolist()
-    assert table_cap(np.array([250, 250, 2475]), 0.25) == 250
-    assert table_cap(np.array([250, 250, 2475]), 0.0) == np.inf
+    # Test points per declared training point: 2 for the honest clients, 19.8 for the forger: every
+    # cap is 1.5 x 2 x the client's counted points.
+    totals, sizes = np.array([250, 250, 250, 2475]), np.full(4, 125)
+    assert table_caps(totals, sizes, sizes, 0.25).tolist() == [375, 375, 375, 375]
+    assert table_caps(totals, sizes, sizes, 0.0).tolist() == [np.inf] * 4
 
 
-def test_one_forged_table_weighs_in_the_pooled_ari_as_one_typical_client():
+def test_one_forged_table_weighs_no_more_than_its_share():
     rng = np.random.default_rng(2)
     tables = []
     for _ in range(19):  # honest: 250 test points over 10 clusters, 96 % on the diagonal
@@ -104,16 +100,17 @@ def test_one_forged_table_weighs_in_the_pooled_ari_as_one_typical_client():
         tables.append((pairs[:, 0], pairs[:, 1], counts))
     true_f, pred_f = (grid.ravel() for grid in np.meshgrid(np.arange(10), np.arange(10)))
     forged = (true_f, pred_f, np.full(100, 25 * 10 * 99 // 1000))  # 9.9x a client's 250, spread evenly
+    parts = tables + [forged]
 
-    def pooled(parts, cap):
+    def pooled(caps):
         return ari_from_contingency(*(np.concatenate([p[i] for p in parts]) for i in range(2)),
-                                    np.concatenate([capped_table(p[2], cap) for p in parts]))
+                                    np.concatenate([capped_table(p[2], cap) for p, cap in zip(parts, caps)]))
 
-    honest = pooled(tables, np.inf)
-    uncapped = pooled(tables + [forged], np.inf)
-    capped = pooled(tables + [forged], table_cap(np.array([t[2].sum() for t in tables + [forged]]), 0.25))
-    assert honest - uncapped > 0.25
-    assert honest - capped < 0.1
+    honest = ari_from_contingency(*(np.concatenate([p[i] for p in tables]) for i in range(3)))
+    sizes = np.full(len(parts), 125)
+    caps = table_caps(np.array([p[2].sum() for p in parts]), sizes, sizes, 0.25)
+    assert honest - pooled([np.inf] * len(parts)) > 0.25
+    assert honest - pooled(caps) < 0.15
 
 
 def test_a_cluster_of_few_clients_midway_between_two_true_ones_is_not_counted_by_its_mass():
@@ -156,7 +153,7 @@ def test_midpoint_colluders_found_no_cluster_of_their_own():
     assert metrics["k_hat"] == metrics["honest_k_hat"] == 10
 
 
-def test_a_forged_local_ari_is_rejected_and_a_forged_table_weighs_as_a_median_client():
+def test_a_forged_local_ari_is_rejected_with_its_table():
     # Before: reported local ARI .29, global ARI .43 (honest .97).
     result, metrics = _attacked("forged_metrics", 0.05)
     forged = [r for r in result["clients"]["rejected"] if "own contingency table" in r["reason"]]
