@@ -13,8 +13,10 @@ from fedica.seeding import generator
 ICA_ATTACKS = ("random_orthogonal", "scaled_junk", "permuted_truth")
 # Attacks on FedGEM's collaborative rounds (they replace a round reply) ...
 GEM_ATTACKS = ("inflated_radius", "inflated_count", "random_centroids")
-# ... and on the rest of its protocol: the components a client declares, the tuning, the evaluation.
-GEM_PROTOCOL_ATTACKS = ("split_components", "poison_tuning", "fake_evaluation")
+# ... and on the rest of its protocol: the components a client declares, the tuning, the evaluation
+# (the last four know the defences: docs/ALGORITHMS.md section 3.2).
+GEM_PROTOCOL_ATTACKS = ("split_components", "poison_tuning", "fake_evaluation",
+                        "overflow_row", "likelihood_shift", "midpoint_cluster", "forged_metrics")
 # Either algorithm: a node answers under another client's partition id.
 SPOOF_PARTITION = "spoof_partition"
 ATTACKS = ("none", *ICA_ATTACKS, *GEM_ATTACKS, *GEM_PROTOCOL_ATTACKS, SPOOF_PARTITION)
@@ -32,6 +34,18 @@ SPLIT_ANCHOR_DISTANCE = 10.0
 # test points it claims, as a multiple of its training points (the server's loosest bound).
 POISON_COUNT_FACTOR = 10
 FAKE_TEST_FACTOR = 100
+# overflow_row: in this collaborative round one maximiser row of magnitude 10^155 to 10^160
+# (its squared distance to anything overflows a double).
+OVERFLOW_ROUND = 2
+OVERFLOW_EXPONENTS = (155.0, 160.0)
+# likelihood_shift: a constant added to every candidate's honest log-likelihood.
+LIKELIHOOD_SHIFT = -1.0e13
+# forged_metrics: the count claimed at initialisation (a multiple of the client's own: 5,000 for
+# a client of 125 points), the local ARI it reports, and its contingency table's size as a
+# multiple of its own test count (a typical client's: just under the count cap's 10x the median).
+FORGED_COUNT_FACTOR = 40
+FORGED_LOCAL_ARI = -1.0
+FORGED_TEST_FACTOR = 9.9
 
 
 def hostile_mask(n_clients: int, fraction: float, *, seed: int) -> np.ndarray:
@@ -184,6 +198,54 @@ def poisoned_likelihoods(log_likelihoods: np.ndarray, entropies: np.ndarray, siz
     poisoned_entropies = np.asarray(entropies, dtype=np.float64).copy()
     poisoned_entropies[target] = 0.0
     return scores, poisoned_entropies
+
+
+def overflow_maximisers(maximisers: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """An ``overflow_row`` client's maximisers: its first row replaced by one of magnitude 10^155 to 10^160, random signs."""
+    overflowing = np.asarray(maximisers, dtype=np.float64).copy()
+    magnitude = 10.0 ** rng.uniform(*OVERFLOW_EXPONENTS)
+    overflowing[0] = magnitude * rng.choice([-1.0, 1.0], overflowing.shape[1])
+    return overflowing
+
+
+def shifted_likelihoods(log_likelihoods: np.ndarray) -> np.ndarray:
+    """A ``likelihood_shift`` client's log-likelihoods: its honest ones plus :data:`LIKELIHOOD_SHIFT` (the same for every candidate)."""
+    return np.asarray(log_likelihoods, dtype=np.float64) + LIKELIHOOD_SHIFT
+
+
+def closest_pair_midpoint(true_centres: np.ndarray) -> np.ndarray:
+    """Where a ``midpoint_cluster`` client plants its component: midway between the two closest true centres.
+
+    Parameters
+    ----------
+    true_centres : ndarray of shape (K, d), K >= 2
+        The attacker is assumed to know them (the worst case).
+
+    Returns
+    -------
+    midpoint : ndarray of shape (d,)
+    """
+    true_centres = np.asarray(true_centres, dtype=np.float64)
+    gaps = np.linalg.norm(true_centres[:, None] - true_centres[None], axis=2)
+    gaps[np.diag_indices_from(gaps)] = np.inf
+    a, b = np.unravel_index(np.argmin(gaps), gaps.shape)
+    return 0.5 * (true_centres[a] + true_centres[b])
+
+
+def forged_contingency(global_ids: np.ndarray, true_labels: np.ndarray,
+                       n_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A ``forged_metrics`` client's contingency counts: about ``n_points`` test points spread evenly over
+    every (true label, global id) pair, a table that agrees with no partition (it pulls the pooled ARI to 0).
+
+    Returns
+    -------
+    true_values, pred_values, counts : ndarray of shape (n_labels * n_ids,)
+    """
+    ids = np.unique(np.asarray(global_ids, dtype=np.int64))
+    labels = np.unique(np.asarray(true_labels, dtype=np.int64))
+    true_values, pred_values = (grid.ravel() for grid in np.meshgrid(labels, ids))
+    counts = np.full(true_values.size, max(1, n_points // true_values.size), dtype=np.int64)
+    return true_values, pred_values, counts
 
 
 def fake_contingency(global_ids: np.ndarray, n_train: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -55,14 +55,18 @@ def split_components_count(cfg: Mapping[str, Any]) -> int:
 @functools.lru_cache(maxsize=8)
 def planted_centroids(scenario_json: str, seed: int) -> np.ndarray:
     """The centroids a ``split_components`` client plants: copies of the true class means (the worst case)."""
-    scenario = json.loads(scenario_json)
+    means = _class_means(json.loads(scenario_json), seed, "split_components")
+    return attacks.split_components_centroids(means, attacks.attack_rng(seed, 0, zlib.crc32(b"split")))
+
+
+def _class_means(scenario: Mapping[str, Any], seed: int, kind: str) -> np.ndarray:
+    """The true class means of fedica's own ``scenario`` over all clients' training points (what a worst-case attacker knows)."""
     clients = [scenario_client_data(scenario, g, seed) for g in range(client_count(scenario))]
     if any(c.y_train is None for c in clients):
-        raise ValueError("attack split_components needs a scenario with known labels")
+        raise ValueError(f"attack {kind} needs a scenario with known labels")
     X = np.concatenate([c.X_train for c in clients])
     y = np.concatenate([c.y_train for c in clients])
-    means = np.stack([X[y == label].mean(axis=0) for label in np.unique(y)])
-    return attacks.split_components_centroids(means, attacks.attack_rng(seed, 0, zlib.crc32(b"split")))
+    return np.stack([X[y == label].mean(axis=0) for label in np.unique(y)])
 
 
 def hostile_reply(task: str, site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any],
@@ -109,6 +113,8 @@ def attack_reply(kind: str, task: str, honest: tuple[Arrays, Values], arrays: Ma
         return replaced, {**reply_values, "n-points": n_points}
     if kind == "poison_tuning":
         return _poison_tuning(task, arrays, reply_arrays, reply_values)
+    if kind in _ADAPTIVE_GEM_ATTACKS:
+        return _ADAPTIVE_GEM_ATTACKS[kind](task, arrays, values, (reply_arrays, reply_values), rng, cfg)
     if kind == "fake_evaluation" and task == GEM_EVALUATE:
         ids = np.asarray(arrays["global-ids"])
         true_values, pred_values, counts = attacks.fake_contingency(ids, int(reply_values["n-points"]))
@@ -142,6 +148,70 @@ def _poison_tuning(task: str, arrays: Arrays, reply_arrays: Arrays, reply_values
                                                          np.asarray(arrays["sizes"]), reply_values["n-points"])
         reply_arrays = {**reply_arrays, "log-likelihoods": scores, "entropies": entropies}
     return reply_arrays, reply_values
+
+
+@functools.lru_cache(maxsize=8)
+def planted_midpoint(scenario_json: str, seed: int) -> np.ndarray:
+    """Where a ``midpoint_cluster`` client plants its component: midway between the two closest true class means."""
+    return attacks.closest_pair_midpoint(_class_means(json.loads(scenario_json), seed, "midpoint_cluster"))
+
+
+def _overflow_row(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
+                  rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """Honest, but in round :data:`fedica.attacks.OVERFLOW_ROUND` one maximiser row of 10^155 to 10^160."""
+    reply_arrays, reply_values = honest
+    if task == GEM_ROUND and _stage(values) == attacks.OVERFLOW_ROUND:
+        reply_arrays = {**reply_arrays, "maximisers": attacks.overflow_maximisers(reply_arrays["maximisers"], rng)}
+    return reply_arrays, reply_values
+
+
+def _likelihood_shift(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
+                      rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """Honest, but every log-likelihood of the model selection shifted by :data:`fedica.attacks.LIKELIHOOD_SHIFT`."""
+    reply_arrays, reply_values = honest
+    if task == GEM_LIKELIHOOD:
+        reply_arrays = {**reply_arrays, "log-likelihoods": attacks.shifted_likelihoods(reply_arrays["log-likelihoods"])}
+    return reply_arrays, reply_values
+
+
+def _midpoint_cluster(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
+                      rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """The client's first component held at the midpoint of the two closest true clusters, at every stage that shows it."""
+    reply_arrays, reply_values = honest
+    midpoint = planted_midpoint(json.dumps(cfg["scenario"], sort_keys=True), int(cfg["seed"]))
+    key = "centroids" if task == GEM_INIT else "maximisers"
+    if task not in (GEM_INIT, GEM_ROUND, GEM_FINAL):
+        return reply_arrays, reply_values
+    planted = np.asarray(reply_arrays[key], dtype=np.float64).copy()
+    planted[0] = midpoint
+    reply_arrays = {**reply_arrays, key: planted}
+    if task == GEM_ROUND:
+        # Consistent radii, so that the server's recomputation finds nothing to correct.
+        reply_arrays["radii"] = uncertainty_radius(planted, np.asarray(arrays["centroids"], dtype=np.float64))
+    return reply_arrays, reply_values
+
+
+def _forged_metrics(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
+                    rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """Claim 40 times the client's count at initialisation; report a local ARI of -1 and a table of 9.9x its test points."""
+    reply_arrays, reply_values = honest
+    if task == GEM_INIT:
+        reply_values = {**reply_values, "n-points": attacks.FORGED_COUNT_FACTOR * int(reply_values["n-points"])}
+    elif task == GEM_EVALUATE:
+        n_test = int(attacks.FORGED_TEST_FACTOR * int(np.sum(reply_arrays["counts"])))
+        true_values, pred_values, counts = attacks.forged_contingency(arrays["global-ids"], reply_arrays["true-values"], n_test)
+        reply_arrays = {"true-values": true_values, "pred-values": pred_values, "counts": counts}
+        reply_values = {**reply_values, "local-ari": attacks.FORGED_LOCAL_ARI}
+    return reply_arrays, reply_values
+
+
+# The attacks that know the server's defences (issue 25), each a reply rewrite of every task.
+_ADAPTIVE_GEM_ATTACKS = {
+    "overflow_row": _overflow_row,
+    "likelihood_shift": _likelihood_shift,
+    "midpoint_cluster": _midpoint_cluster,
+    "forged_metrics": _forged_metrics,
+}
 
 
 def _stage(values: Mapping[str, Any]) -> int:

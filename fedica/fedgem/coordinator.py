@@ -29,14 +29,19 @@ from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.overlaps import TooManyOverlaps
 from fedica.fedgem.selection import Candidate, bic, icl, merge_path, path_sizes
 from fedica.fedgem.trust import (
+    FederationExtent,
     admit_components,
     cap_counts,
+    capped_table,
     cluster_support,
     final_radii,
     hostile_count,
+    icl_winners,
     log_excluded,
+    refuse_far_components,
     robust_silhouettes,
     robust_totals,
+    table_caps,
     trusted_final_aggregation,
     trusted_server_step,
 )
@@ -70,6 +75,8 @@ Protocol = Generator[Request, list[Reply], None]
 # A client's test points may outnumber its training points (a large test split), but not by this
 # factor: more is a forged contingency table, which would outweigh every other client's.
 MAX_TEST_PER_TRAINING_POINT = 100
+# How far a client's local ARI may be from the ARI of its own contingency table (the same number, up to rounding).
+LOCAL_ARI_TOLERANCE = 1e-9
 
 
 def _default(name: str) -> Any:
@@ -225,6 +232,8 @@ class FedGEMServer(ProtocolState):
                 continue
             self.models[reply.partition_id] = ClientModel(n_points, weights, centroids, n_points)
             self.client_seconds += reported_seconds(reply)
+        for partition, reason in refuse_far_components(self.models):
+            self.reject(partition, "init", reason)
         for partition, reason in admit_components(self.models, self.settings.component_cap_factor):
             self.reject(partition, "init", reason)
         self.require(len(self.models), "FedGEM initialisation")
@@ -367,7 +376,7 @@ class FedGEMServer(ProtocolState):
             n_parameters = self.geometry.n_parameters(k_hats, self.dim)
             bics = bic(totals, n_parameters, n_points)
             scores = icl(totals, entropies, n_parameters, n_points)
-            best = np.flatnonzero(scores <= scores.min() + 1e-9 * abs(scores.min()))
+            best = icl_winners(scores)
             chosen = int(best[np.argmin(k_hats[best])])
             log.info("model selection: K_hat %s, ICL %s -> K_hat %d", k_hats.tolist(), np.round(scores, 1).tolist(),
                      k_hats[chosen])
@@ -429,7 +438,13 @@ class FedGEMServer(ProtocolState):
                 del self.evaluated[partition]
 
     def evaluation_over(self, partitions) -> dict[str, float]:
-        """The evaluation metrics over the evaluated clients among ``partitions`` (say, the honest ones)."""
+        """The evaluation metrics over the evaluated clients among ``partitions`` (say, the honest ones).
+
+        A local ARI weighs its client's counted points (its declared count, capped at
+        ``count_cap_factor`` times the median); in the pooled ARI a contingency table counts with at
+        most its client's test share (:func:`~fedica.fedgem.trust.table_caps`, with
+        ``max_hostile_fraction`` > 0); K_hat counts the clusters the tables as sent name.
+        """
         chosen = [p for p in partitions if p in self.evaluated]
         if not chosen:
             return {"local_ari": float("nan"), "global_ari": float("nan"), "k_hat": 0}
@@ -439,7 +454,13 @@ class FedGEMServer(ProtocolState):
         if all(self.evaluated[p].has_labels for p in chosen):
             metrics["local_ari"] = weighted_local_ari(np.array([self.evaluated[p].local_ari for p in chosen]),
                                                       np.array([self.models[p].n_points for p in chosen]))
-            metrics["global_ari"] = ari_from_contingency(true_all, pred_all, count_all)
+            evaluated = list(self.evaluated)
+            caps = dict(zip(evaluated, table_caps(np.array([self.evaluated[p].counts.sum() for p in evaluated]),
+                                                  np.array([self.models[p].declared_points for p in evaluated]),
+                                                  np.array([self.models[p].n_points for p in evaluated]),
+                                                  self.settings.max_hostile_fraction)))
+            capped = np.concatenate([capped_table(self.evaluated[p].counts, caps[p]) for p in chosen])
+            metrics["global_ari"] = ari_from_contingency(true_all, pred_all, capped)
         return metrics
 
     # ------------------------------------------------------------------ replies
@@ -449,7 +470,8 @@ class FedGEMServer(ProtocolState):
 
         The counts must be whole numbers, at most :data:`MAX_TEST_PER_TRAINING_POINT` times the
         client's declared training size in total, the predicted ids
-        must be the global clusters the server sent this client, and the ARI must lie in [-1, 1].
+        must be the global clusters the server sent this client, and the ARI must lie in [-1, 1] and,
+        for a client with labels, be the ARI of its own table (within :data:`LOCAL_ARI_TOLERANCE`).
         """
         counts = require_array(reply.arrays, "counts", (None,), nonnegative=True)
         true_values = require_array(reply.arrays, "true-values", counts.shape)
@@ -467,8 +489,14 @@ class FedGEMServer(ProtocolState):
         local = reply.values.get("local-ari")
         if isinstance(local, bool) or not isinstance(local, (int, float)) or not -1.0 <= local <= 1.0:
             raise InvalidReply(f"'local-ari'={local!r} is not a number in [-1, 1]")
+        has_labels = bool(reply.values.get("has-labels", True))
+        if has_labels and counts.size:
+            # The local ARI is the ARI of the client's own table: the server recomputes it and believes no other.
+            own = ari_from_contingency(true_values.astype(np.int64), pred_values.astype(np.int64), counts.astype(np.int64))
+            if abs(own - local) > LOCAL_ARI_TOLERANCE:
+                raise InvalidReply(f"'local-ari'={local:.6g} is not the ARI of the client's own contingency table ({own:.6g})")
         return ClientEvaluation(true_values.astype(np.int64), pred_values.astype(np.int64), counts.astype(np.int64),
-                                float(local), bool(reply.values.get("has-labels", True)))
+                                float(local), has_labels)
 
     def _round_radii(self, reply: Reply, model: ClientModel, maximisers: np.ndarray) -> np.ndarray:
         """A collaborative round's squared radii; recomputed on the server where the model allows."""
@@ -491,9 +519,13 @@ class FedGEMServer(ProtocolState):
         """Validate replies and stack every client's maximisers with the radii ``read_radii`` gives.
 
         ``read_radii(reply, model, maximisers)`` returns the client's (K_g,) squared radii or
-        raises :class:`InvalidReply`; a client the server never initialised is rejected. With
-        ``variances``, each reply's ``variances`` (K_g,), positive, are stacked too.
+        raises :class:`InvalidReply`; a client the server never initialised is rejected, and so is
+        a reply with a maximiser far from every other component by the federation's scale (the
+        extent of the centroids the server holds, :class:`~fedica.fedgem.trust.FederationExtent`):
+        the client keeps the centroids it was sent. With ``variances``, each reply's ``variances``
+        (K_g,), positive, are stacked too.
         """
+        extent = FederationExtent.of(np.vstack([m.centroids for m in self.models.values()]))
         partitions, centers, eps, owners, weights, spreads = [], [], [], [], [], []
         for reply in replies:
             model = self.models.get(reply.partition_id)
@@ -502,6 +534,8 @@ class FedGEMServer(ProtocolState):
                 continue
             try:
                 maximisers = validate_gem_components(reply.arrays, "maximisers", dim=self.dim, n_components=model.n_components)
+                if (far := extent.far_reason("maximisers", maximisers)) is not None:
+                    raise InvalidReply(far)
                 radii = read_radii(reply, model, maximisers)
                 if variances:
                     spreads.append(positive_array(reply.arrays, "variances", model.n_components))

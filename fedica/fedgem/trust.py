@@ -4,7 +4,10 @@ No client's declared count or radius is taken at face value: counts are capped a
 of the median declared count; a client declaring far more components than the others, or a
 component of negligible weight, is not admitted; components whose balls are outliers by a
 robust rule take part in no merge; in the final aggregation an untrusted component founds no
-global cluster, and neither does a cluster that too few clients and too little mass support.
+global cluster, and neither does a cluster that too few clients and too little mass support (or
+that several such clients plant among the others). A component far from every other by the
+federation's own scale is untrusted, with distances computed scale-free; the tuning's scores weigh at
+most what a typical client's do, and an evaluation table at most its client's test share.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
+from fedica.data.common import apportion
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.geometry import Identity, separation
 from fedica.fedgem.merging import FinalAggregation, final_aggregation, server_step
@@ -27,6 +32,26 @@ log = logging.getLogger("fedica.server")
 # mass a client gives one of its clusters. Genuine clusters held by one small client are that
 # light: at 0.25 one of 10 seeds of section 6.2's client-imbalance workload lost one.
 SUPPORT_MASS_SHARE = 0.1
+# ... but not when it lies no further from a cluster that enough clients support than this share of the
+# median distance between such clusters and their nearest neighbours: there it is no separate
+# cluster but a plant between true ones (colluders' components midway between the closest pair).
+EMBEDDED_SHARE = 0.5
+
+# A component is far from the federation when its distance to the federation's centre (the
+# coordinate-wise median of every client's current centroids) exceeds this many times the median
+# centroid's distance to it: no honest data put a cluster there, and its squared distances to
+# anything may overflow (issue 25: one row of 1e155 made every client's entropies NaN).
+FAR_COMPONENT_FACTOR = 100.0
+
+# The ICL's tie test: candidates within this share of the smallest ICL tie, but never by more than
+# ICL_TIE_NATS (an absolute floor on what counts as a difference: a relative tolerance alone let
+# one client's constant shift of 1e13 tie every candidate).
+ICL_TIE_RELATIVE = 1e-9
+ICL_TIE_NATS = 1e-6
+
+# A client's contingency table counts with at most this multiple of the median client's test points
+# per training point (every site's test share is the same, up to rounding on tiny sites).
+TEST_SHARE_SLACK = 1.5
 
 
 def cap_counts(models: Mapping[int, ClientModel], factor: float | None) -> None:
@@ -76,6 +101,65 @@ def admit_components(models: dict[int, ClientModel], factor: float | None) -> li
     return refused
 
 
+def scale_free_distances(points: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """Euclidean distances (m,) of the rows of ``points`` (m, d) to ``centre`` (d,), computed without overflow.
+
+    Each row and the centre are divided by their largest magnitude before the difference is
+    squared, so that any finite input gives a finite distance or, beyond the largest double, inf
+    (never NaN); ``np.linalg.norm`` of a row of 1e160 overflows to inf, and inf - inf is NaN.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    centre = np.asarray(centre, dtype=np.float64)
+    scale = np.maximum(np.abs(points).max(axis=1, initial=0.0), np.abs(centre).max(initial=0.0))
+    safe = np.where(scale > 0, scale, 1.0)[:, None]
+    with np.errstate(over="ignore"):
+        return scale * np.linalg.norm(points / safe - centre / safe, axis=1)
+
+
+@dataclass(frozen=True)
+class FederationExtent:
+    """Where the federation's components lie: the coordinate-wise median of the centroids and their median distance to it."""
+
+    centre: np.ndarray
+    spread: float
+
+    @classmethod
+    def of(cls, centroids: np.ndarray) -> FederationExtent:
+        """The extent of stacked centroids (m, d): robust while fewer than half of them are hostile."""
+        centre = np.median(centroids, axis=0)
+        return cls(centre, float(np.median(scale_free_distances(centroids, centre))))
+
+    def far_rows(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which rows of ``centroids`` (m, d) lie more than :data:`FAR_COMPONENT_FACTOR` spreads from the centre, and their distances.
+
+        With a spread of 0 (every centroid at one point) no row is far: there is no scale to measure by.
+        """
+        distances = scale_free_distances(centroids, self.centre)
+        if not self.spread > 0:
+            return np.zeros(distances.shape, dtype=bool), distances
+        return distances > FAR_COMPONENT_FACTOR * self.spread, distances
+
+    def far_reason(self, key: str, centroids: np.ndarray) -> str | None:
+        """Why ``centroids`` (a reply's ``key``) are untrusted, or None: the first far row, by the federation's scale."""
+        far, distances = self.far_rows(centroids)
+        if not far.any():
+            return None
+        row = int(np.flatnonzero(far)[0])
+        return (f"{key!r} row {row} lies {distances[row]:.3g} from the federation's centre, more than "
+                f"{FAR_COMPONENT_FACTOR:g} x the median component's {self.spread:.3g} (untrusted: far from every other)")
+
+
+def refuse_far_components(models: dict[int, ClientModel]) -> list[tuple[int, str]]:
+    """Remove the clients that declare a component far from the federation at initialisation; return them with the reason."""
+    if len(models) < 2:
+        return []
+    extent = FederationExtent.of(np.vstack([m.centroids for m in models.values()]))
+    refused = [(p, reason) for p, m in models.items() if (reason := extent.far_reason("centroids", m.centroids))]
+    for partition, _ in refused:
+        del models[partition]
+    return refused
+
+
 def hostile_count(n_clients: int, hostile_fraction: float) -> int:
     """How many of ``n_clients`` clients may be hostile under ``hostile_fraction``."""
     return math.floor(hostile_fraction * n_clients)
@@ -87,13 +171,17 @@ def support_quorum(n_clients: int, hostile_fraction: float) -> int:
 
 
 def unsupported_clusters(labels: np.ndarray, owners: np.ndarray, masses: np.ndarray, quorum: int,
-                         typical_mass: float) -> np.ndarray:
-    """Which global clusters too few clients and too little mass support.
+                         typical_mass: float, centroids: np.ndarray | None = None) -> np.ndarray:
+    """Which global clusters too few clients and too little (or misplaced) mass support.
 
     If up to a fraction of the clients may be hostile, a cluster whose members come from no
     more clients than that could be theirs alone; it is counted when more clients support it
     (``quorum``) or when its mass reaches ``typical_mass``, the mass a typical client gives one
-    of its clusters (a genuine cluster held by few clients carries real data).
+    of its clusters (a genuine cluster held by few clients carries real data), and, given the
+    ``centroids``, a cluster of two or more clients is not embedded among the quorum's clusters
+    (several clients' components at one such point are a collusion): its distance to the nearest
+    of them is at least :data:`EMBEDDED_SHARE` times the median distance from one of them to
+    its nearest other (a plant midway between the two closest true clusters is at most that).
 
     Parameters
     ----------
@@ -104,6 +192,8 @@ def unsupported_clusters(labels: np.ndarray, owners: np.ndarray, masses: np.ndar
         Each component's weight, counted with its client's count capped at the median.
     quorum : int
     typical_mass : float
+    centroids : ndarray of shape (k_hat, d), optional
+        The global clusters' centroids (without them, no cluster is taken as embedded).
 
     Returns
     -------
@@ -113,7 +203,27 @@ def unsupported_clusters(labels: np.ndarray, owners: np.ndarray, masses: np.ndar
     supporters = np.zeros(k_hat, dtype=np.int64)
     np.add.at(supporters, np.unique(np.c_[labels, owners], axis=0)[:, 0], 1)
     mass = np.bincount(labels, weights=masses, minlength=k_hat)
-    return (supporters < quorum) & (mass < typical_mass)
+    few = supporters < quorum
+    # Only a cluster of two or more clients is taken as a plant: one client's stray component near its
+    # clusters is an honest misfit too (section 6.2's cluster imbalance, G=5: K_hat 7 -> 8 when it was).
+    planted = embedded_clusters(centroids, ~few) & (supporters >= 2)
+    return few & ((mass < typical_mass) | planted)
+
+
+def embedded_clusters(centroids: np.ndarray | None, backed: np.ndarray) -> np.ndarray:
+    """Which clusters lie no further from a ``backed`` cluster than :data:`EMBEDDED_SHARE` of the backed clusters' median nearest-neighbour distance.
+
+    Needs two backed clusters for a scale; with fewer (or no ``centroids``) none is embedded.
+    """
+    if centroids is None or backed.sum() < 2:
+        return np.zeros(backed.shape, dtype=bool)
+    anchors = centroids[backed]
+    gaps = np.stack([scale_free_distances(anchors, centre) for centre in centroids])  # (k_hat, n_backed)
+    own = np.flatnonzero(backed)
+    gaps_among = gaps[own].copy()
+    gaps_among[np.arange(own.size), np.arange(own.size)] = np.inf
+    scale = float(np.median(gaps_among.min(axis=1)))
+    return ~backed & (gaps.min(axis=1) <= EMBEDDED_SHARE * scale)
 
 
 def outlying_radii(eps: np.ndarray, factor: float | None, scale: Callable[[], float]) -> np.ndarray:
@@ -208,7 +318,7 @@ def trusted_final_aggregation(
         if support is None:
             break
         weak = unsupported_clusters(trusted.labels, final.owners[keep], support.masses[keep], support.quorum,
-                                    support.typical_mass)
+                                    support.typical_mass, trusted.global_centroids)
         if not weak.any() or weak.all():
             break
         excluded[np.flatnonzero(keep)[weak[trusted.labels]]] = True
@@ -305,6 +415,43 @@ def tuning_weights(counts: np.ndarray, hostile_fraction: float) -> np.ndarray:
     return counts if hostile_fraction <= 0 else np.minimum(counts, np.median(counts))
 
 
+def capped_table(counts: np.ndarray, cap: float) -> np.ndarray:
+    """A client's contingency counts scaled down to at most ``cap`` test points in all (integers, largest remainders first).
+
+    A table within the cap is returned as it is; one above it keeps its proportions.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    if int(counts.sum()) <= cap:
+        return counts
+    return apportion(int(cap), counts.astype(np.float64))
+
+
+def table_caps(test_totals: np.ndarray, declared: np.ndarray, counted: np.ndarray, hostile_fraction: float) -> np.ndarray:
+    """The most test points each client's contingency table counts with in the pooled ARI (inf: no cap).
+
+    Every client's test share is the same (a scenario splits each site's data alike), so a table
+    counts with at most :data:`TEST_SHARE_SLACK` times the median client's test points per declared
+    training point, times the client's counted training points (its declared count, capped at
+    ``count_cap_factor`` times the median): a forged table far larger than the client's own share
+    weighs as a table of that share. Honest tables are never scaled.
+
+    Parameters
+    ----------
+    test_totals, declared, counted : ndarray of shape (n_clients,)
+    hostile_fraction : float
+        0 switches the cap off.
+
+    Returns
+    -------
+    caps : ndarray of shape (n_clients,)
+    """
+    counted = np.asarray(counted, dtype=np.float64)
+    if hostile_fraction <= 0 or counted.size == 0:
+        return np.full(counted.shape, np.inf)
+    share = float(np.median(np.asarray(test_totals, dtype=np.float64) / np.asarray(declared, dtype=np.float64)))
+    return np.floor(TEST_SHARE_SLACK * share * counted)
+
+
 def robust_silhouettes(scores: np.ndarray, counts: np.ndarray, hostile_fraction: float) -> np.ndarray:
     """The federation's silhouette of each candidate: the clients' weighted mean, with each client's deviations
     from its own mean clipped to the other clients' range.
@@ -334,12 +481,14 @@ def robust_silhouettes(scores: np.ndarray, counts: np.ndarray, hostile_fraction:
 
 
 def robust_totals(scores: np.ndarray, sizes: np.ndarray, hostile_fraction: float) -> np.ndarray:
-    """The clients' summed scores per candidate, each client's change from the first candidate clipped per point.
+    """The clients' summed scores per candidate: each client's first score and its changes from it, per point and clipped.
 
-    A client's score of the first candidate is kept; its per-point changes from it are clipped
-    to the other clients' range (:func:`clip_to_order_statistics`) and weighted by
-    :func:`tuning_weights`, so that no client makes a candidate win by reporting a likelihood that
-    no honest client's data gives.
+    A client's score of the first candidate and its changes from it across the candidates are
+    both taken per declared point and clipped to the other clients' range
+    (:func:`clip_to_order_statistics`), then weighted by :func:`tuning_weights`, so that no client
+    makes a candidate win, or every candidate tie, by reporting a likelihood that no honest
+    client's data gives. The first score is the same in every candidate: it sets the totals' level
+    (and so the relative part of the ICL's tie test, :func:`icl_winners`), never their order.
 
     Parameters
     ----------
@@ -352,7 +501,16 @@ def robust_totals(scores: np.ndarray, sizes: np.ndarray, hostile_fraction: float
     -------
     totals : ndarray of shape (n_candidates,)
     """
-    base = scores[:, :1]
-    per_point = (scores - base) / sizes[:, None]
-    clipped = clip_to_order_statistics(per_point, hostile_count(len(sizes), hostile_fraction))
-    return (base + clipped * tuning_weights(sizes, hostile_fraction)[:, None]).sum(axis=0)
+    n_trim = hostile_count(len(sizes), hostile_fraction)
+    base = scores[:, :1] / sizes[:, None]
+    with np.errstate(over="ignore"):  # a difference beyond the largest double is clipped as inf
+        per_point = (scores - scores[:, :1]) / sizes[:, None]
+    level = clip_to_order_statistics(base, n_trim)
+    clipped = clip_to_order_statistics(per_point, n_trim)
+    return ((level + clipped) * tuning_weights(sizes, hostile_fraction)[:, None]).sum(axis=0)
+
+
+def icl_winners(scores: np.ndarray) -> np.ndarray:
+    """The candidates (indices) whose ICL ties the smallest: within :data:`ICL_TIE_RELATIVE` of it, at most :data:`ICL_TIE_NATS`."""
+    best = float(scores.min())
+    return np.flatnonzero(scores <= best + min(ICL_TIE_RELATIVE * abs(best), ICL_TIE_NATS))
