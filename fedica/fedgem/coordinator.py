@@ -170,6 +170,7 @@ class FedGEMServer(ProtocolState):
         self.client_aris: dict[str, float] = {}
         self.evaluated: dict[int, ClientEvaluation] = {}
         self.excluded_clients: set[int] = set()  # whose components took part in no merge in some round
+        self.extent: FederationExtent | None = None  # where the initial centroids lie: the far rule's scale
 
     @property
     def min_clients(self) -> int:
@@ -234,6 +235,10 @@ class FedGEMServer(ProtocolState):
             self.client_seconds += reported_seconds(reply)
         for partition, reason in refuse_far_components(self.models):
             self.reject(partition, "init", reason)
+        if self.models:
+            # The data's extent, from the clients' own local fits: the centroids the server holds later
+            # converge onto the super-clusters' centres, whose median distance to their median is no scale.
+            self.extent = FederationExtent.of(np.vstack([m.centroids for m in self.models.values()]))
         for partition, reason in admit_components(self.models, self.settings.component_cap_factor):
             self.reject(partition, "init", reason)
         self.require(len(self.models), "FedGEM initialisation")
@@ -521,11 +526,11 @@ class FedGEMServer(ProtocolState):
         ``read_radii(reply, model, maximisers)`` returns the client's (K_g,) squared radii or
         raises :class:`InvalidReply`; a client the server never initialised is rejected, and so is
         a reply with a maximiser far from every other component by the federation's scale (the
-        extent of the centroids the server holds, :class:`~fedica.fedgem.trust.FederationExtent`):
-        the client keeps the centroids it was sent. With ``variances``, each reply's ``variances``
-        (K_g,), positive, are stacked too.
+        extent of the centroids the clients declared at initialisation,
+        :class:`~fedica.fedgem.trust.FederationExtent`): the client keeps the centroids it was sent.
+        With ``variances``, each reply's ``variances`` (K_g,), positive, are stacked too.
         """
-        extent = FederationExtent.of(np.vstack([m.centroids for m in self.models.values()]))
+        extent = self.extent
         partitions, centers, eps, owners, weights, spreads = [], [], [], [], [], []
         for reply in replies:
             model = self.models.get(reply.partition_id)

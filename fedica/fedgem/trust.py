@@ -38,7 +38,7 @@ SUPPORT_MASS_SHARE = 0.1
 EMBEDDED_SHARE = 0.5
 
 # A component is far from the federation when its distance to the federation's centre (the
-# coordinate-wise median of every client's current centroids) exceeds this many times the median
+# coordinate-wise median of the centroids declared at initialisation) exceeds this many times the median
 # centroid's distance to it: no honest data put a cluster there, and its squared distances to
 # anything may overflow (issue 25: one row of 1e155 made every client's entropies NaN).
 FAR_COMPONENT_FACTOR = 100.0
