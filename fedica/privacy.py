@@ -40,6 +40,7 @@ from typing import Any
 import dp_accounting
 import numpy as np
 from dp_accounting import rdp
+from scipy.special import logsumexp
 
 from fedica.fedgem.local import responsibilities
 from fedica.parameters import DP_UNITS
@@ -215,6 +216,8 @@ def private_reply(task: str, site: Site, arrays: Mapping[str, Any], values: Mapp
     A request without ``dp-noise`` (every non-private run) passes ``reply`` through untouched.
     After a private initialisation every FedGEM reply declares the site's noisy size, never its own.
     """
+    if NOISE_KEY not in values and "dp-n-points" not in site.state:
+        return reply
     reply_arrays, reply_values = reply
     if NOISE_KEY in values and task in (GEM_SILHOUETTE, GEM_LIKELIHOOD):
         raise ValueError(f"task {task!r} has no private reply: a private server tunes from the final stage")
@@ -275,14 +278,15 @@ def checked_counts(arrays: Mapping[str, Any], n_components: int) -> np.ndarray:
 
 
 def private_criterion(labels_by_candidate: Sequence[np.ndarray], maximisers: np.ndarray, counts: np.ndarray,
-                      n_points: float, sigma: float, clip: float) -> np.ndarray:
-    """Each candidate partition's BIC (smaller is better) from the final stage's noisy sums and counts alone.
+                      n_points: float) -> np.ndarray:
+    """Each candidate partition's BIC (smaller is better) from the final stage's noisy maximisers and counts alone.
 
-    Under the identity model, minus twice the pooled log-likelihood of the points, each labelled by
-    its component's global cluster and centred on that cluster's mean, is a constant minus
-    ``sum_j ||S_j||^2 / n_j`` (``S_j``, ``n_j``: the sums and counts of the cluster's components).
-    With noisy sums, ``E ||S~_j||^2 = ||S_j||^2 + m_j d sigma^2 C^2`` for a cluster of ``m_j``
-    components, which is subtracted; the penalty is ``K_hat d log N``.
+    The candidate's mixture (the global clusters' count-weighted means, unit covariance, weights
+    their shares of the counts) scores every final component as ``n_k`` points at its maximiser:
+    ``-2 sum_k n_k log sum_j pi_j N(M_k; mu_j, I) + K_hat d log N``. The components' own spread is
+    the same in every candidate and drops out. Unlike the hard within-cluster sum of squares, this
+    soft likelihood gains little from two nearby centres of one cluster, so it does not prefer a
+    partition for splitting a cluster whose components the noise has scattered.
 
     Parameters
     ----------
@@ -293,15 +297,14 @@ def private_criterion(labels_by_candidate: Sequence[np.ndarray], maximisers: np.
     n_points : float
         The federation's (noisy) size.
     """
-    sums = maximisers * counts[:, None]
     dim = maximisers.shape[1]
+    total = counts.sum()
     scores = []
     for labels in labels_by_candidate:
-        clusters = np.unique(labels)
-        fit = 0.0
-        for cluster in clusters:
-            members = labels == cluster
-            total = sums[members].sum(axis=0)
-            fit += (float(total @ total) - members.sum() * dim * sigma ** 2 * clip ** 2) / counts[members].sum()
-        scores.append(-fit + clusters.size * dim * np.log(n_points))
+        clusters, index = np.unique(labels, return_inverse=True)
+        mass = np.bincount(index, weights=counts)
+        means = np.stack([counts[index == j] @ maximisers[index == j] for j in range(clusters.size)]) / mass[:, None]
+        log_joint = np.log(mass / total)[None, :] - 0.5 * ((maximisers[:, None, :] - means[None]) ** 2).sum(axis=2)
+        log_density = logsumexp(log_joint, axis=1) - 0.5 * dim * np.log(2 * np.pi)
+        scores.append(-2.0 * float(counts @ log_density) + clusters.size * dim * np.log(n_points))
     return np.array(scores)

@@ -399,10 +399,9 @@ class FedGEMServer(ProtocolState):
     def _choose_privately(self, candidates: list[Candidate]) -> None:
         """The candidate with the smallest private BIC of the final stage's noisy sums (fedica.privacy.private_criterion)."""
         with self.server_time():
-            plan = self.privacy
             n_points = float(sum(self.models[p].n_points for p in self.final.partitions))
             scores = privacy.private_criterion([c.aggregation.labels for c in candidates], self.final.centers,
-                                               self.final_counts, n_points, plan.noise_multiplier, plan.clip)
+                                               self.final_counts, n_points)
             k_hats = np.array([c.aggregation.k_hat for c in candidates])
             best = np.flatnonzero(scores <= scores.min() + 1e-9 * abs(scores.min()))
             chosen = int(best[np.argmin(k_hats[best])])
