@@ -41,20 +41,26 @@ import dp_accounting
 import numpy as np
 from dp_accounting import rdp
 from scipy.special import logsumexp
+from sklearn.cluster import KMeans
 
 from fedica.fedgem.local import responsibilities
 from fedica.parameters import DP_UNITS
 from fedica.protocol.messages import GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_ROUND, GEM_SILHOUETTE
 from fedica.protocol.tasks import Site
-from fedica.seeding import generator
+from fedica.seeding import generator, sklearn_seed
 
 __all__ = ["DP_UNITS", "PrivacyPlan", "clip_rows", "fedgem_plan", "noise_variance", "private_criterion",
            "private_reply", "widened_radii"]
 
-# Statistics released per exchange, each one Gaussian mechanism: the initialisation's count, sum and
-# sum of squared norms; a round's and the final stage's per-component sums and counts.
-INIT_STATISTICS = 3
+# Statistics released per exchange, each one Gaussian mechanism: the initialisation's per-cell sums and
+# counts; a round's and the final stage's per-component sums and counts.
+INIT_STATISTICS = 2
 STEP_STATISTICS = 2
+
+# The private initialisation's public cells per component, and the noisy count (in noise standard
+# deviations) a cell needs for its mean to be used.
+CELLS_PER_COMPONENT = 5
+CELL_COUNT_FLOOR = 3.0
 
 # The request values that carry the plan to the sites.
 NOISE_KEY, CLIP_KEY, SEED_KEY = "dp-noise", "dp-clip", "dp-seed"
@@ -68,14 +74,16 @@ def _accountant() -> rdp.RdpAccountant:
     return rdp.RdpAccountant()
 
 
-def _events(noise_multiplier: float, n_mechanisms: int) -> dp_accounting.DpEvent:
-    return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(noise_multiplier), n_mechanisms)
+def _events(noise_multiplier: float, exchanges: Sequence[tuple[str, int]]) -> dp_accounting.DpEvent:
+    """The run's mechanisms: each exchange's ``n`` Gaussian mechanisms of multiplier ``noise_multiplier``."""
+    return dp_accounting.ComposedDpEvent([
+        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(noise_multiplier), n) for _, n in exchanges])
 
 
-def spent_epsilon(noise_multiplier: float, n_mechanisms: int, delta: float) -> float:
-    """The RDP accountant's epsilon at ``delta`` of ``n_mechanisms`` Gaussian mechanisms of multiplier ``noise_multiplier``."""
+def spent_epsilon(noise_multiplier: float, exchanges: Sequence[tuple[str, int]], delta: float) -> float:
+    """The RDP accountant's epsilon at ``delta`` of the mechanisms of ``exchanges`` (see :func:`_events`)."""
     accountant = _accountant()
-    accountant.compose(_events(noise_multiplier, n_mechanisms))
+    accountant.compose(_events(noise_multiplier, exchanges))
     return float(accountant.get_epsilon(delta))
 
 
@@ -110,15 +118,10 @@ class PrivacyPlan:
                    exchanges: Sequence[tuple[str, int]]) -> PrivacyPlan:
         """The plan whose noise multiplier makes the RDP composition of ``exchanges`` spend ``(epsilon, delta)``."""
         exchanges = tuple((str(label), int(n)) for label, n in exchanges)
-        total = sum(n for _, n in exchanges)
         sigma = dp_accounting.calibrate_dp_mechanism(
-            _accountant, lambda s: _events(s, total), epsilon, delta,
+            _accountant, lambda s: _events(s, exchanges), epsilon, delta,
             dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-6)
         return cls(float(epsilon), float(delta), float(clip), unit, exchanges, float(sigma))
-
-    @property
-    def n_mechanisms(self) -> int:
-        return sum(n for _, n in self.exchanges)
 
     def request_values(self, seed: int) -> dict[str, Any]:
         """What a site needs to add the noise: the multiplier, the clip and the seed of its stream."""
@@ -126,13 +129,13 @@ class PrivacyPlan:
 
     def record(self) -> dict[str, Any]:
         """The ``privacy`` section of a result: the total spent, and each exchange's own and cumulative epsilon."""
-        per_exchange, done = [], 0
-        for label, n in self.exchanges:
-            done += n
+        per_exchange = []
+        for i, (label, n) in enumerate(self.exchanges):
             per_exchange.append({"exchange": label, "mechanisms": n,
-                                 "epsilon": spent_epsilon(self.noise_multiplier, n, self.delta),
-                                 "cumulative_epsilon": spent_epsilon(self.noise_multiplier, done, self.delta)})
-        return {"epsilon": spent_epsilon(self.noise_multiplier, self.n_mechanisms, self.delta), "delta": self.delta,
+                                 "epsilon": spent_epsilon(self.noise_multiplier, self.exchanges[i:i + 1], self.delta),
+                                 "cumulative_epsilon": spent_epsilon(self.noise_multiplier, self.exchanges[:i + 1],
+                                                                     self.delta)})
+        return {"epsilon": spent_epsilon(self.noise_multiplier, self.exchanges, self.delta), "delta": self.delta,
                 "target_epsilon": self.epsilon, "unit": self.unit, "clip": self.clip, "accountant": "rdp",
                 "mechanism": "gaussian", "noise_multiplier": self.noise_multiplier, "exchanges": per_exchange}
 
@@ -179,21 +182,30 @@ def _noise_rng(values: Mapping[str, Any], partition_id: int) -> np.random.Genera
 
 def private_init(X: np.ndarray, n_components: int, sigma: float, clip: float, rng: np.random.Generator,
                  seed_rng: np.random.Generator) -> tuple[np.ndarray, float]:
-    """A site's private start: seeds around its noisy mean with its noisy spread, and its noisy size.
+    """A site's private start: k-means of the noisy means of public cells, and its noisy size.
 
-    Three Gaussian mechanisms: the count (sensitivity 1), the sum of the clipped points
-    (``clip``) and the sum of their squared norms (``clip^2``). The seeds are drawn from
-    ``seed_rng`` as ``mean + spread * z``, ``z`` standard normal: post-processing of the three.
+    ``CELLS_PER_COMPONENT * K_g`` public candidates are drawn from ``seed_rng`` in the clip ball's
+    scale (``N(0, clip^2 / d I)``); each point falls in its nearest candidate's cell. Two Gaussian
+    mechanisms release each cell's count (sensitivity 1: a point is in one cell) and sum of the
+    clipped points (``clip``). The rest is post-processing: the cells whose noisy count exceeds
+    :data:`CELL_COUNT_FLOOR` noise standard deviations (at least ``K_g`` of them) give their noisy
+    means, projected onto the clip ball where every true mean lies, and a k-means of those means
+    weighted by the counts gives the ``K_g`` seeds; the site's size is the sum of the noisy counts.
     """
-    clipped = clip_rows(X, clip)
-    count = X.shape[0] + sigma * rng.standard_normal()
-    total = clipped.sum(axis=0) + sigma * clip * rng.standard_normal(X.shape[1])
-    squares = float((clipped ** 2).sum()) + sigma * clip ** 2 * rng.standard_normal()
-    size = max(count, float(n_components))
-    mean = total / size
-    spread = np.sqrt(max(squares / size - float(mean @ mean), 0.0) / X.shape[1])
-    seeds = mean + max(spread, np.finfo(float).eps) * seed_rng.standard_normal((n_components, X.shape[1]))
-    return seeds, size
+    n_cells = CELLS_PER_COMPONENT * n_components
+    candidates = clip / np.sqrt(X.shape[1]) * seed_rng.standard_normal((n_cells, X.shape[1]))
+    cell = np.argmin(((X[:, None, :] - candidates[None]) ** 2).sum(axis=2), axis=1)
+    counts = np.bincount(cell, minlength=n_cells) + sigma * rng.standard_normal(n_cells)
+    sums = np.zeros((n_cells, X.shape[1]))
+    np.add.at(sums, cell, clip_rows(X, clip))
+    sums += sigma * clip * rng.standard_normal(sums.shape)
+    kept = counts > CELL_COUNT_FLOOR * sigma
+    if kept.sum() < n_components:
+        kept = np.isin(np.arange(n_cells), np.argsort(counts)[-n_components:])
+    means = clip_rows(sums[kept] / np.maximum(counts[kept], COUNT_FLOOR)[:, None], clip)
+    weights = np.maximum(counts[kept], COUNT_FLOOR)
+    seeds = KMeans(n_components, n_init=3, random_state=sklearn_seed(seed_rng)).fit(means, sample_weight=weights)
+    return seeds.cluster_centers_, max(float(np.maximum(counts, 0).sum()), float(n_components))
 
 
 def private_step(X: np.ndarray, centroids: np.ndarray, sigma: float, clip: float,

@@ -89,7 +89,7 @@ def test_points_are_clipped_to_the_bound():
 
 
 def test_the_accountant_is_dp_accountings_for_the_same_mechanisms():
-    exchanges = [("init", 3), ("round 1", 2), ("round 2", 2), ("final", 2)]
+    exchanges = [("init", 2), ("round 1", 2), ("round 2", 2), ("final", 2)]
     plan = PrivacyPlan.calibrated(1.0, 1e-5, 4.0, "record", exchanges)
     accountant = rdp.RdpAccountant()
     for _, n in exchanges:  # one by one, as the sites release them
@@ -100,7 +100,7 @@ def test_the_accountant_is_dp_accountings_for_the_same_mechanisms():
     assert record["epsilon"] == pytest.approx(1.0, abs=1e-4)
     assert [e["exchange"] for e in record["exchanges"]] == ["init", "round 1", "round 2", "final"]
     single = rdp.RdpAccountant()
-    single.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(plan.noise_multiplier), 3))
+    single.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(plan.noise_multiplier), 2))
     assert record["exchanges"][0]["epsilon"] == pytest.approx(single.get_epsilon(1e-5), rel=1e-9)
     assert record["exchanges"][-1]["cumulative_epsilon"] == pytest.approx(record["epsilon"], rel=1e-9)
     # More releases at the same budget need more noise.
@@ -191,3 +191,13 @@ def test_the_private_criterion_prefers_the_true_partition():
     one, two, split = np.zeros(20, int), owners, np.arange(20) % 4
     scores = private_criterion([one, two, split], maximisers, counts, counts.sum())
     assert np.argmin(scores) == 1
+
+
+def test_the_private_start_finds_the_clusters_when_the_noise_is_small():
+    X = blob_sites(1, n_points=2000)[0]
+    site = ArraySite(ClientData(X, None, X[:0], None, 2), 0)
+    values = {**round_request(sigma=1e-6, clip=6.0, label="init"), "n-init": 1, "seed": 0}
+    arrays, reply_values = CLIENT_TASKS.answer(GEM_INIT, site, {}, values)
+    np.testing.assert_allclose(np.sort(arrays["centroids"][:, 0]), [-4.0, 4.0], atol=0.3)
+    assert reply_values["n-points"] == X.shape[0]
+    np.testing.assert_array_equal(site.state["centroids"], arrays["centroids"])
