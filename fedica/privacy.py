@@ -243,7 +243,7 @@ def private_reply(task: str, site: Site, arrays: Mapping[str, Any], values: Mapp
             seeds, size = private_init(data.X_train, data.n_components, sigma, clip, rng,
                                        generator(int(values[SEED_KEY]), "privacy.seeds", site.partition_id))
             site.state["centroids"] = seeds
-            site.state["dp-n-points"] = np.array(round(size))
+            site.state["dp-n-points"] = np.array([round(size)])  # a Flower site's state keeps 1-d arrays
             reply_arrays = {"centroids": seeds, "weights": reply_arrays["weights"]}
         else:
             centroids = site.state["centroids"]  # the handler adopted the server's
@@ -252,7 +252,7 @@ def private_reply(task: str, site: Site, arrays: Mapping[str, Any], values: Mapp
             if task == GEM_ROUND:
                 reply_arrays["radii"] = ((maximisers - centroids) ** 2).sum(axis=1)
     if task in (GEM_INIT, GEM_ROUND, GEM_FINAL, GEM_EVALUATE) and "dp-n-points" in site.state:
-        reply_values = {**reply_values, "n-points": int(site.state["dp-n-points"])}
+        reply_values = {**reply_values, "n-points": int(site.state["dp-n-points"][0])}
     return reply_arrays, reply_values
 
 
