@@ -37,9 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import dp_accounting
 import numpy as np
-from dp_accounting import rdp
 from scipy.special import logsumexp
 from sklearn.cluster import KMeans
 
@@ -70,12 +68,20 @@ NOISE_KEY, CLIP_KEY, SEED_KEY = "dp-noise", "dp-clip", "dp-seed"
 COUNT_FLOOR = 1.0
 
 
-def _accountant() -> rdp.RdpAccountant:
+# dp-accounting is imported by the server of a private run only: its import (scipy.signal, mpmath)
+# takes seconds, which neither a site nor a run without dp_epsilon should pay.
+
+
+def _accountant():
+    from dp_accounting import rdp
+
     return rdp.RdpAccountant()
 
 
-def _events(noise_multiplier: float, exchanges: Sequence[tuple[str, int]]) -> dp_accounting.DpEvent:
+def _events(noise_multiplier: float, exchanges: Sequence[tuple[str, int]]):
     """The run's mechanisms: each exchange's ``n`` Gaussian mechanisms of multiplier ``noise_multiplier``."""
+    import dp_accounting
+
     return dp_accounting.ComposedDpEvent([
         dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(noise_multiplier), n) for _, n in exchanges])
 
@@ -117,6 +123,8 @@ class PrivacyPlan:
     def calibrated(cls, epsilon: float, delta: float, clip: float, unit: str,
                    exchanges: Sequence[tuple[str, int]]) -> PrivacyPlan:
         """The plan whose noise multiplier makes the RDP composition of ``exchanges`` spend ``(epsilon, delta)``."""
+        import dp_accounting
+
         exchanges = tuple((str(label), int(n)) for label, n in exchanges)
         sigma = dp_accounting.calibrate_dp_mechanism(
             _accountant, lambda s: _events(s, exchanges), epsilon, delta,
@@ -140,26 +148,40 @@ class PrivacyPlan:
                 "mechanism": "gaussian", "noise_multiplier": self.noise_multiplier, "exchanges": per_exchange}
 
 
+def uncovered(parameters: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first FedGEM parameter a private run (``dp_epsilon`` set) cannot take, and why; None when covered.
+
+    ``parameters`` holds the declared names (``dp_clip``, ``covariance_type``, ``local_steps``,
+    ``upsilon``, ``upsilon_criterion``), as the config's ``algorithm`` section and the settings do.
+    """
+    if parameters.get("dp_epsilon") is None:
+        return None
+    if parameters["dp_clip"] is None:
+        return "dp_clip", "a private run needs the norm bound of a point, in the data's units"
+    if parameters["covariance_type"] != "identity":
+        return "covariance_type", "a private run needs 'identity' (a spherical site's variances are not privatised)"
+    if parameters["local_steps"] != 1:
+        return "local_steps", "a private run needs 1 (every step's sums are a release)"
+    if parameters["upsilon"] == "auto" and parameters["upsilon_criterion"] != "likelihood":
+        return "upsilon_criterion", ("a private run tunes by 'likelihood' (the private criterion of the final "
+                                     "stage's sums) or takes a fixed upsilon")
+    return None
+
+
 def fedgem_plan(settings: Any) -> PrivacyPlan | None:
     """The plan of a FedGEM run's settings (``dp_*`` of :class:`fedica.fedgem.coordinator.FedGEMSettings`); None when off.
 
     Raises
     ------
     ValueError
-        One line, for a setting the mechanism does not cover.
+        One line ``name=value: rule``, for a setting the mechanism does not cover (:func:`uncovered`).
     """
     if settings.dp_epsilon is None:
         return None
-    if settings.dp_clip is None:
-        raise ValueError("dp_clip=None: a private run needs the norm bound of a point, in the data's units")
-    if settings.covariance_type != "identity":
-        raise ValueError(f"covariance_type={settings.covariance_type!r}: a private run needs 'identity' "
-                         "(a spherical site's variances are not privatised)")
-    if settings.local_steps != 1:
-        raise ValueError(f"local_steps={settings.local_steps}: a private run needs 1 (every step's sums are a release)")
-    if settings.upsilon == "auto" and settings.upsilon_criterion != "likelihood":
-        raise ValueError(f"upsilon_criterion={settings.upsilon_criterion!r}: a private run tunes by 'likelihood' "
-                         "(the private criterion of the final stage's sums) or takes a fixed upsilon")
+    refusal = uncovered(vars(settings))
+    if refusal is not None:
+        key, rule = refusal
+        raise ValueError(f"{key}={getattr(settings, key)!r}: {rule}")
     exchanges = [("init", INIT_STATISTICS)] + [(f"round {r}", STEP_STATISTICS) for r in range(1, settings.rounds + 1)]
     exchanges.append(("final", STEP_STATISTICS))
     return PrivacyPlan.calibrated(settings.dp_epsilon, settings.dp_delta, settings.dp_clip, settings.dp_unit, exchanges)

@@ -6,8 +6,12 @@ import dp_accounting
 import numpy as np
 import pytest
 from dp_accounting import rdp
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 import fedica
+import fedica.conf
+from fedica.config import ConfigError, validate_config
 from fedica.data.common import ClientData
 from fedica.fedgem import estimator as fedgem_estimator
 from fedica.fedgem.coordinator import FedGEMSettings
@@ -201,3 +205,17 @@ def test_the_private_start_finds_the_clusters_when_the_noise_is_small():
     np.testing.assert_allclose(np.sort(arrays["centroids"][:, 0]), [-4.0, 4.0], atol=0.3)
     assert reply_values["n-points"] == X.shape[0]
     np.testing.assert_array_equal(site.state["centroids"], arrays["centroids"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"dp_epsilon": 1.0}, r"^algorithm\.dp_clip=None: a private run needs the norm bound"),
+    ({"dp_epsilon": 1.0, "dp_clip": 5.0, "local_steps": 3}, r"^algorithm\.local_steps=3: a private run needs 1"),
+    ({"dp_epsilon": 0.0, "dp_clip": 5.0}, r"^algorithm\.dp_epsilon=0\.0: "),
+])
+def test_the_config_refuses_a_private_run_it_cannot_make_in_one_line(overrides, message):
+    with initialize_config_dir(config_dir=str(fedica.conf.__path__[0]), version_base=None):
+        cfg = OmegaConf.to_container(compose(config_name="config", overrides=["algorithm=fedgem"]), resolve=True)
+    cfg["algorithm"].update(overrides)
+    with pytest.raises(ConfigError, match=message) as caught:
+        validate_config(cfg)
+    assert "\n" not in str(caught.value)
