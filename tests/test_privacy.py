@@ -28,6 +28,7 @@ from fedica.privacy import (
 )
 from fedica.protocol import GEM_INIT, GEM_LIKELIHOOD, GEM_ROUND, ArraySite
 from fedica.protocol.tasks import ClientTasks
+from fedica.results import format_summary
 from fedica.tasks import CLIENT_TASKS
 
 
@@ -219,3 +220,14 @@ def test_the_config_refuses_a_private_run_it_cannot_make_in_one_line(overrides, 
     with pytest.raises(ConfigError, match=message) as caught:
         validate_config(cfg)
     assert "\n" not in str(caught.value)
+
+
+def test_the_summary_prints_what_a_private_run_spent():
+    plan = PrivacyPlan.calibrated(1.0, 1e-5, 6.0, "record", [("init", 2), ("round 1", 2), ("final", 2)])
+    text = format_summary({"algorithm": "fedgem", "privacy": plan.record()})
+    line = next(line for line in text.splitlines() if line.startswith("privacy:"))
+    assert line.startswith("privacy: epsilon 1, delta 1e-05 per record (rdp accountant")
+    alone = plan.record()["exchanges"][0]["epsilon"]
+    assert 0.3 < alone < 1.0  # each exchange alone spends less than the three together
+    assert line.endswith(f"per exchange: init {alone:.3g}, round 1 {alone:.3g}, final {alone:.3g}")
+    assert "privacy" not in format_summary({"algorithm": "fedgem"})
