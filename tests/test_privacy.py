@@ -231,3 +231,16 @@ def test_the_summary_prints_what_a_private_run_spent():
     assert 0.3 < alone < 1.0  # each exchange alone spends less than the three together
     assert line.endswith(f"per exchange: init {alone:.3g}, round 1 {alone:.3g}, final {alone:.3g}")
     assert "privacy" not in format_summary({"algorithm": "fedgem"})
+
+
+def test_the_server_rejects_a_private_reply_without_its_noisy_counts_by_name(monkeypatch):
+    def drop_counts(task, site, arrays, values, reply):
+        if task == GEM_ROUND and site.partition_id == 0:
+            return {k: v for k, v in reply[0].items() if k != "dp-counts"}, reply[1]
+        return reply
+
+    monkeypatch.setattr(fedgem_estimator, "CLIENT_TASKS", CLIENT_TASKS.with_transforms(drop_counts))
+    model = fedica.FedGEM(covariance_type="identity", rounds=2, dp_epsilon=4.0, dp_clip=6.0).fit(blob_sites(), 2)
+    reasons = {(r["client"], r["round"]): r["reason"] for r in model.rejected_}
+    assert set(reasons) == {(0, 1), (0, 2)}
+    assert "'dp-counts' must hold 2 finite counts" in reasons[(0, 1)]
