@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import dp_accounting
 import numpy as np
 import pytest
@@ -244,3 +250,16 @@ def test_the_server_rejects_a_private_reply_without_its_noisy_counts_by_name(mon
     reasons = {(r["client"], r["round"]): r["reason"] for r in model.rejected_}
     assert set(reasons) == {(0, 1), (0, 2)}
     assert "'dp-counts' must hold 2 finite counts" in reasons[(0, 1)]
+
+
+def test_a_private_fedica_run_records_its_privacy_in_the_result_and_the_summary(tmp_path):
+    command = [sys.executable, "-m", "fedica", "algorithm=fedgem", "engine=inprocess", "baselines=false",
+               "algorithm.rounds=2", "algorithm.dp_epsilon=2", "algorithm.dp_clip=8", f"hydra.run.dir={tmp_path}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,
+                          env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["privacy"]["epsilon"] == pytest.approx(2.0, abs=1e-3)
+    assert [e["exchange"] for e in result["privacy"]["exchanges"]] == ["init", "round 1", "round 2", "final"]
+    assert result["fedgem"]["upsilon_tuning"]["criterion"] == "private-bic"
+    assert "privacy: epsilon 2, delta 1e-05 per record" in (tmp_path / "summary.txt").read_text()
