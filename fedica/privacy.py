@@ -3,9 +3,9 @@
 With ``dp_epsilon`` set, every FedGEM exchange that depends on a site's training points releases
 only noisy sums and counts (docs/ALGORITHMS.md section 2.13):
 
-- the **initialisation**: the site's clipped points' count, sum and sum of squared norms; its
-  seeds are drawn around the noisy mean with the noisy spread (post-processing), so no raw point
-  leaves it (k-means++ seeds are data points);
+- the **initialisation**: the counts and sums of the clipped points in public cells; its seeds are
+  a k-means of the cells' noisy means (post-processing), so no raw point leaves it (k-means++
+  seeds are data points);
 - every **collaborative round** and the **final stage**: each component's responsibility-weighted
   sum of the clipped points and its weighted count; the maximiser the server sees is noisy sum /
   noisy count, and the noisy counts travel beside it (``dp-counts``);
@@ -27,7 +27,8 @@ The noise is added by a reply transform of the client task registry (:func:`priv
 :data:`fedica.tasks.CLIENT_TASKS`), so the estimator, the in-process engine, the simulation and a
 deployment add the same noise; the server's request names the noise (``dp-noise``, ``dp-clip``)
 and the seed of its stream. An experiment's noise is reproducible from its seed; a deployment
-whose sites must hide their points from the server itself gives each site a secret seed.
+whose sites must hide their points from the server itself would give each site a secret seed
+(not built: with the run's seed the server can regenerate the noise).
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ from fedica.protocol.messages import GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKE
 from fedica.protocol.tasks import Site
 from fedica.seeding import generator, sklearn_seed
 
-__all__ = ["DP_UNITS", "PrivacyPlan", "clip_rows", "fedgem_plan", "noise_variance", "private_criterion",
-           "private_reply", "widened_radii"]
+__all__ = ["DP_UNITS", "PrivacyPlan", "checked_counts", "clip_rows", "fedgem_plan", "noise_variance",
+           "private_criterion", "private_init", "private_reply", "private_step", "spent_epsilon", "uncovered",
+           "widened_radii"]
 
 # Statistics released per exchange, each one Gaussian mechanism: the initialisation's per-cell sums and
 # counts; a round's and the final stage's per-component sums and counts.
