@@ -35,7 +35,7 @@ from fedica.fedgem.geometry import COVARIANCE_TYPES
 from fedica.rfica.aggregation import BENCHMARK_RULES, CLUSTERINGS
 from fedica.rfica.local import CONTRASTS, INITS, SOLVERS, WHITENINGS
 
-__all__ = ["Interval", "Options", "PositiveNumbers", "Parameter", "Declaration", "UPSILON_CRITERIA",
+__all__ = ["Interval", "Options", "PositiveNumbers", "Parameter", "Declaration", "UPSILON_CRITERIA", "DP_UNITS",
            "FEDGEM_PARAMETERS", "RFICA_PARAMETERS"]
 
 # How ``upsilon="auto"`` chooses the final partition (fedica.fedgem.coordinator implements both).
@@ -49,6 +49,9 @@ UPSILON_CRITERIA = ("likelihood", "silhouette")
 MAX_ROUNDS = 10_000
 MAX_SEEDINGS = 1_000
 MAX_KMEANS_RESTARTS = 1_000
+
+# What one unit of differential privacy protects (fedica.privacy implements it): one data point of a site.
+DP_UNITS = ("record",)
 
 # Parameter.config_default when the config's default is the library's.
 _SAME_DEFAULT = object()
@@ -319,6 +322,14 @@ FEDGEM_PARAMETERS = Declaration(
     Parameter("max_local_clusters", _integer(2), 10,
               "Largest K_g tried when a site's number of clusters is estimated.", in_config=False),
     Parameter("random_state", _integer(0), 0, "Seeds every random stream (the config's seed).", in_config=False),
+    # Differential privacy of what the sites send (fedica.privacy, docs/ALGORITHMS.md section 2.13).
+    Parameter("dp_epsilon", _real(0, closed="neither"), None,
+              "The whole run's privacy budget epsilon; None: no noise, every result as without privacy.", none=True),
+    Parameter("dp_delta", _real(0, 1, "neither"), 1e-5, "The privacy budget's delta (with dp_epsilon)."),
+    Parameter("dp_clip", _real(0, closed="neither"), None,
+              "Norm bound of a point in the data's units (points are clipped to it); needed with dp_epsilon.",
+              none=True),
+    Parameter("dp_unit", (Options(DP_UNITS),), "record", "What the privacy protects: one data point of a site."),
 )
 
 RFICA_PARAMETERS = Declaration(

@@ -117,6 +117,12 @@ def format_summary(result: Mapping[str, Any]) -> str:
         lines.append(f"  rejected client {item['client']} (round {item['round']}): {item['reason']}")
     if len(rejected) > 10:
         lines.append(f"  ... and {len(rejected) - 10} more (see result.json)")
+    privacy = result.get("privacy")
+    if privacy:
+        lines.append(f"privacy: epsilon {privacy['epsilon']:.4g}, delta {privacy['delta']:.3g} per {privacy['unit']} "
+                     f"({privacy['accountant']} accountant, noise multiplier {privacy['noise_multiplier']:.4g}, "
+                     f"clip {privacy['clip']:g}); per exchange: "
+                     + ", ".join(f"{e['exchange']} {e['epsilon']:.3g}" for e in privacy["exchanges"]))
     lines.append(f"run time: {_format_number(timings.get('total'))} s (the federation's run; not the engine's start-up)")
     return "\n".join(lines)
 

@@ -83,6 +83,9 @@ STREAMS: dict[str, Stream] = {
     # Hostile clients (robustness runs): who is hostile, and each one's junk per protocol stage.
     "attack.hostile": Stream("entropy", 0xA77AC),
     "attack.reply": Stream("entropy", 0xA77AC, ("partition", "stage")),
+    # A private run's noise (fedica.privacy): each site's per protocol stage, and its seeds' directions.
+    "privacy.noise": Stream("entropy", 0xD1FF, ("partition", "stage")),
+    "privacy.seeds": Stream("entropy", 0xD1F5, ("partition",)),
     # Which clients a FedGEM round asks when participation < 1.
     "server.participation": Stream("entropy", 0x9A27, ("round",)),
     # Server-side restarts and starts that depend on the seed alone.

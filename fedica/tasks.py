@@ -16,10 +16,12 @@ from __future__ import annotations
 from fedica.evaluation import afcl, ffcm
 from fedica.fedgem import client as fedgem_client
 from fedica.hostile import hostile_reply
+from fedica.privacy import private_reply
 from fedica.protocol.tasks import ClientTasks
 from fedica.rfica import client as rfica_client
 
 CLIENT_TASKS = ClientTasks(
     handlers={**rfica_client.TASKS, **fedgem_client.TASKS, **ffcm.TASKS, **afcl.TASKS},
-    transforms=(hostile_reply,),
+    # Privacy first: a hostile site replaces whatever it likes of its private reply.
+    transforms=(private_reply, hostile_reply),
 )

@@ -28,7 +28,7 @@ class FedGEMStrategy(ProtocolStrategy):
     ----------
     rounds, local_steps, upsilon, upsilon_grid, upsilon_criterion, guard_factor, n_init, silhouette_sample,
     radius_outlier_factor, count_cap_factor, component_cap_factor, max_hostile_fraction, max_overlap_pairs, participation,
-    covariance_type, random_state
+    covariance_type, random_state, dp_epsilon, dp_delta, dp_clip, dp_unit
         As for :class:`fedica.FedGEM`: declared in :data:`fedica.parameters.FEDGEM_PARAMETERS`, and checked
         against it here (``ValueError`` or ``TypeError`` naming the parameter).
     evaluate : bool, default=False
@@ -45,6 +45,8 @@ class FedGEMStrategy(ProtocolStrategy):
         Global id of each local component, by partition id.
     upsilon_ : float
     history_ : list of dict
+    privacy_ : dict or None
+        A private run's ``epsilon`` and ``delta`` spent, in total and per exchange; None without ``dp_epsilon``.
     server : FedGEMServer
         The protocol's state (everything the run computed).
     """
@@ -62,13 +64,16 @@ class FedGEMStrategy(ProtocolStrategy):
                  max_overlap_pairs: int | None = _P["max_overlap_pairs"].default,
                  participation: float = _P["participation"].default,
                  covariance_type: str = _P["covariance_type"].default, random_state: int = _P["random_state"].default,
+                 dp_epsilon: float | None = _P["dp_epsilon"].default, dp_delta: float = _P["dp_delta"].default,
+                 dp_clip: float | None = _P["dp_clip"].default, dp_unit: str = _P["dp_unit"].default,
                  evaluate: bool = False, **kwargs: Any):
         parameters = dict(rounds=rounds, local_steps=local_steps, upsilon=upsilon, upsilon_grid=upsilon_grid,
                           upsilon_criterion=upsilon_criterion, guard_factor=guard_factor, n_init=n_init,
                           silhouette_sample=silhouette_sample, radius_outlier_factor=radius_outlier_factor,
                           count_cap_factor=count_cap_factor, component_cap_factor=component_cap_factor,
                           max_hostile_fraction=max_hostile_fraction, max_overlap_pairs=max_overlap_pairs,
-                          participation=participation, covariance_type=covariance_type, random_state=random_state)
+                          participation=participation, covariance_type=covariance_type, random_state=random_state,
+                          dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_unit=dp_unit)
         _P.check(parameters)  # at construction: a bad value is one line now, not a failure after the rounds
         super().__init__(**kwargs)
         del parameters["random_state"]
@@ -121,3 +126,7 @@ class FedGEMStrategy(ProtocolStrategy):
     @property
     def history_(self) -> list[dict[str, Any]]:
         return self.server.history
+
+    @property
+    def privacy_(self) -> dict[str, Any] | None:
+        return None if self.server.privacy is None else self.server.privacy.record()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fedica.config.checker import Checker
 from fedica.parameters import DECLARATIONS
+from fedica.privacy import uncovered
 
 __all__ = ["ALGORITHMS", "ALGORITHM_KEYS", "check_algorithm"]
 
@@ -30,3 +31,7 @@ def check_algorithm(alg: Checker, name: str) -> None:
         return check
 
     alg.each(*(rule(key) for key in declaration.config_keys))
+    if name == "fedgem":
+        refusal = uncovered(alg.section)  # the keys a private run needs, once each is valid on its own
+        if refusal is not None:
+            alg.fail(*refusal)

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fedica import privacy
 from fedica.evaluation.metrics import (
     ari_from_contingency,
     k_hat_from_predictions,
@@ -109,6 +110,10 @@ class FedGEMSettings:
     covariance_type: str = _default("covariance_type")
     min_clients: int = _default("min_clients")
     seed: int = _default("random_state")
+    dp_epsilon: float | None = _default("dp_epsilon")
+    dp_delta: float = _default("dp_delta")
+    dp_clip: float | None = _default("dp_clip")
+    dp_unit: str = _default("dp_unit")
 
     @classmethod
     def from_config(cls, algorithm: dict[str, Any], *, min_clients: int, seed: int) -> FedGEMSettings:
@@ -171,6 +176,8 @@ class FedGEMServer(ProtocolState):
         self.evaluated: dict[int, ClientEvaluation] = {}
         self.excluded_clients: set[int] = set()  # whose components took part in no merge in some round
         self.extent: FederationExtent | None = None  # where the initial centroids lie: the far rule's scale
+        self.privacy = privacy.fedgem_plan(self.settings)  # None unless dp_epsilon is set
+        self.final_counts: np.ndarray | None = None  # a private run's noisy counts of the final components
 
     @property
     def min_clients(self) -> int:
@@ -183,6 +190,8 @@ class FedGEMServer(ProtocolState):
         s = self.settings
         # The covariance type travels with every request that runs the model, so the sites follow the server.
         model = {"covariance-type": s.covariance_type}
+        if self.privacy is not None:  # the sites add the noise the plan names (fedica.privacy.private_reply)
+            model.update(self.privacy.request_values(s.seed))
         self._initialise((yield Request(GEM_INIT, "init", None, {"n-init": s.n_init, "seed": s.seed, **model})))
         for round_number in range(1, s.rounds + 1):
             payloads = {p: {"centroids": self.models[p].centroids} for p in self._participants(round_number)}
@@ -200,8 +209,11 @@ class FedGEMServer(ProtocolState):
             self._aggregate()
         else:
             candidates = self._likelihood_candidates()
-            replies = yield Request(GEM_LIKELIHOOD, "likelihood", self._candidate_payloads(candidates), model)
-            self._choose_by_likelihood(candidates, replies)
+            if self.privacy is None:
+                replies = yield Request(GEM_LIKELIHOOD, "likelihood", self._candidate_payloads(candidates), model)
+                self._choose_by_likelihood(candidates, replies)
+            else:  # no further release: the criterion of the final stage's private sums
+                self._choose_privately(candidates)
         if self.skipped_upsilons:
             self.tuning["skipped"] = {str(u): why for u, why in self.skipped_upsilons.items()}
         if self.evaluate:
@@ -283,9 +295,15 @@ class FedGEMServer(ProtocolState):
     def _final_stage(self, replies: list[Reply]) -> None:
         # eps of the final components holds each one's drift from the centroids the server sent; a
         # spherical site also sends its variances, the unit of length of its final radii.
-        self.final = self._collect(replies, "final",
-                                   lambda reply, model, maximisers: self.geometry.uncertainty_radius(maximisers, model.centroids),
-                                   variances=self.geometry.learns_variance)
+        def drift(reply, model, maximisers):
+            radii = self.geometry.uncertainty_radius(maximisers, model.centroids)
+            return radii if self.privacy is None else self._private_radii(reply, radii, maximisers)
+
+        self.final = self._collect(replies, "final", drift, variances=self.geometry.learns_variance)
+        if self.privacy is not None:
+            by_client = {reply.partition_id: reply for reply in replies}  # those kept passed checked_counts
+            self.final_counts = np.concatenate([np.asarray(by_client[p].arrays["dp-counts"], dtype=np.float64)
+                                                for p in self.final.partitions])
         self.require(len(self.final.partitions), "FedGEM final stage")
         self.support = cluster_support(self.models, self.final, self.settings.max_hostile_fraction)
 
@@ -392,6 +410,23 @@ class FedGEMServer(ProtocolState):
             self.merges = candidates[chosen].merges
             self.aggregation = candidates[chosen].aggregation
 
+    def _choose_privately(self, candidates: list[Candidate]) -> None:
+        """The candidate with the smallest private BIC of the final stage's noisy sums (fedica.privacy.private_criterion)."""
+        with self.server_time():
+            n_points = float(sum(self.models[p].n_points for p in self.final.partitions))
+            scores = privacy.private_criterion([c.aggregation.labels for c in candidates], self.final.centers,
+                                               self.final_counts, n_points)
+            k_hats = np.array([c.aggregation.k_hat for c in candidates])
+            best = np.flatnonzero(scores <= scores.min() + 1e-9 * abs(scores.min()))
+            chosen = int(best[np.argmin(k_hats[best])])
+            log.info("private model selection: K_hat %s, BIC %s -> K_hat %d", k_hats.tolist(),
+                     np.round(scores, 1).tolist(), k_hats[chosen])
+            self.tuning = {"criterion": "private-bic", "grid": [c.upsilon for c in candidates],
+                           "merges": [c.merges for c in candidates], "k_hats": k_hats, "bic": scores}
+            self.upsilon = candidates[chosen].upsilon
+            self.merges = candidates[chosen].merges
+            self.aggregation = candidates[chosen].aggregation
+
     def _aggregate(self) -> None:
         with self.server_time():
             try:
@@ -401,8 +436,13 @@ class FedGEMServer(ProtocolState):
         log_excluded(self.final, excluded, "final")
 
     def _final_aggregation(self, upsilon: float) -> tuple[FinalAggregation, np.ndarray]:
-        return trusted_final_aggregation(self.final, final_radii(self.models, self.final, upsilon, self.geometry),
-                                         self.settings.radius_outlier_factor, self.support, self.settings.max_overlap_pairs)
+        radii = final_radii(self.models, self.final, upsilon, self.geometry)
+        if self.privacy is not None:  # each final ball also holds its maximiser's noise
+            plan = self.privacy
+            radii = privacy.widened_radii(radii, privacy.noise_variance(self.final.centers, self.final_counts,
+                                                                        plan.noise_multiplier, plan.clip), debias=False)
+        return trusted_final_aggregation(self.final, radii, self.settings.radius_outlier_factor, self.support,
+                                         self.settings.max_overlap_pairs)
 
     def _grid_aggregations(self) -> list[tuple[float, FinalAggregation, np.ndarray]]:
         """(upsilon, aggregation, excluded) for every upsilon of the grid whose overlaps fit ``max_overlap_pairs``."""
@@ -518,7 +558,19 @@ class FedGEMServer(ProtocolState):
         if not np.allclose(radii, recomputed, rtol=1e-6, atol=1e-9):
             log.warning("client %d: reported radii %s differ from the recomputed %s; the recomputed are used",
                         reply.partition_id, np.round(radii, 6).tolist(), np.round(recomputed, 6).tolist())
+        if self.privacy is not None:
+            return self._private_radii(reply, recomputed, maximisers)
         return recomputed
+
+    def _private_radii(self, reply: Reply, radii: np.ndarray, maximisers: np.ndarray) -> np.ndarray:
+        """A private reply's GEM ball, widened to hold the noiseless one (fedica.privacy.widened_radii)."""
+        try:
+            counts = privacy.checked_counts(reply.arrays, maximisers.shape[0])
+        except ValueError as err:
+            raise InvalidReply(str(err)) from None
+        plan = self.privacy
+        return privacy.widened_radii(radii, privacy.noise_variance(maximisers, counts, plan.noise_multiplier, plan.clip),
+                                     debias=True)
 
     def _collect(self, replies: list[Reply], round_label: int | str, read_radii, *, variances: bool = False) -> Components:
         """Validate replies and stack every client's maximisers with the radii ``read_radii`` gives.

@@ -101,6 +101,15 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     random_state : int, default=0
         Seeds every random stream (docs/ALGORITHMS.md, random streams); the same seed and data
         give the same result as ``fedica-run engine=inprocess``.
+    dp_epsilon : float or None, default=None
+        Differential privacy of everything a site sends (docs/ALGORITHMS.md section 2.13): the
+        whole fit's budget epsilon; None: no noise. A private fit needs ``dp_clip``,
+        ``covariance_type="identity"``, ``local_steps=1`` and ``n_local_clusters``.
+    dp_delta : float, default=1e-5
+    dp_clip : float or None, default=None
+        The norm bound a site clips its points to, in the data's units.
+    dp_unit : {"record"}, default="record"
+        What is protected: one data point of a site.
 
     Attributes
     ----------
@@ -123,6 +132,9 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         The upsilon used (given, or tuned).
     tuning_ : dict or None
         The tuning's grid, silhouettes and K_hat per candidate.
+    privacy_ : dict or None
+        A private fit's ``epsilon`` and ``delta`` spent, in total and per exchange
+        (:meth:`fedica.privacy.PrivacyPlan.record`); None without ``dp_epsilon``.
     history_ : list of dict
         Per round: ``super_clusters``, ``mean_radius``, ``centroid_shift``, ...
     rejected_ : list of dict
@@ -151,7 +163,8 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
                  max_hostile_fraction=_P["max_hostile_fraction"].default,
                  max_overlap_pairs=_P["max_overlap_pairs"].default, participation=_P["participation"].default,
                  covariance_type=_P["covariance_type"].default, min_clients=_P["min_clients"].default, max_local_clusters=_P["max_local_clusters"].default,
-                 random_state=_P["random_state"].default):
+                 random_state=_P["random_state"].default, dp_epsilon=_P["dp_epsilon"].default,
+                 dp_delta=_P["dp_delta"].default, dp_clip=_P["dp_clip"].default, dp_unit=_P["dp_unit"].default):
         self.rounds = rounds
         self.local_steps = local_steps
         self.upsilon = upsilon
@@ -170,6 +183,10 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.min_clients = min_clients
         self.max_local_clusters = max_local_clusters
         self.random_state = random_state
+        self.dp_epsilon = dp_epsilon
+        self.dp_delta = dp_delta
+        self.dp_clip = dp_clip
+        self.dp_unit = dp_unit
 
     def fit(self, sites: Sequence[Any], n_local_clusters: int | Sequence[int] | None = None) -> FedGEM:
         """Run FedGEM over the sites.
@@ -192,6 +209,8 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         FEDGEM_PARAMETERS.check(self.get_params())
         seed = check_seed(self.random_state)
         data = check_sites(sites, min_sites=2, min_rows=lambda d: 2)
+        if self.dp_epsilon is not None and n_local_clusters is None:
+            raise ValueError("n_local_clusters=None: a private fit needs each site's K_g (a site's own choice is not private)")
         self.n_local_clusters_ = self._local_cluster_counts(data, n_local_clusters, seed)
         settings = FedGEMSettings(
             rounds=self.rounds, local_steps=self.local_steps, upsilon=self.upsilon, upsilon_grid=tuple(self.upsilon_grid),
@@ -200,7 +219,8 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
             radius_outlier_factor=self.radius_outlier_factor, count_cap_factor=self.count_cap_factor,
             component_cap_factor=self.component_cap_factor, max_hostile_fraction=self.max_hostile_fraction,
             max_overlap_pairs=self.max_overlap_pairs,
-            participation=self.participation, covariance_type=self.covariance_type, min_clients=self.min_clients, seed=seed)
+            participation=self.participation, covariance_type=self.covariance_type, min_clients=self.min_clients, seed=seed,
+            dp_epsilon=self.dp_epsilon, dp_delta=self.dp_delta, dp_clip=self.dp_clip, dp_unit=self.dp_unit)
         server = FedGEMServer(settings, evaluate=False)
         sites = {g: ArraySite(ClientData(X, None, X[:0], None, int(k)), g)
                  for g, (X, k) in enumerate(zip(data, self.n_local_clusters_))}
@@ -385,6 +405,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.weights_, self.covariance_ = _global_mixture(data, self.labels_, self.means_)
         self.upsilon_ = server.upsilon
         self.tuning_ = server.tuning
+        self.privacy_ = None if server.privacy is None else server.privacy.record()
         self.history_ = server.history
         self.rejected_ = server.rejected
 

@@ -79,7 +79,10 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
         result_metrics.update(baseline_metrics)
         timings.update(baseline_timings)
     mapping = {str(p): labels.tolist() for p, labels in strategy.site_mapping_.items()}
+    # Only a private run records its privacy: a run without dp_epsilon writes the result it always wrote.
+    privacy = {} if strategy.privacy_ is None else {"privacy": strategy.privacy_}
     return {
+        **privacy,
         "metrics": result_metrics,
         "clients": federation.clients_record(len(server.final.partitions)),
         "history": server.history,
