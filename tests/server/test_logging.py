@@ -17,6 +17,7 @@ from fedica.server.app import compose_config, configure_logging
 from fedica.server.inprocess import InProcessGrid
 from flwr.common.logger import console_handler
 
+from fedica import attacks
 from fedica.config import validate_config
 
 CENTRES = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 8.0]])
@@ -99,8 +100,10 @@ def test_under_a_root_handler_like_hydras_each_line_once(fresh_logging):
     assert "FedGEM round" not in fresh_logging.getvalue()
 
 
-def test_outlying_radii_are_said_once_per_run_with_the_counts(caplog):
-    # A client answering with random centroids far from the data: its balls are outlying in every round.
+def test_outlying_radii_are_said_once_per_run_with_the_counts(caplog, monkeypatch):
+    # A client answering with random centroids away from the data, though not so far (as the default scale
+    # is) that the far rule refuses its replies: its balls are outlying in every round.
+    monkeypatch.setattr(attacks, "RANDOM_CENTROID_SCALE", 50.0)
     overrides = ["engine=inprocess", "algorithm=fedgem", "scenario.n_clients=4", "scenario.n_train=1000",
                  "scenario.n_test=400", "algorithm.rounds=3", "baselines=false", "attack.kind=random_centroids",
                  "attack.fraction=0.25"]
