@@ -11,14 +11,18 @@ import numpy as np
 from fedica.seeding import generator
 
 ICA_ATTACKS = ("random_orthogonal", "scaled_junk", "permuted_truth")
+# Attacks that know RF-ICA's defences: they target its benchmark, its clusters and its medians.
+ICA_ADAPTIVE_ATTACKS = ("benchmark_hijack", "rank_one_collusion", "midpoint_columns", "rotated_truth")
 # Attacks on FedGEM's collaborative rounds (they replace a round reply) ...
 GEM_ATTACKS = ("inflated_radius", "inflated_count", "random_centroids")
 # ... and on the rest of its protocol: the components a client declares, the tuning, the evaluation.
 GEM_PROTOCOL_ATTACKS = ("split_components", "poison_tuning", "fake_evaluation")
 # Either algorithm: a node answers under another client's partition id.
 SPOOF_PARTITION = "spoof_partition"
-ATTACKS = ("none", *ICA_ATTACKS, *GEM_ATTACKS, *GEM_PROTOCOL_ATTACKS, SPOOF_PARTITION)
+ATTACKS = ("none", *ICA_ATTACKS, *ICA_ADAPTIVE_ATTACKS, *GEM_ATTACKS, *GEM_PROTOCOL_ATTACKS, SPOOF_PARTITION)
 
+# rotated_truth: the sample count it claims, far beyond any site's (the benchmark rule "largest" picks it).
+ROTATED_TRUTH_COUNT = 10**9
 # Magnitudes of the FedGEM attacks: far beyond anything an honest client reports.
 INFLATED_RADIUS = 1.0e6
 INFLATED_COUNT = 10**9
@@ -94,6 +98,47 @@ def hostile_ica_estimate(kind: str, true_mixing: np.ndarray, rng: np.random.Gene
     if kind == "permuted_truth":
         return true_mixing[:, rng.permutation(r)] * rng.choice([-1.0, 1.0], r) * 10.0 ** rng.uniform(-2, 2, r)
     raise ValueError(f"unknown RF-ICA attack {kind!r}; known: {', '.join(ICA_ATTACKS)}")
+
+
+def benchmark_hijack_estimate(true_mixing: np.ndarray) -> np.ndarray:
+    """A ``benchmark_hijack`` client's estimate: every column the first true column (sent with the largest count).
+
+    Chosen as the benchmark, its one direction aligns every site's columns to it, so that the
+    signs of all columns but one true one are arbitrary; a rank-one matrix.
+    """
+    return np.repeat(true_mixing[:, :1], true_mixing.shape[1], axis=1)
+
+
+def rank_one_estimate(column: np.ndarray, r: int) -> np.ndarray:
+    """A ``rank_one_collusion`` client's estimate: one column, ``column`` (one colluder's own), in all ``r`` places.
+
+    The colluders need no knowledge of the truth: all of them send the same honest column, so that
+    one cluster holds them all and their geometric medians weigh a direction they all share.
+    Any one direction in every column (``(a1 + a2) / sqrt(2)`` for one) is the same attack.
+    """
+    return np.repeat(np.asarray(column, dtype=np.float64).reshape(-1, 1), r, axis=1)
+
+
+def midpoint_columns_estimate(true_mixing: np.ndarray) -> np.ndarray:
+    """A ``midpoint_columns`` client's estimate: column ``i`` midway between true columns ``i`` and ``i + 1`` (cyclically), unit-norm.
+
+    Every column is at 45 degrees from two true ones (for an orthogonal ``A*``), equally near both
+    clusters, so that k-means may gather the midpoints into clusters of their own.
+    """
+    midpoints = true_mixing + np.roll(true_mixing, -1, axis=1)
+    return midpoints / np.linalg.norm(midpoints, axis=0)
+
+
+def rotated_truth_estimate(true_mixing: np.ndarray) -> np.ndarray:
+    """A ``rotated_truth`` client's estimate: ``A*`` with its first two columns rotated 45 degrees in their plane.
+
+    Orthogonal when ``A*`` is, so that no rank or conditioning test can tell it from an honest
+    estimate; sent with :data:`ROTATED_TRUTH_COUNT` samples, it is the benchmark of the rule "largest".
+    """
+    rotated = np.asarray(true_mixing, dtype=np.float64).copy()
+    first, second = true_mixing[:, 0], true_mixing[:, 1]
+    rotated[:, 0], rotated[:, 1] = (first + second) / np.sqrt(2.0), (second - first) / np.sqrt(2.0)
+    return rotated
 
 
 def hostile_gem_reply(
