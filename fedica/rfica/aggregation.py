@@ -32,6 +32,10 @@ CLUSTERINGS = ("kmeans", "matched")
 # Relative gap under which two k-means objectives count as equal in choose_benchmark.
 _OBJECTIVE_TIE_RTOL = 1e-9
 
+# 2 - 2 |cos| of two unit columns below which they count as one direction (about 1e-6 radians apart):
+# rounding alone leaves about 1e-16.
+_SAME_DIRECTION_COST = 1e-12
+
 # Columns whose largest entry lies in this range have a sum of squares that neither overflows (for any
 # p below 1e28) nor loses digits to subnormal squares, so their norm is taken directly (as it always was:
 # the same bits); outside it a column is divided by its largest entry first.
@@ -229,6 +233,8 @@ def rf_ica_aggregate(
     if benchmark == "best_objective":
         # Same k-means seed as below: the final clustering is the winning candidate's.
         k0 = _benchmark_by_objective(unit, sizes, kmeans_restarts, seed)
+    elif benchmark == "medoid":
+        k0 = medoid_benchmark(unit)
     elif isinstance(benchmark, str):
         k0 = choose_benchmark(unit, sizes, rule=benchmark)
     else:
@@ -409,8 +415,10 @@ def _pairwise_signed_distances(unit):
     n_clients, _, r = unit.shape
     squared = np.zeros((n_clients, n_clients))
     for k in range(n_clients - 1):
-        # 2 - 2 |cos| against every later client, clipped at 0 against rounding (a cosine of 1 + 1e-16).
-        costs = np.maximum(2.0 - 2.0 * np.abs(np.einsum("pi,lpj->lij", unit[k], unit[k + 1:])), 0.0)
+        # 2 - 2 |cos| against every later client; below _SAME_DIRECTION_COST (rounding, or a cosine of
+        # 1 + 1e-16) it is 0, so that exact copies tie exactly and the tie goes to the lowest index.
+        costs = 2.0 - 2.0 * np.abs(np.einsum("pi,lpj->lij", unit[k], unit[k + 1:]))
+        costs[costs < _SAME_DIRECTION_COST] = 0.0
         # Where every column's cheapest partner is a different column, that permutation reaches the
         # sum of the row minima, a lower bound of every assignment: it is optimal without solving one.
         nearest = np.argmin(costs, axis=2)
