@@ -91,7 +91,7 @@ def test_todays_defaults_are_unchanged():
         "max_hostile_fraction": 0.25, "max_overlap_pairs": 20_000_000, "participation": 1.0,
         "covariance_type": "spherical", "min_clients": 2, "max_local_clusters": 10, "random_state": 0}
     assert RFICA_PARAMETERS.defaults() == {"contrast": "cube", "init": "random", "local_solver": "fastica",
-                                           "n_components": None, "whitening": None, "benchmark": "largest",
+                                           "n_components": None, "whitening": None, "benchmark": "medoid",
                                            "kmeans_restarts": 10, "gm_tol": 1e-10, "clustering": "matched",
                                            "min_clients": 2, "random_state": 0}
 
