@@ -177,6 +177,9 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         state = self._state(stack.shape[1])
         state.components = stack.shape[2]
         receive_estimates(state, [Reply(g, {"mixing": m}, {"n-samples": int(n)}) for g, (m, n) in enumerate(zip(stack, sizes))])
+        if not state.estimates:
+            raise ValueError("local_mixings: no estimate left to aggregate ("
+                             + "; ".join(f"site {entry['client']}: {entry['reason']}" for entry in state.rejected) + ")")
         aggregate_estimates(state)
         self.mean_ = np.zeros(stack.shape[1])
         return self._store(state)

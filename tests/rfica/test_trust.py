@@ -104,6 +104,12 @@ def test_the_estimator_refuses_degenerate_sites_and_names_them():
     assert ica_error(model.mixing_, truth) < 0.05
 
 
+def test_the_estimator_says_which_sites_were_refused_when_none_is_left():
+    truth, _ = _honest(1, 10)
+    with pytest.raises(ValueError, match=r"no estimate left to aggregate \(site 0: .*rank-deficient"):
+        RFICA().aggregate(np.column_stack([truth[:, :4], truth[:, :2].sum(axis=1)])[None])
+
+
 def test_attack_estimates_are_what_their_names_say():
     truth = ortho_group.rvs(R, random_state=7)
     hijack = attacks.benchmark_hijack_estimate(truth)
