@@ -10,19 +10,21 @@ import numpy as np
 
 from fedica.seeding import generator
 
-ICA_ATTACKS = ("random_orthogonal", "scaled_junk", "permuted_truth")
-# Attacks that know RF-ICA's defences: they target its benchmark, its clusters and its medians.
+# RF-ICA: a junk estimate instead of the honest one (hostile_ica_estimate) ...
+ICA_REPLACEMENTS = ("random_orthogonal", "scaled_junk", "permuted_truth")
+# ... or attacks that know RF-ICA's defences: they target its benchmark, its clusters and its medians.
 ICA_ADAPTIVE_ATTACKS = ("benchmark_hijack", "rank_one_collusion", "midpoint_columns", "rotated_truth")
+ICA_ATTACKS = (*ICA_REPLACEMENTS, *ICA_ADAPTIVE_ATTACKS)
+# rotated_truth: the sample count it claims, far beyond any site's (the benchmark rule "largest" picks it).
+ROTATED_TRUTH_COUNT = 10**9
 # Attacks on FedGEM's collaborative rounds (they replace a round reply) ...
 GEM_ATTACKS = ("inflated_radius", "inflated_count", "random_centroids")
 # ... and on the rest of its protocol: the components a client declares, the tuning, the evaluation.
 GEM_PROTOCOL_ATTACKS = ("split_components", "poison_tuning", "fake_evaluation")
 # Either algorithm: a node answers under another client's partition id.
 SPOOF_PARTITION = "spoof_partition"
-ATTACKS = ("none", *ICA_ATTACKS, *ICA_ADAPTIVE_ATTACKS, *GEM_ATTACKS, *GEM_PROTOCOL_ATTACKS, SPOOF_PARTITION)
+ATTACKS = ("none", *ICA_ATTACKS, *GEM_ATTACKS, *GEM_PROTOCOL_ATTACKS, SPOOF_PARTITION)
 
-# rotated_truth: the sample count it claims, far beyond any site's (the benchmark rule "largest" picks it).
-ROTATED_TRUTH_COUNT = 10**9
 # Magnitudes of the FedGEM attacks: far beyond anything an honest client reports.
 INFLATED_RADIUS = 1.0e6
 INFLATED_COUNT = 10**9
@@ -97,7 +99,7 @@ def hostile_ica_estimate(kind: str, true_mixing: np.ndarray, rng: np.random.Gene
         return rng.standard_normal((r, r)) * 10.0 ** rng.uniform(0, 4, r) * rng.choice([-1.0, 1.0], r)
     if kind == "permuted_truth":
         return true_mixing[:, rng.permutation(r)] * rng.choice([-1.0, 1.0], r) * 10.0 ** rng.uniform(-2, 2, r)
-    raise ValueError(f"unknown RF-ICA attack {kind!r}; known: {', '.join(ICA_ATTACKS)}")
+    raise ValueError(f"unknown RF-ICA attack {kind!r}; known: {', '.join(ICA_REPLACEMENTS)}")
 
 
 def benchmark_hijack_estimate(true_mixing: np.ndarray) -> np.ndarray:

@@ -91,7 +91,7 @@ def attack_reply(kind: str, task: str, honest: tuple[Arrays, Values], arrays: Ma
     if kind == "split_components" and task in (GEM_INIT, GEM_ROUND, GEM_FINAL):
         return _split_components(task, arrays, honest, cfg)
     reply_arrays, reply_values = honest
-    if kind in attacks.ICA_ATTACKS and task == RFICA_FIT:
+    if kind in attacks.ICA_REPLACEMENTS and task == RFICA_FIT:
         # The worst case: the attacker knows A* (on the user's files, where nobody does, its own estimate).
         truth = ica_scenario_truth(cfg["scenario"], int(cfg["seed"]))
         truth = reply_arrays["mixing"] if truth is None else truth

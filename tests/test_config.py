@@ -414,7 +414,7 @@ def test_option_lists_come_from_the_modules_that_implement_them():
     assert config.SCENARIOS_BY_ALGORITHM == {"rfica": scenarios.ICA_SCENARIOS, "fedgem": scenarios.SCENARIO_NAMES}
     assert config.SCENARIOS_BY_ALGORITHM["fedgem"] is scenarios.SCENARIO_NAMES
     assert config.ATTACKS_BY_ALGORITHM == {
-        "rfica": ("none", *attacks.ICA_ATTACKS, *attacks.ICA_ADAPTIVE_ATTACKS, attacks.SPOOF_PARTITION),
+        "rfica": ("none", *attacks.ICA_ATTACKS, attacks.SPOOF_PARTITION),
         "fedgem": ("none", *attacks.GEM_ATTACKS, *attacks.GEM_PROTOCOL_ATTACKS, attacks.SPOOF_PARTITION)}
     assert scenarios.SETTINGS is blobs.SETTINGS
     # The default runs the four cheap comparators; FFCM and AFCL are chosen by name (the tables experiment runs all).

@@ -10,7 +10,7 @@ section (:mod:`fedica.config.engine`).
 
 from __future__ import annotations
 
-from fedica.attacks import GEM_ATTACKS, GEM_PROTOCOL_ATTACKS, ICA_ADAPTIVE_ATTACKS, ICA_ATTACKS, SPOOF_PARTITION
+from fedica.attacks import GEM_ATTACKS, GEM_PROTOCOL_ATTACKS, ICA_ATTACKS, SPOOF_PARTITION
 from fedica.config.algorithm import ALGORITHM_KEYS
 from fedica.config.engine import ENGINE_KEYS
 from fedica.config.scenario import SCENARIO_KEYS
@@ -37,6 +37,6 @@ SECTION_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
     "engine": ENGINE_KEYS,
 }
 ATTACK_KEYS = ("kind", "fraction")
-ATTACKS_BY_ALGORITHM = {"rfica": ("none", *ICA_ATTACKS, *ICA_ADAPTIVE_ATTACKS, SPOOF_PARTITION),
+ATTACKS_BY_ALGORITHM = {"rfica": ("none", *ICA_ATTACKS, SPOOF_PARTITION),
                         "fedgem": ("none", *GEM_ATTACKS, *GEM_PROTOCOL_ATTACKS, SPOOF_PARTITION)}
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
