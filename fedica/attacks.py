@@ -10,7 +10,13 @@ import numpy as np
 
 from fedica.seeding import generator
 
-ICA_ATTACKS = ("random_orthogonal", "scaled_junk", "permuted_truth")
+# RF-ICA: a junk estimate instead of the honest one (hostile_ica_estimate) ...
+ICA_REPLACEMENTS = ("random_orthogonal", "scaled_junk", "permuted_truth")
+# ... or attacks that know RF-ICA's defences: they target its benchmark, its clusters and its medians.
+ICA_ADAPTIVE_ATTACKS = ("benchmark_hijack", "rank_one_collusion", "midpoint_columns", "rotated_truth")
+ICA_ATTACKS = (*ICA_REPLACEMENTS, *ICA_ADAPTIVE_ATTACKS)
+# rotated_truth: the sample count it claims, far beyond any site's (the benchmark rule "largest" picks it).
+ROTATED_TRUTH_COUNT = 10**9
 # Attacks on FedGEM's collaborative rounds (they replace a round reply) ...
 GEM_ATTACKS = ("inflated_radius", "inflated_count", "random_centroids")
 # ... and on the rest of its protocol: the components a client declares, the tuning, the evaluation
@@ -107,7 +113,48 @@ def hostile_ica_estimate(kind: str, true_mixing: np.ndarray, rng: np.random.Gene
         return rng.standard_normal((r, r)) * 10.0 ** rng.uniform(0, 4, r) * rng.choice([-1.0, 1.0], r)
     if kind == "permuted_truth":
         return true_mixing[:, rng.permutation(r)] * rng.choice([-1.0, 1.0], r) * 10.0 ** rng.uniform(-2, 2, r)
-    raise ValueError(f"unknown RF-ICA attack {kind!r}; known: {', '.join(ICA_ATTACKS)}")
+    raise ValueError(f"unknown RF-ICA attack {kind!r}; known: {', '.join(ICA_REPLACEMENTS)}")
+
+
+def benchmark_hijack_estimate(true_mixing: np.ndarray) -> np.ndarray:
+    """A ``benchmark_hijack`` client's estimate: every column the first true column (sent with the largest count).
+
+    Chosen as the benchmark, its one direction aligns every site's columns to it, so that the
+    signs of all columns but one true one are arbitrary; a rank-one matrix.
+    """
+    return np.repeat(true_mixing[:, :1], true_mixing.shape[1], axis=1)
+
+
+def rank_one_estimate(column: np.ndarray, r: int) -> np.ndarray:
+    """A ``rank_one_collusion`` client's estimate: one column, ``column`` (one colluder's own), in all ``r`` places.
+
+    The colluders need no knowledge of the truth: all of them send the same honest column, so that
+    one cluster holds them all and their geometric medians weigh a direction they all share.
+    Any one direction in every column (``(a1 + a2) / sqrt(2)`` for one) is the same attack.
+    """
+    return np.repeat(np.asarray(column, dtype=np.float64).reshape(-1, 1), r, axis=1)
+
+
+def midpoint_columns_estimate(true_mixing: np.ndarray) -> np.ndarray:
+    """A ``midpoint_columns`` client's estimate: column ``i`` midway between true columns ``i`` and ``i + 1`` (cyclically), unit-norm.
+
+    Every column is at 45 degrees from two true ones (for an orthogonal ``A*``), equally near both
+    clusters, so that k-means may gather the midpoints into clusters of their own.
+    """
+    midpoints = true_mixing + np.roll(true_mixing, -1, axis=1)
+    return midpoints / np.linalg.norm(midpoints, axis=0)
+
+
+def rotated_truth_estimate(true_mixing: np.ndarray) -> np.ndarray:
+    """A ``rotated_truth`` client's estimate: ``A*`` with its first two columns rotated 45 degrees in their plane.
+
+    Orthogonal when ``A*`` is, so that no rank or conditioning test can tell it from an honest
+    estimate; sent with :data:`ROTATED_TRUTH_COUNT` samples, it is the benchmark of the rule "largest".
+    """
+    rotated = np.asarray(true_mixing, dtype=np.float64).copy()
+    first, second = true_mixing[:, 0], true_mixing[:, 1]
+    rotated[:, 0], rotated[:, 1] = (first + second) / np.sqrt(2.0), (second - first) / np.sqrt(2.0)
+    return rotated
 
 
 def hostile_gem_reply(

@@ -21,8 +21,9 @@ import numpy as np
 
 from fedica import attacks
 from fedica.config import client_count
-from fedica.data.scenarios import ica_scenario_truth, scenario_client_data
+from fedica.data.scenarios import ica_scenario_data, ica_scenario_truth, scenario_client_data
 from fedica.fedgem.local import uncertainty_radius
+from fedica.rfica import client as rfica_client
 from fedica.protocol import (
     GEM_EVALUATE,
     GEM_FINAL,
@@ -96,12 +97,14 @@ def attack_reply(kind: str, task: str, honest: tuple[Arrays, Values], arrays: Ma
     if kind == "split_components" and task in (GEM_INIT, GEM_ROUND, GEM_FINAL):
         return _split_components(task, arrays, honest, cfg)
     reply_arrays, reply_values = honest
-    if kind in attacks.ICA_ATTACKS and task == RFICA_FIT:
+    if kind in attacks.ICA_REPLACEMENTS and task == RFICA_FIT:
         # The worst case: the attacker knows A* (on the user's files, where nobody does, its own estimate).
         truth = ica_scenario_truth(cfg["scenario"], int(cfg["seed"]))
         truth = reply_arrays["mixing"] if truth is None else truth
         estimate = attacks.hostile_ica_estimate(kind, truth, attacks.attack_rng(cfg["seed"], partition_id))
         return {**reply_arrays, "mixing": estimate}, reply_values
+    if kind in attacks.ICA_ADAPTIVE_ATTACKS and task == RFICA_FIT:
+        return _adaptive_ica_reply(kind, honest, arrays, values, cfg)
     rng = attacks.attack_rng(cfg["seed"], partition_id, _stage(values))
     if kind in attacks.GEM_ATTACKS and task in (GEM_ROUND, GEM_FINAL):
         radii = reply_arrays.get("radii", np.zeros(reply_arrays["maximisers"].shape[0]))
@@ -121,6 +124,39 @@ def attack_reply(kind: str, task: str, honest: tuple[Arrays, Values], arrays: Ma
         return ({"true-values": true_values, "pred-values": pred_values, "counts": counts},
                 {**reply_values, "local-ari": 1.0})
     return reply_arrays, reply_values
+
+
+def _adaptive_ica_reply(kind: str, honest: tuple[Arrays, Values], arrays: Mapping[str, Any],
+                        values: Mapping[str, Any], cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """An RF-ICA attack that knows the server's rules: its estimate, and for two of them the count it claims."""
+    reply_arrays, reply_values = honest
+    if kind == "rank_one_collusion":
+        # Every colluder sends the first column of the lowest-numbered colluder's own honest estimate.
+        hostile = attacks.hostile_mask(client_count(cfg["scenario"]), cfg["attack"]["fraction"], seed=cfg["seed"])
+        leader = int(np.flatnonzero(hostile)[0])
+        observations = ica_scenario_data(cfg["scenario"], leader, int(cfg["seed"]))
+        leader_mixing = rfica_client.fit(observations, values, leader, arrays.get("whitening"))[0]["mixing"]
+        return {**reply_arrays, "mixing": attacks.rank_one_estimate(leader_mixing[:, 0], leader_mixing.shape[1])}, \
+            reply_values
+    # The worst case: the attacker knows A* (on the user's files, where nobody does, its own estimate).
+    truth = ica_scenario_truth(cfg["scenario"], int(cfg["seed"]))
+    truth = np.asarray(reply_arrays["mixing"]) if truth is None else truth
+    if kind == "midpoint_columns":
+        return {**reply_arrays, "mixing": attacks.midpoint_columns_estimate(truth)}, reply_values
+    if kind == "rotated_truth":
+        return ({**reply_arrays, "mixing": attacks.rotated_truth_estimate(truth)},
+                {**reply_values, "n-samples": attacks.ROTATED_TRUTH_COUNT})
+    # benchmark_hijack: one sample more than the largest honest site, so that "largest" picks it.
+    return ({**reply_arrays, "mixing": attacks.benchmark_hijack_estimate(truth)},
+            {**reply_values, "n-samples": _largest_site(json.dumps(cfg["scenario"], sort_keys=True),
+                                                        int(cfg["seed"])) + 1})
+
+
+@functools.lru_cache(maxsize=8)
+def _largest_site(scenario_json: str, seed: int) -> int:
+    """The largest sample count of a scenario's sites (the attacker is assumed to know every site's)."""
+    scenario = json.loads(scenario_json)
+    return max(ica_scenario_data(scenario, g, seed).shape[1] for g in range(client_count(scenario)))
 
 
 def _split_components(task: str, arrays: Arrays, honest_reply: tuple[Arrays, Values],

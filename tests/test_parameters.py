@@ -92,7 +92,7 @@ def test_todays_defaults_are_unchanged():
         "covariance_type": "spherical", "min_clients": 2, "max_local_clusters": 10, "random_state": 0,
         "dp_epsilon": None, "dp_delta": 1e-5, "dp_clip": None, "dp_unit": "record"}
     assert RFICA_PARAMETERS.defaults() == {"contrast": "cube", "init": "random", "local_solver": "fastica",
-                                           "n_components": None, "whitening": None, "benchmark": "largest",
+                                           "n_components": None, "whitening": None, "benchmark": "medoid",
                                            "kmeans_restarts": 10, "gm_tol": 1e-10, "clustering": "matched",
                                            "min_clients": 2, "random_state": 0}
 

@@ -23,13 +23,18 @@ from fedica.rfica.geometric_median import geometric_median
 from fedica.seeding import sklearn_seed
 from fedica.validation import as_float_array, check_index, check_int
 
-BENCHMARK_RULES = ("largest", "best_objective")
+# medoid: chosen from the estimates alone; largest and best_objective let a site's claimed n_k decide (ties).
+BENCHMARK_RULES = ("medoid", "largest", "best_objective")
 # kmeans: the paper's clustering of all columns; matched: k-means refined to one column per site per cluster.
 CLUSTERINGS = ("kmeans", "matched")
 
 
 # Relative gap under which two k-means objectives count as equal in choose_benchmark.
 _OBJECTIVE_TIE_RTOL = 1e-9
+
+# 2 - 2 |cos| of two unit columns below which they count as one direction (about 1e-6 radians apart):
+# rounding alone leaves about 1e-16.
+_SAME_DIRECTION_COST = 1e-12
 
 # Columns whose largest entry lies in this range have a sum of squares that neither overflows (for any
 # p below 1e28) nor loses digits to subnormal squares, so their norm is taken directly (as it always was:
@@ -69,17 +74,22 @@ def align_signs(estimates, benchmark) -> np.ndarray:
     return stack * _alignment_signs(stack, k0)[:, None, :]
 
 
-def choose_benchmark(estimates, n_samples, *, rule="largest", kmeans_restarts=10, random_state=None) -> int:
+def choose_benchmark(estimates, n_samples, *, rule="medoid", kmeans_restarts=10, random_state=None) -> int:
     """Benchmark client for sign alignment (paper Remark 1).
 
     Parameters
     ----------
     estimates : array-like of shape (K, p, r)
-        Client estimates, ``p >= r`` (columns are re-normalised for ``"best_objective"``).
+        Client estimates, ``p >= r`` (columns are re-normalised for ``"medoid"`` and ``"best_objective"``).
     n_samples : array-like of shape (K,)
-        Clients' sample sizes, finite and non-negative.
-    rule : {"largest", "best_objective"}, default="largest"
-        ``"largest"``: the client with the largest ``n_k`` (lowest index on ties).
+        Clients' sample sizes, finite and non-negative (unused by ``"medoid"``).
+    rule : {"medoid", "largest", "best_objective"}, default="medoid"
+        ``"medoid"``: the client whose estimate has the smallest sum of
+        :func:`signed_permutation_distance` to all others' (lowest index on ties); no number a
+        client reports about itself has a say, and fewer than half of the clients cannot make
+        one of theirs the medoid unless their estimates are nearer the honest ones than the
+        honest ones are to each other. ``"largest"``: the client with the largest ``n_k``
+        (lowest index on ties), the paper's rule, which one client claiming a large count decides.
         ``"best_objective"``: the client whose use as benchmark gives the smallest
         k-means objective of the aligned columns. Every candidate is tried (one
         k-means per distinct sign pattern, all with the same seed), so this costs
@@ -98,13 +108,15 @@ def choose_benchmark(estimates, n_samples, *, rule="largest", kmeans_restarts=10
     """
     stack = _as_estimates(estimates)
     sizes = _as_sample_sizes(n_samples, stack.shape[0])
+    if rule == "medoid":
+        return medoid_benchmark(normalise_estimates(stack))
     if rule == "largest":
         return int(np.argmax(sizes))
     if rule != "best_objective":
         raise ValueError(f"rule must be one of {BENCHMARK_RULES}, got {rule!r}")
     kmeans_restarts = check_int(kmeans_restarts, "kmeans_restarts", minimum=1)
     seed = sklearn_seed(np.random.default_rng(random_state))
-    return _benchmark_by_objective(_normalise_estimates(stack), sizes, kmeans_restarts, seed)
+    return _benchmark_by_objective(normalise_estimates(stack), sizes, kmeans_restarts, seed)
 
 
 @dataclass(frozen=True)
@@ -162,7 +174,7 @@ class RfIcaAggregate:
 
 
 def rf_ica_aggregate(
-    estimates, n_samples, *, benchmark="largest", kmeans_restarts=10, gm_tol=1e-10, clustering="kmeans",
+    estimates, n_samples, *, benchmark="medoid", kmeans_restarts=10, gm_tol=1e-10, clustering="kmeans",
     random_state=None
 ) -> RfIcaAggregate:
     """One-shot RF-ICA server aggregation (Algorithm 1 of the paper).
@@ -181,8 +193,8 @@ def rf_ica_aggregate(
         Client estimates, ``K >= 1``, ``p >= r`` channels, finite, no zero column.
         Columns of any scale (even near the limits of float64) are accepted.
     n_samples : array-like of shape (K,)
-        Clients' sample sizes (used to choose the benchmark), finite, non-negative.
-    benchmark : {"largest", "best_objective"} or int, default="largest"
+        Clients' sample sizes (the benchmark rules "largest" and "best_objective" use them), finite, non-negative.
+    benchmark : {"medoid", "largest", "best_objective"} or int, default="medoid"
         Rule of :func:`choose_benchmark`, or an explicit client index.
     kmeans_restarts : int, default=10
         k-means restarts (``n_init``).
@@ -215,12 +227,14 @@ def rf_ica_aggregate(
     if clustering not in CLUSTERINGS:
         raise ValueError(f"clustering must be one of {CLUSTERINGS}, got {clustering!r}")
     started = time.perf_counter()
-    unit = _normalise_estimates(stack)
+    unit = normalise_estimates(stack)
     seed = sklearn_seed(np.random.default_rng(random_state))
 
     if benchmark == "best_objective":
         # Same k-means seed as below: the final clustering is the winning candidate's.
         k0 = _benchmark_by_objective(unit, sizes, kmeans_restarts, seed)
+    elif benchmark == "medoid":
+        k0 = medoid_benchmark(unit)
     elif isinstance(benchmark, str):
         k0 = choose_benchmark(unit, sizes, rule=benchmark)
     else:
@@ -363,6 +377,60 @@ def _assign_columns(aligned, centres, current):
     return labels, np.where(chosen < 0, -1.0, 1.0)
 
 
+def signed_permutation_distance(first, second) -> float:
+    """``min over signed permutations P of ||U - V P||_F`` of two estimates' unit columns ``U`` and ``V``.
+
+    The distance between two estimates of the same mixing that ICA's ambiguity (the order and
+    sign of the columns, their scale) cannot tell apart: 0 exactly when one is a signed
+    permutation of the other, after normalising their columns. With unit columns
+    ``||u - s v||^2 = 2 - 2 s <u, v>``, so the best sign of a matched pair is that of ``<u, v>``
+    and the permutation a linear assignment on ``2 - 2 |<u_i, v_j>|``.
+
+    Parameters
+    ----------
+    first, second : array-like of shape (p, r)
+        Two estimates with no zero column (columns of any scale).
+
+    Returns
+    -------
+    distance : float
+    """
+    stack = normalise_estimates(_as_estimates(np.stack([np.asarray(first, dtype=np.float64),
+                                                         np.asarray(second, dtype=np.float64)])))
+    return float(np.sqrt(_pairwise_signed_distances(stack)[0, 1]))
+
+
+def medoid_benchmark(unit) -> int:
+    """Rule "medoid" of :func:`choose_benchmark` on unit-column estimates ``(K, p, r)``: lowest index on ties.
+
+    ``K (K - 1) / 2`` distances, each ``O(r^2 p)``, plus a linear assignment of ``r x r`` where the
+    columns' nearest partners are not already a permutation.
+    """
+    squared = _pairwise_signed_distances(np.asarray(unit, dtype=np.float64))
+    return int(np.argmin(np.sqrt(squared).sum(axis=1)))
+
+
+def _pairwise_signed_distances(unit):
+    """(K, K) squared :func:`signed_permutation_distance` between every two unit-column estimates."""
+    n_clients, _, r = unit.shape
+    squared = np.zeros((n_clients, n_clients))
+    for k in range(n_clients - 1):
+        # 2 - 2 |cos| against every later client; below _SAME_DIRECTION_COST (rounding, or a cosine of
+        # 1 + 1e-16) it is 0, so that exact copies tie exactly and the tie goes to the lowest index.
+        costs = 2.0 - 2.0 * np.abs(np.einsum("pi,lpj->lij", unit[k], unit[k + 1:]))
+        costs[costs < _SAME_DIRECTION_COST] = 0.0
+        # Where every column's cheapest partner is a different column, that permutation reaches the
+        # sum of the row minima, a lower bound of every assignment: it is optimal without solving one.
+        nearest = np.argmin(costs, axis=2)
+        distinct = np.all(np.sort(nearest, axis=1) == np.arange(r), axis=1)
+        totals = np.take_along_axis(costs, nearest[:, :, None], axis=2)[:, :, 0].sum(axis=1)
+        for index in np.flatnonzero(~distinct):
+            rows, cols = linear_sum_assignment(costs[index])
+            totals[index] = costs[index, rows, cols].sum()
+        squared[k, k + 1:] = squared[k + 1:, k] = totals
+    return squared
+
+
 def _alignment_signs(stack, k0):
     """(K, r) signs of eq. 3 that align every client's columns with client ``k0``."""
     unit = _unit_columns(stack)
@@ -405,8 +473,8 @@ def _columns(stack):
     return stack.transpose(0, 2, 1).reshape(-1, stack.shape[1])
 
 
-def _normalise_estimates(stack):
-    """Unit columns, whatever their scale: a column is zero only if all its entries are.
+def normalise_estimates(stack) -> np.ndarray:
+    """``(K, p, r)`` estimates' unit columns, whatever their scale: a column is zero only if all its entries are.
 
     The sum of squares of a column near 1e200 overflows (its norm inf, the column 0) and that of a
     column near 1e-170 underflows (its norm 0, the column taken as zero), so such columns are divided

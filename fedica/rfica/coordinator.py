@@ -29,6 +29,7 @@ from fedica.protocol.messages import RFICA_COVARIANCE, validate_covariance_reply
 from fedica.rfica.aggregation import RfIcaAggregate, rf_ica_aggregate
 from fedica.rfica.geometric_median import geometric_median
 from fedica.rfica.local import components_for_share
+from fedica.rfica.trust import estimate_defects
 
 # A global eigenvalue below this share of the largest is floored there before the whitening divides by it.
 _RANK_DEFICIENT_RATIO = 1e-10
@@ -70,7 +71,7 @@ class RFICAState(ProtocolState):
 
     contrast: str = "cube"
     init: str = "random"
-    benchmark: str = "largest"
+    benchmark: str = "medoid"
     kmeans_restarts: int = 10
     gm_tol: float = 1e-10
     clustering: str = "kmeans"
@@ -221,12 +222,25 @@ def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: i
         state.n_iter.append(n_iter)
         state.converged.append(converged)
         state.client_seconds += reported_seconds(reply)
+    refuse_degenerate(state, round_label)
     state.unconverged = [g for g, ok in zip(state.partitions, state.converged) if ok is False]
     if state.unconverged:
         state.logger.warning("RF-ICA: the local ICA of site(s) %s did not converge, even after a retry "
                              "(iterations: %s); their estimates are kept for the robust aggregation",
                              ", ".join(map(str, state.unconverged)),
                              ", ".join(str(n) for n, ok in zip(state.n_iter, state.converged) if ok is False))
+
+
+def refuse_degenerate(state: RFICAState, round_label: int = 1) -> None:
+    """Refuse the accepted estimates :func:`fedica.rfica.trust.estimate_defects` finds degenerate, each with its reason."""
+    if not state.estimates:
+        return
+    with state.server_time():
+        defects = estimate_defects(np.stack(state.estimates))
+    for index in sorted(defects, reverse=True):
+        state.reject(state.partitions[index], round_label, f"degenerate estimate: {defects[index]}")
+        for books in (state.estimates, state.n_samples, state.partitions, state.n_iter, state.converged):
+            del books[index]
 
 
 def _majority_rows(replies: list[Reply]) -> int:

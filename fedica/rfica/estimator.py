@@ -63,8 +63,11 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         formed robustly (the geometric median of the trace-normalised covariances); ``"local"``:
         every site its own top principal subspace (one exchange, as the paper's). None:
         federated when ``n_components`` is set, local otherwise.
-    benchmark : {"largest", "best_objective"}, default="largest"
-        The site the others' signs are aligned to.
+    benchmark : {"medoid", "largest", "best_objective"}, default="medoid"
+        The site the others' signs are aligned to: the medoid of the estimates (no number a site
+        reports decides it), the largest claimed sample count (the paper's), or the smallest
+        k-means objective. Degenerate estimates (rank-deficient, near-parallel columns, conditioned
+        far beyond the other sites') are refused first, listed in ``rejected_``.
     kmeans_restarts : int, default=10
     gm_tol : float, default=1e-10
         Tolerance of the geometric median.
@@ -156,7 +159,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         local_mixings : array-like of shape (n_sites, n_features, n_components)
             Each site's mixing estimate in channel space.
         n_samples : array-like of shape (n_sites,), optional
-            Each site's sample count (chooses the benchmark site); default: all equal.
+            Each site's sample count (the benchmark rules "largest" and "best_objective" use it); default: all equal.
 
         Returns
         -------
@@ -174,6 +177,9 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         state = self._state(stack.shape[1])
         state.components = stack.shape[2]
         receive_estimates(state, [Reply(g, {"mixing": m}, {"n-samples": int(n)}) for g, (m, n) in enumerate(zip(stack, sizes))])
+        if not state.estimates:
+            raise ValueError("local_mixings: no estimate left to aggregate ("
+                             + "; ".join(f"site {entry['client']}: {entry['reason']}" for entry in state.rejected) + ")")
         aggregate_estimates(state)
         self.mean_ = np.zeros(stack.shape[1])
         return self._store(state)

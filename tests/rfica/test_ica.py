@@ -319,7 +319,7 @@ def test_align_signs_rejects_bad_input():
 @given(sizes=st.lists(st.integers(0, 5), min_size=1, max_size=20))
 def test_largest_benchmark_is_the_first_client_with_the_most_samples(sizes):
     estimates = np.tile(np.eye(2), (len(sizes), 1, 1))
-    assert choose_benchmark(estimates, sizes) == sizes.index(max(sizes))
+    assert choose_benchmark(estimates, sizes, rule="largest") == sizes.index(max(sizes))
 
 
 def test_best_objective_benchmark_minimises_the_kmeans_objective():
@@ -354,7 +354,8 @@ def test_aggregating_exact_signed_permuted_copies_recovers_the_truth(n_clients, 
     sizes = rng.integers(50, 5000, n_clients)
     result = rf_ica_aggregate(estimates, sizes, random_state=seed % 1000)
     assert isinstance(result, RfIcaAggregate)
-    assert result.benchmark == int(np.argmax(sizes))
+    assert result.benchmark == choose_benchmark(estimates, sizes)  # the medoid; with rule "largest" the largest site
+    assert rf_ica_aggregate(estimates, sizes, benchmark="largest", random_state=0).benchmark == int(np.argmax(sizes))
     assert ica_error(result.rf_ica, mixing) < 1e-8
     assert ica_error(result.f_ica, mixing) < 1e-8
     assert result.inertia < 1e-12

@@ -47,10 +47,10 @@ def test_the_clusterings_are_kmeans_and_matched():
 
 
 def test_matched_repairs_kmeans_putting_two_columns_of_a_site_in_one_cluster():
-    # Seed 28: k-means merges the two close true columns and gives the stray site's columns a cluster.
+    # Seed 28: aligned to site 0, k-means merges the two close true columns and gives the stray site's columns a cluster.
     mixing, estimates = _five_noisy_sites_and_one_stray(28)
-    kmeans = rf_ica_aggregate(estimates, np.ones(6), random_state=0)
-    matched = rf_ica_aggregate(estimates, np.ones(6), clustering="matched", random_state=0)
+    kmeans = rf_ica_aggregate(estimates, np.ones(6), benchmark=0, random_state=0)
+    matched = rf_ica_aggregate(estimates, np.ones(6), benchmark=0, clustering="matched", random_state=0)
     assert not _is_permutation_per_site(kmeans.labels[:5])
     assert ica_error(kmeans.rf_ica, mixing) > 0.8
     assert _is_permutation_per_site(matched.labels)
@@ -98,12 +98,12 @@ def test_matched_ends_at_a_fixed_point_of_both_steps():
 def test_matched_is_invariant_to_a_signed_permutation_of_a_sites_columns(seed, site):
     _, estimates = _five_noisy_sites_and_one_stray(seed)
     sizes = np.r_[100, np.full(5, 50)]  # site 0 is the benchmark
-    result = rf_ica_aggregate(estimates, sizes, clustering="matched", random_state=0)
+    result = rf_ica_aggregate(estimates, sizes, benchmark="largest", clustering="matched", random_state=0)
     rng = np.random.default_rng(seed + 1)
     order, flips = rng.permutation(4), rng.choice([-1.0, 1.0], size=4)
     moved = estimates.copy()
     moved[site] = estimates[site][:, order] * flips
-    again = rf_ica_aggregate(moved, sizes, clustering="matched", random_state=0)
+    again = rf_ica_aggregate(moved, sizes, benchmark="largest", clustering="matched", random_state=0)
     np.testing.assert_allclose(again.rf_ica, result.rf_ica, atol=1e-7)
     np.testing.assert_array_equal(again.labels[site], result.labels[site][order])
     np.testing.assert_array_equal(again.signs[site], result.signs[site][order] * flips)
@@ -116,7 +116,7 @@ def test_matched_is_invariant_to_a_signed_permutation_of_the_benchmarks_columns(
     result = rf_ica_aggregate(estimates, sizes, clustering="matched", random_state=0)
     moved = estimates.copy()
     moved[0] = estimates[0] @ _signed_permutation(np.random.default_rng(seed), 4)
-    again = rf_ica_aggregate(moved, sizes, clustering="matched", random_state=0)
+    again = rf_ica_aggregate(moved, sizes, benchmark="largest", clustering="matched", random_state=0)
     # The output follows the benchmark's column order and sign: the same estimate up to that signed permutation.
     assert ica_error(again.rf_ica, result.rf_ica) < 1e-7
 
@@ -199,8 +199,9 @@ def test_only_an_all_zero_column_is_a_zero_column():
 
 def test_the_estimator_passes_clustering_and_reports_the_matched_labels():
     mixing, estimates = _five_noisy_sites_and_one_stray(28)
-    kmeans = fedica.RFICA(clustering="kmeans").aggregate(estimates)
-    matched = fedica.RFICA().aggregate(estimates)  # the library's default
+    # Equal counts: "largest" aligns to site 0, as in the k-means failure above.
+    kmeans = fedica.RFICA(clustering="kmeans", benchmark="largest").aggregate(estimates)
+    matched = fedica.RFICA(benchmark="largest").aggregate(estimates)  # the library's default clustering
     assert not _is_permutation_per_site(kmeans.labels_[:5])
     assert _is_permutation_per_site(matched.labels_)
     assert ica_error(matched.mixing_, mixing) < 0.25
