@@ -38,17 +38,22 @@ def to_jsonable(value: Any) -> Any:
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
-    """Write ``data`` as JSON so that ``path`` is either absent or complete.
+    """Write ``data`` as JSON so that ``path`` is either absent or complete (:func:`write_atomic`)."""
+    return write_atomic(path, lambda handle: handle.write(
+        json.dumps(to_jsonable(data), indent=2, allow_nan=False).encode()))
 
-    The JSON goes to a temporary file in the same directory, which is then renamed
-    over ``path`` (an atomic operation on POSIX file systems).
+
+def write_atomic(path: str | os.PathLike, write: Any) -> Path:
+    """``write(handle)`` into a binary temporary file beside ``path``, flushed to disk, then renamed over ``path``.
+
+    So ``path`` is either absent, as it was, or complete: the rename is atomic on POSIX file systems.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(to_jsonable(data), handle, indent=2, allow_nan=False)
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

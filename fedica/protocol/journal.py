@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from fedica.protocol.messages import Reply, Request
+from fedica.results import write_atomic
 
 JOURNAL_DIR = "journal"
 MANIFEST_FILE = "journal.json"
@@ -124,7 +124,7 @@ class Journal:
             if _STAGE_FILE.fullmatch(old.name):
                 old.unlink()
         manifest = {"format": JOURNAL_FORMAT, "fingerprint": fingerprint(description), "description": description}
-        _write_atomic(directory / MANIFEST_FILE, lambda handle: handle.write(json.dumps(manifest, default=str).encode()))
+        write_atomic(directory / MANIFEST_FILE, lambda handle: handle.write(json.dumps(manifest, default=str).encode()))
         return cls(directory, [])
 
     @classmethod
@@ -236,7 +236,7 @@ def save_stage(path: Path, number: int, request: Request, replies: list[Reply], 
     meta = {"number": number, "task": request.task, "round": request.round_label, "digest": request_digest(request),
             "replies": entries, "books": dict(books)}
     members["meta"] = np.array(json.dumps(meta, default=_unjournalable))
-    _write_atomic(path, lambda handle: np.savez(handle, **members))
+    write_atomic(path, lambda handle: np.savez(handle, **members))
     return path
 
 
@@ -286,20 +286,6 @@ def decode_value(value: Any) -> Any:
 
 def _unjournalable(value: Any) -> Any:
     raise JournalError(f"a reply value of type {type(value).__name__} cannot be journalled (scalars, bytes and lists can)")
-
-
-def _write_atomic(path: Path, write: Any) -> None:
-    """``write(handle)`` into a temporary file beside ``path``, flushed to disk, then renamed over ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def differing_keys(recorded: Any, given: Any, prefix: str = "") -> list[str]:
