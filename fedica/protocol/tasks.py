@@ -38,11 +38,16 @@ class Site(Protocol):
     run_config : mapping or None
         fedica's own run configuration (its scenario, seed and attack), for fedica's own clients;
         None for a user's site.
+    noise_secret : int or None
+        The seed of a private run's noise known to this site alone (docs/ALGORITHMS.md section
+        2.13); None: the noise is drawn from the run's seed, which the server knows (the library
+        and fedica's local engines, where the server and the sites are one user's process).
     """
 
     partition_id: int
     state: MutableMapping[str, np.ndarray]
     run_config: Mapping[str, Any] | None
+    noise_secret: int | None
 
     def points(self, values: Mapping[str, Any]) -> ClientData:
         """The site's points for clustering (FedGEM, FFCM, AFCL): train and test rows, K_g."""
@@ -60,12 +65,15 @@ class ArraySite:
     data : ClientData
     partition_id : int
     run_config : mapping or None, default=None
+    noise_secret : int or None, default=None
+        None: a private run's noise comes from the run's seed, reproducibly (see :class:`Site`).
     """
 
     data: ClientData
     partition_id: int
     run_config: Mapping[str, Any] | None = None
     state: dict[str, np.ndarray] = field(default_factory=dict)
+    noise_secret: int | None = None
 
     def points(self, values: Mapping[str, Any]) -> ClientData:
         return self.data
