@@ -32,14 +32,13 @@ from fedica.fedgem.local import choose_n_components
 from fedica.hostile import hostile_kind, split_components_count
 from fedica.privacy import NOISE_SECRET_KEY
 from fedica.protocol import CATEGORY, ERROR_KEY, EVALUATE, RAY_NODE_KEY
+from fedica.protocol.tasks import LOCAL_ENGINE_VARIABLE
 from fedica.seeding import generator, sklearn_seed
 from fedica.tasks import CLIENT_TASKS
 
 log = logging.getLogger("fedica.client")
 
 STATE_KEY = "fedgem"
-# Set by fedica's in-process and simulation engines for their clients: they may read the files the run config names.
-LOCAL_ENGINE_VARIABLE = "FEDICA_LOCAL_ENGINE"
 LOCAL_CLUSTERS_KEY = "fedgem-local-clusters"
 # Where a deployed site keeps the OS entropy of its private noise (FlowerSite.noise_secret); a string: 128 bits.
 NOISE_SECRET_STATE = "dp-noise-secret"

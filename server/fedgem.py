@@ -14,6 +14,7 @@ from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 from fedica.parameters import FEDGEM_PARAMETERS as _P
 from fedica.privacy import SECRET_NOISE, SEEDED_NOISE
 from fedica.protocol import GEM_EVALUATE, GEM_FINAL, GEM_ROUND, GEM_SILHOUETTE, Request
+from fedica.protocol.tasks import LOCAL_ENGINE_VARIABLE
 
 log = logging.getLogger("fedica.server")
 
@@ -136,7 +137,5 @@ class FedGEMStrategy(ProtocolStrategy):
         if self.server.privacy is None:
             return None
         # The sites' rule (fedica.clients.app.FlowerSite.noise_secret): the run's seed under fedica's local engines.
-        from fedica.clients.app import LOCAL_ENGINE_VARIABLE
-
         local = os.environ.get(LOCAL_ENGINE_VARIABLE) == "1"
         return self.server.privacy.record(SEEDED_NOISE if local else SECRET_NOISE)

@@ -352,13 +352,13 @@ def test_without_dp_a_sites_noise_seed_changes_nothing(monkeypatch):
 
 @pytest.mark.parametrize("secret", [-1, "11", True, 1.5])
 def test_a_site_refuses_a_noise_seed_that_is_not_a_non_negative_int_in_one_line(monkeypatch, secret):
-    from fedica.clients.app import FlowerSite
+    from fedica.clients.app import LOCAL_ENGINE_VARIABLE, ArraySource, FlowerSite
     from flwr.app import Context, RecordDict
 
-    monkeypatch.delenv("FEDICA_LOCAL_ENGINE", raising=False)
+    monkeypatch.delenv(LOCAL_ENGINE_VARIABLE, raising=False)
     context = Context(run_id=1, node_id=1, node_config={"partition-id": 3, "dp-noise-seed": secret},
                       state=RecordDict(), run_config={})
-    site = FlowerSite(type("Source", (), {"run_config": lambda self, values: None})(), 3, context, {})
+    site = FlowerSite(ArraySource(lambda context: blob_sites(1)[0], 2, 10), 3, context, {})
     with pytest.raises(ValueError, match=r"^node config dp-noise-seed=.*must be a non-negative int$"):
         site.noise_secret
 

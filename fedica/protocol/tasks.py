@@ -22,6 +22,10 @@ import numpy as np
 
 from fedica.data.common import ClientData
 
+# Set by fedica's in-process and simulation engines, for their clients and their server (the user's own): the
+# clients may read the files the run config names, and a private run's sites draw their noise from the run's seed.
+LOCAL_ENGINE_VARIABLE = "FEDICA_LOCAL_ENGINE"
+
 Arrays = dict[str, np.ndarray]
 Values = dict[str, Any]
 ReplyParts = tuple[Arrays, Values]
