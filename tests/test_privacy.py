@@ -374,5 +374,7 @@ def test_the_result_says_whose_seed_the_noise_came_from(monkeypatch):
     strategy.server = FedGEMServer(strategy.settings)  # the protocol's server holds the plan; no exchange is driven
     monkeypatch.delenv(LOCAL_ENGINE_VARIABLE, raising=False)
     assert strategy.privacy_["noise"] == SECRET_NOISE == "secret at each site"
+    assert "clip 6, noise secret at each site); per exchange" in format_summary(
+        {"algorithm": "fedgem", "privacy": strategy.privacy_})
     monkeypatch.setenv(LOCAL_ENGINE_VARIABLE, "1")
     assert strategy.privacy_["noise"] == SEEDED_NOISE
