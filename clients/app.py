@@ -23,23 +23,25 @@ from typing import Any
 
 import numpy as np
 from fedica.server.records import CLIENT_ERROR_CODE, pack, unpack
-from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord
 from flwr.clientapp import ClientApp
 
 from fedica.data.common import ClientData
 from fedica.data.scenarios import ica_scenario_data, scenario_client_data
 from fedica.fedgem.local import choose_n_components
 from fedica.hostile import hostile_kind, split_components_count
+from fedica.privacy import NOISE_SECRET_KEY
 from fedica.protocol import CATEGORY, ERROR_KEY, EVALUATE, RAY_NODE_KEY
+from fedica.protocol.tasks import LOCAL_ENGINE_VARIABLE
 from fedica.seeding import generator, sklearn_seed
 from fedica.tasks import CLIENT_TASKS
 
 log = logging.getLogger("fedica.client")
 
 STATE_KEY = "fedgem"
-# Set by fedica's in-process and simulation engines for their clients: they may read the files the run config names.
-LOCAL_ENGINE_VARIABLE = "FEDICA_LOCAL_ENGINE"
 LOCAL_CLUSTERS_KEY = "fedgem-local-clusters"
+# Where a deployed site keeps the OS entropy of its private noise (FlowerSite.noise_secret); a string: 128 bits.
+NOISE_SECRET_STATE = "dp-noise-secret"
 
 
 
@@ -167,6 +169,29 @@ class FlowerSite:
         self.context = context
         self.state = ContextState(context)
         self.run_config = source.run_config(values)
+
+    @property
+    def noise_secret(self) -> int | None:
+        """The seed of this site's private noise (docs/ALGORITHMS.md section 2.13); read only by a private request.
+
+        The node config's ``dp-noise-seed`` (its operator's choice), else, under fedica's local
+        engines (:data:`LOCAL_ENGINE_VARIABLE`: the server and the sites are one user's), None
+        (the run's seed: reproducible), else fresh OS entropy drawn once and kept in the Flower
+        context, which stays on the node: a message answered twice repeats its noise rather than
+        releasing a second, independent one. Never anything the server sent.
+        """
+        node_config = self.context.node_config
+        if NOISE_SECRET_KEY in node_config:
+            secret = node_config[NOISE_SECRET_KEY]
+            if isinstance(secret, bool) or not isinstance(secret, int) or secret < 0:
+                raise ValueError(f"node config {NOISE_SECRET_KEY}={secret!r}: this site's secret noise seed must be "
+                                 f"a non-negative int")
+            return secret
+        if os.environ.get(LOCAL_ENGINE_VARIABLE) == "1":
+            return None
+        if NOISE_SECRET_STATE not in self.context.state:
+            self.context.state[NOISE_SECRET_STATE] = ConfigRecord({"entropy": str(np.random.SeedSequence().entropy)})
+        return int(self.context.state[NOISE_SECRET_STATE]["entropy"])
 
     def points(self, values: Mapping[str, Any]) -> ClientData:
         return self.source.gem_data(values, self.partition_id, self.context)

@@ -25,10 +25,17 @@ exactly ``(dp_epsilon, dp_delta)``.
 
 The noise is added by a reply transform of the client task registry (:func:`private_reply`, in
 :data:`fedica.tasks.CLIENT_TASKS`), so the estimator, the in-process engine, the simulation and a
-deployment add the same noise; the server's request names the noise (``dp-noise``, ``dp-clip``)
-and the seed of its stream. An experiment's noise is reproducible from its seed; a deployment
-whose sites must hide their points from the server itself would give each site a secret seed
-(not built: with the run's seed the server can regenerate the noise).
+deployment add the same mechanism; the server's request names the noise (``dp-noise``,
+``dp-clip``) and the run's seed (``dp-seed``). Whose seed the noise is drawn from is the site's
+``noise_secret`` (:class:`fedica.protocol.tasks.Site`):
+
+- **simulation: reproducible noise.** The library's sites and those of fedica's in-process and
+  simulation engines, where the server and the sites are one user's process, take None: the
+  noise is drawn from the run's seed, so an experiment is reproducible from its config (and the
+  guarantee protects the points from whoever sees the replies, not from the run's own server);
+- **deployment: secret noise.** A ClientApp site elsewhere draws it from a secret of its own: its
+  node config's ``dp-noise-seed`` (an int its operator chooses), else fresh OS entropy drawn once
+  per site and run. The server, which knows the run's seed, cannot regenerate and subtract it.
 """
 
 from __future__ import annotations
@@ -48,9 +55,9 @@ from fedica.protocol.messages import GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKE
 from fedica.protocol.tasks import Site
 from fedica.seeding import generator, sklearn_seed
 
-__all__ = ["DP_UNITS", "PrivacyPlan", "checked_counts", "clip_rows", "fedgem_plan", "noise_variance",
-           "private_criterion", "private_init", "private_reply", "private_step", "spent_epsilon", "uncovered",
-           "widened_radii"]
+__all__ = ["DP_UNITS", "NOISE_SECRET_KEY", "SECRET_NOISE", "SEEDED_NOISE", "PrivacyPlan", "checked_counts", "clip_rows",
+           "fedgem_plan", "noise_variance", "private_criterion", "private_init", "private_reply", "private_step",
+           "spent_epsilon", "uncovered", "widened_radii"]
 
 # Statistics released per exchange, each one Gaussian mechanism: the initialisation's per-cell sums and
 # counts; a round's and the final stage's per-component sums and counts.
@@ -65,6 +72,13 @@ CELL_COUNT_FLOOR = 5.0
 
 # The request values that carry the plan to the sites.
 NOISE_KEY, CLIP_KEY, SEED_KEY = "dp-noise", "dp-clip", "dp-seed"
+
+# The node-config key of a deployed site's secret noise seed, chosen by the site's operator.
+NOISE_SECRET_KEY = "dp-noise-seed"
+
+# What a result's ``privacy.noise`` says of the noise's seed (see the module docstring).
+SEEDED_NOISE = "seeded by the run (simulation)"
+SECRET_NOISE = "secret at each site"
 
 # A noisy count is used no smaller than this (the true one of a component a site holds is positive;
 # the noise may take it to or below 0, and a maximiser is a quotient by it).
@@ -138,8 +152,13 @@ class PrivacyPlan:
         """What a site needs to add the noise: the multiplier, the clip and the seed of its stream."""
         return {NOISE_KEY: self.noise_multiplier, CLIP_KEY: self.clip, SEED_KEY: int(seed)}
 
-    def record(self) -> dict[str, Any]:
-        """The ``privacy`` section of a result: the total spent, and each exchange's own and cumulative epsilon."""
+    def record(self, noise: str = SEEDED_NOISE) -> dict[str, Any]:
+        """The ``privacy`` section of a result: the total spent, and each exchange's own and cumulative epsilon.
+
+        ``noise`` (:data:`SEEDED_NOISE` or :data:`SECRET_NOISE`) says whose seed the sites drew the noise from.
+        """
+        if noise not in (SEEDED_NOISE, SECRET_NOISE):
+            raise ValueError(f"noise must be {SEEDED_NOISE!r} or {SECRET_NOISE!r}, got {noise!r}")
         per_exchange = []
         for i, (label, n) in enumerate(self.exchanges):
             per_exchange.append({"exchange": label, "mechanisms": n,
@@ -148,7 +167,8 @@ class PrivacyPlan:
                                                                      self.delta)})
         return {"epsilon": spent_epsilon(self.noise_multiplier, self.exchanges, self.delta), "delta": self.delta,
                 "target_epsilon": self.epsilon, "unit": self.unit, "clip": self.clip, "accountant": "rdp",
-                "mechanism": "gaussian", "noise_multiplier": self.noise_multiplier, "exchanges": per_exchange}
+                "mechanism": "gaussian", "noise_multiplier": self.noise_multiplier, "noise": noise,
+                "exchanges": per_exchange}
 
 
 def uncovered(parameters: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -199,10 +219,12 @@ def clip_rows(X: np.ndarray, clip: float) -> np.ndarray:
     return X * np.minimum(1.0, clip / np.maximum(norms, np.finfo(float).tiny))[:, None]
 
 
-def _noise_rng(values: Mapping[str, Any], partition_id: int) -> np.random.Generator:
+def _noise_rng(values: Mapping[str, Any], site: Site) -> np.random.Generator:
+    """The noise of this request's stage at ``site``: from the site's ``noise_secret``, else from the run's seed."""
     label = str(values.get("server-round", "0"))
     stage = int(label) if label.isdigit() else zlib.crc32(label.encode())
-    return generator(int(values[SEED_KEY]), "privacy.noise", partition_id, stage)
+    secret = site.noise_secret
+    return generator(int(values[SEED_KEY]) if secret is None else secret, "privacy.noise", site.partition_id, stage)
 
 
 def private_init(X: np.ndarray, n_components: int, sigma: float, clip: float, rng: np.random.Generator,
@@ -263,7 +285,7 @@ def private_reply(task: str, site: Site, arrays: Mapping[str, Any], values: Mapp
         if not (sigma > 0 and clip > 0):
             raise ValueError(f"a private request needs dp-noise > 0 and dp-clip > 0, got {sigma!r} and {clip!r}")
         data = site.points(values)
-        rng = _noise_rng(values, site.partition_id)
+        rng = _noise_rng(values, site)
         if task == GEM_INIT:
             seeds, size = private_init(data.X_train, data.n_components, sigma, clip, rng,
                                        generator(int(values[SEED_KEY]), "privacy.seeds", site.partition_id))

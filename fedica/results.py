@@ -124,9 +124,11 @@ def format_summary(result: Mapping[str, Any]) -> str:
         lines.append(f"  ... and {len(rejected) - 10} more (see result.json)")
     privacy = result.get("privacy")
     if privacy:
+        # A result written before the noise's seed was recorded has no "noise".
+        noise = f", noise {privacy['noise']}" if "noise" in privacy else ""
         lines.append(f"privacy: epsilon {privacy['epsilon']:.4g}, delta {privacy['delta']:.3g} per {privacy['unit']} "
                      f"({privacy['accountant']} accountant, noise multiplier {privacy['noise_multiplier']:.4g}, "
-                     f"clip {privacy['clip']:g}); per exchange: "
+                     f"clip {privacy['clip']:g}{noise}); per exchange: "
                      + ", ".join(f"{e['exchange']} {e['epsilon']:.3g}" for e in privacy["exchanges"]))
     lines.append(f"run time: {_format_number(timings.get('total'))} s (the federation's run; not the engine's start-up)")
     return "\n".join(lines)

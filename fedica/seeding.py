@@ -83,7 +83,8 @@ STREAMS: dict[str, Stream] = {
     # Hostile clients (robustness runs): who is hostile, and each one's junk per protocol stage.
     "attack.hostile": Stream("entropy", 0xA77AC),
     "attack.reply": Stream("entropy", 0xA77AC, ("partition", "stage")),
-    # A private run's noise (fedica.privacy): each site's per protocol stage, and its seeds' directions.
+    # A private run's noise (fedica.privacy): each site's per protocol stage (seeded by the run, or in a deployment
+    # by the site's own secret in place of the seed: Site.noise_secret), and its seeds' directions.
     "privacy.noise": Stream("entropy", 0xD1FF, ("partition", "stage")),
     "privacy.seeds": Stream("entropy", 0xD1F5, ("partition",)),
     # Which clients a FedGEM round asks when participation < 1.

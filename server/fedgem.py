@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,9 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 from fedica.parameters import FEDGEM_PARAMETERS as _P
+from fedica.privacy import SECRET_NOISE, SEEDED_NOISE
 from fedica.protocol import GEM_EVALUATE, GEM_FINAL, GEM_ROUND, GEM_SILHOUETTE, Request
+from fedica.protocol.tasks import LOCAL_ENGINE_VARIABLE
 
 log = logging.getLogger("fedica.server")
 
@@ -46,7 +49,9 @@ class FedGEMStrategy(ProtocolStrategy):
     upsilon_ : float
     history_ : list of dict
     privacy_ : dict or None
-        A private run's ``epsilon`` and ``delta`` spent, in total and per exchange; None without ``dp_epsilon``.
+        A private run's ``epsilon`` and ``delta`` spent, in total and per exchange, and whose seed
+        the sites' noise came from (``noise``: secret at each site, or the run's under fedica's
+        local engines); None without ``dp_epsilon``.
     server : FedGEMServer
         The protocol's state (everything the run computed).
     """
@@ -129,4 +134,8 @@ class FedGEMStrategy(ProtocolStrategy):
 
     @property
     def privacy_(self) -> dict[str, Any] | None:
-        return None if self.server.privacy is None else self.server.privacy.record()
+        if self.server.privacy is None:
+            return None
+        # The sites' rule (fedica.clients.app.FlowerSite.noise_secret): the run's seed under fedica's local engines.
+        local = os.environ.get(LOCAL_ENGINE_VARIABLE) == "1"
+        return self.server.privacy.record(SEEDED_NOISE if local else SECRET_NOISE)

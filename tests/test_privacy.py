@@ -20,7 +20,7 @@ import fedica.conf
 from fedica.config import ConfigError, validate_config
 from fedica.data.common import ClientData
 from fedica.fedgem import estimator as fedgem_estimator
-from fedica.fedgem.coordinator import FedGEMSettings
+from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 from fedica.hostile import hostile_reply
 from fedica.privacy import (
     PrivacyPlan,
@@ -263,3 +263,118 @@ def test_a_private_fedica_run_records_its_privacy_in_the_result_and_the_summary(
     assert [e["exchange"] for e in result["privacy"]["exchanges"]] == ["init", "round 1", "round 2", "final"]
     assert result["fedgem"]["upsilon_tuning"]["criterion"] == "private-bic"
     assert "privacy: epsilon 2, delta 1e-05 per record" in (tmp_path / "summary.txt").read_text()
+
+
+# ---------------------------------------------------------------- whose seed the noise comes from
+
+
+def client_app_replies(app, node_config, *requests):
+    """The arrays a ClientApp answers FedGEM round requests with, on one SuperNode of ``node_config`` (its context kept)."""
+    from fedica.protocol.messages import message_type
+    from fedica.server.inprocess import InProcessGrid
+    from fedica.server.records import pack, unpack
+
+    grid = InProcessGrid(app, [{"partition-id": 3, **node_config}])
+    (node,) = grid.get_node_ids()
+    replies = []
+    for values in requests:
+        message = grid.create_message(pack({"centroids": CENTROIDS}, values), message_type(GEM_ROUND), node, "1")
+        (reply,) = grid.send_and_receive([message])
+        arrays, reply_values = unpack(reply.content)
+        assert "error" not in reply_values, reply_values
+        replies.append(arrays)
+    return replies
+
+
+def client_app_reply(app, node_config, values):
+    return client_app_replies(app, node_config, values)[0]
+
+
+def deployed_site_app(monkeypatch, X):
+    """A user's ClientApp on ``X``, outside fedica's local engines (as on a SuperNode)."""
+    from fedica.clients.app import LOCAL_ENGINE_VARIABLE
+
+    monkeypatch.delenv(LOCAL_ENGINE_VARIABLE, raising=False)
+    return fedica.clients.make_client_app(lambda context: X, n_components=2)
+
+
+def run_seeded_reply(X, values):
+    return CLIENT_TASKS.answer(GEM_ROUND, site_with_centroids(X, CENTROIDS), {"centroids": CENTROIDS}, values)[0]
+
+
+def test_a_deployed_site_draws_its_noise_from_its_own_secret_seed_not_the_runs(monkeypatch):
+    X = blob_sites(1)[0]
+    app = deployed_site_app(monkeypatch, X)
+    first = client_app_reply(app, {"dp-noise-seed": 11}, round_request())
+    again = client_app_reply(app, {"dp-noise-seed": 11}, round_request())
+    other = client_app_reply(app, {"dp-noise-seed": 12}, round_request())
+    np.testing.assert_array_equal(first["maximisers"], again["maximisers"])
+    assert not np.allclose(first["maximisers"], other["maximisers"])
+    # What the server knows (the run's seed, the stage, the partition) does not give this noise.
+    assert not np.allclose(first["maximisers"], run_seeded_reply(X, round_request())["maximisers"])
+    # Another run seed leaves a secret-seeded site's noise as it was: the run's seed is not in it.
+    np.testing.assert_array_equal(first["maximisers"],
+                                  client_app_reply(app, {"dp-noise-seed": 11}, round_request(seed=5))["maximisers"])
+
+
+def test_a_deployed_site_without_a_seed_draws_fresh_entropy_once_per_site(monkeypatch):
+    X = blob_sites(1)[0]
+    app = deployed_site_app(monkeypatch, X)
+    first, repeated = client_app_replies(app, {}, round_request(), round_request())
+    fresh = client_app_reply(app, {}, round_request())
+    assert not np.allclose(first["maximisers"], fresh["maximisers"])
+    assert not np.allclose(first["maximisers"], run_seeded_reply(X, round_request())["maximisers"])
+    # The same site asked the same request again repeats its noise: no second, independent release.
+    np.testing.assert_array_equal(first["maximisers"], repeated["maximisers"])
+
+
+def test_fedicas_local_engines_keep_the_runs_reproducible_noise(monkeypatch):
+    from fedica.clients.app import LOCAL_ENGINE_VARIABLE
+
+    X = blob_sites(1)[0]
+    monkeypatch.setenv(LOCAL_ENGINE_VARIABLE, "1")
+    app = fedica.clients.make_client_app(lambda context: X, n_components=2)
+    reply = client_app_reply(app, {}, round_request())
+    for key, expected in run_seeded_reply(X, round_request()).items():
+        np.testing.assert_array_equal(reply[key], expected)
+
+
+def test_without_dp_a_sites_noise_seed_changes_nothing(monkeypatch):
+    X = blob_sites(1)[0]
+    app = deployed_site_app(monkeypatch, X)
+    plain = {"covariance-type": "identity", "local-steps": 1, "server-round": "1"}
+    with_seed = client_app_reply(app, {"dp-noise-seed": 11}, plain)
+    assert set(with_seed) == {"maximisers", "radii"}
+    for reply in (client_app_reply(app, {}, plain), run_seeded_reply(X, plain)):
+        for key, expected in reply.items():
+            np.testing.assert_array_equal(with_seed[key], expected)
+
+
+@pytest.mark.parametrize("secret", [-1, "11", True, 1.5])
+def test_a_site_refuses_a_noise_seed_that_is_not_a_non_negative_int_in_one_line(monkeypatch, secret):
+    from fedica.clients.app import LOCAL_ENGINE_VARIABLE, ArraySource, FlowerSite
+    from flwr.app import Context, RecordDict
+
+    monkeypatch.delenv(LOCAL_ENGINE_VARIABLE, raising=False)
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 3, "dp-noise-seed": secret},
+                      state=RecordDict(), run_config={})
+    site = FlowerSite(ArraySource(lambda context: blob_sites(1)[0], 2, 10), 3, context, {})
+    with pytest.raises(ValueError, match=r"^node config dp-noise-seed=.*must be a non-negative int$"):
+        site.noise_secret
+
+
+def test_the_result_says_whose_seed_the_noise_came_from(monkeypatch):
+    from fedica.clients.app import LOCAL_ENGINE_VARIABLE
+    from fedica.privacy import SECRET_NOISE, SEEDED_NOISE
+    from fedica.server import FedGEMStrategy
+
+    model = fedica.FedGEM(covariance_type="identity", rounds=1, dp_epsilon=4.0, dp_clip=6.0).fit(blob_sites(), 2)
+    assert model.privacy_["noise"] == SEEDED_NOISE == "seeded by the run (simulation)"
+    strategy = FedGEMStrategy(covariance_type="identity", dp_epsilon=4.0, dp_clip=6.0)
+    strategy.server = FedGEMServer(strategy.settings)  # the protocol's server holds the plan; no exchange is driven
+    monkeypatch.delenv(LOCAL_ENGINE_VARIABLE, raising=False)
+    assert strategy.privacy_["noise"] == SECRET_NOISE == "secret at each site"
+    assert "clip 6, noise secret at each site); per exchange" in format_summary(
+        {"algorithm": "fedgem", "privacy": strategy.privacy_})
+    monkeypatch.setenv(LOCAL_ENGINE_VARIABLE, "1")
+    assert strategy.privacy_["noise"] == SEEDED_NOISE

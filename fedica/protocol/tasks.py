@@ -22,6 +22,10 @@ import numpy as np
 
 from fedica.data.common import ClientData
 
+# Set by fedica's in-process and simulation engines, for their clients and their server (the user's own): the
+# clients may read the files the run config names, and a private run's sites draw their noise from the run's seed.
+LOCAL_ENGINE_VARIABLE = "FEDICA_LOCAL_ENGINE"
+
 Arrays = dict[str, np.ndarray]
 Values = dict[str, Any]
 ReplyParts = tuple[Arrays, Values]
@@ -38,11 +42,16 @@ class Site(Protocol):
     run_config : mapping or None
         fedica's own run configuration (its scenario, seed and attack), for fedica's own clients;
         None for a user's site.
+    noise_secret : int or None
+        The seed of a private run's noise known to this site alone (docs/ALGORITHMS.md section
+        2.13); None: the noise is drawn from the run's seed, which the server knows (the library
+        and fedica's local engines, where the server and the sites are one user's process).
     """
 
     partition_id: int
     state: MutableMapping[str, np.ndarray]
     run_config: Mapping[str, Any] | None
+    noise_secret: int | None
 
     def points(self, values: Mapping[str, Any]) -> ClientData:
         """The site's points for clustering (FedGEM, FFCM, AFCL): train and test rows, K_g."""
@@ -60,12 +69,15 @@ class ArraySite:
     data : ClientData
     partition_id : int
     run_config : mapping or None, default=None
+    noise_secret : int or None, default=None
+        None: a private run's noise comes from the run's seed, reproducibly (see :class:`Site`).
     """
 
     data: ClientData
     partition_id: int
     run_config: Mapping[str, Any] | None = None
     state: dict[str, np.ndarray] = field(default_factory=dict)
+    noise_secret: int | None = None
 
     def points(self, values: Mapping[str, Any]) -> ClientData:
         return self.data
