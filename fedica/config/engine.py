@@ -19,7 +19,7 @@ __all__ = ["ENGINE_KEYS", "ENGINES", "RAY_ADDRESS", "check_engine"]
 ENGINE_KEYS: dict[str, tuple[str, ...]] = {
     "deployment": (
         "host", "superlink_port", "supernode_port", "tls", "node_auth", "startup_timeout", "run_timeout",
-        "shutdown_grace", "out_dir",
+        "shutdown_grace", "out_dir", "max_reply_mib",
     ),
     "inprocess": (),
     "simulation": ("client_num_cpus", "ray_address"),
@@ -72,6 +72,7 @@ def _check_deployment(eng: Checker, n_clients: int | None) -> None:
     eng.seconds("run_timeout", optional=True)
     eng.seconds("shutdown_grace")
     eng.text("out_dir", optional=True)
+    eng.integer("max_reply_mib", minimum=1, maximum=2**20)
 
 
 _CHECKS: dict[str, Callable[[Checker, int | None], None]] = {

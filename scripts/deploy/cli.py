@@ -14,7 +14,7 @@ from .localhost import run_deployment
 from .options import DeploymentOptions
 from .overrides import compose, hydra_value, resolve_out_dir
 
-LAUNCHER_OPTIONS = ("host", "superlink_port", "supernode_port", "tls", "node_auth", "startup_timeout", "run_timeout", "shutdown_grace", "out_dir")
+LAUNCHER_OPTIONS = ("host", "superlink_port", "supernode_port", "tls", "node_auth", "startup_timeout", "run_timeout", "shutdown_grace", "out_dir", "max_reply_mib")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--startup-timeout", type=float, help="seconds to wait for the processes to be ready (default 120)")
     parser.add_argument("--run-timeout", type=float, help="seconds the run may take before it is stopped (default: no limit)")
     parser.add_argument("--shutdown-grace", type=float, help="seconds between SIGTERM and SIGKILL (default 10)")
+    parser.add_argument("--max-reply-mib", type=int,
+                        help="the most MiB one site's reply may hold; a larger one is refused at the SuperLink (default 64)")
     parser.add_argument("--out-dir", help="folder for result.json and the logs (default outputs/deploy/<date>/<time>)")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="go on with the interrupted run in RUN_DIR (its output folder, holding journal/) from its "

@@ -64,7 +64,8 @@ def _superlink_setup(
 ) -> tuple[list[str], list[str], list[str]]:
     """The SuperLink's command, the submitting machine's connection entry, and a note on TLS (writes ``certs/``)."""
     superlink = ["fedica-superlink", "--host", options.host, "--port", str(options.superlink_port),
-                 "--database", "fedica-superlink.db", "--disable-runtime-dependency-installation"]
+                 "--database", "fedica-superlink.db", "--disable-runtime-dependency-installation",
+                 "--max-reply-mib", str(options.max_reply_mib)]
     # The Control API answers only the SuperLink machine's loopback address (scripts/deploy/superlink.py).
     connection = [f"[superlink.{CONNECTION}]", f"address = {toml_string(join_host_port('127.0.0.1', options.superlink_port))}"]
     tls_note = []

@@ -158,6 +158,7 @@ class LocalDeployment:
             "--host", options.host, "--port", str(options.superlink_port),
             "--database", str(self.temp / "superlink-state.db"),
             "--disable-runtime-dependency-installation",
+            "--max-reply-mib", str(options.max_reply_mib),
         ]
         if self.tls is None:
             command.append("--insecure")

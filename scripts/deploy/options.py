@@ -26,6 +26,7 @@ class DeploymentOptions:
     run_timeout: float | None = None
     shutdown_grace: float = 10.0
     out_dir: str | None = None
+    max_reply_mib: int = 64
 
     @classmethod
     def from_engine(cls, engine: Mapping[str, Any]) -> DeploymentOptions:
@@ -51,6 +52,9 @@ class DeploymentOptions:
             value = getattr(options, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
                 raise ValueError(f"engine.{key}={value!r}: must be a positive number of seconds")
+        mib = options.max_reply_mib
+        if isinstance(mib, bool) or not isinstance(mib, int) or not 1 <= mib <= 2**20:
+            raise ValueError(f"engine.max_reply_mib={mib!r}: must be a whole number of MiB in 1..1048576")
         if not isinstance(options.host, str) or not options.host:
             raise ValueError(f"engine.host={options.host!r}: must be an address to listen on (127.0.0.1, 0.0.0.0, ...)")
         return options

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from fedica.scripts.deploy import superlink
-from fedica.scripts.deploy.superlink import OperatorOnlyBeyondFleet, is_operator, is_public
+from fedica.scripts.deploy.superlink import BoundedReplies, OperatorOnlyBeyondFleet, is_operator, is_public
 
 
 @pytest.mark.parametrize("host, expected", [
@@ -68,7 +68,99 @@ def test_the_guard_goes_first_in_flowers_middleware_and_keeps_flowers_own(monkey
 
     monkeypatch.setattr(extensions, "get_middleware", extensions.get_middleware)  # restored after the test
     superlink.install_operator_guard()
-    superlink.install_operator_guard()  # idempotent
-    stack = [m.cls for m in create_app().user_middleware]
-    assert stack[0] is OperatorOnlyBeyondFleet and stack.count(OperatorOnlyBeyondFleet) == 1
+    superlink.install_operator_guard(5 * 2**20)  # again: only the bound changes
+    middleware = create_app().user_middleware
+    stack = [m.cls for m in middleware]
+    assert stack[:2] == [OperatorOnlyBeyondFleet, BoundedReplies] and stack.count(OperatorOnlyBeyondFleet) == 1
+    assert middleware[1].kwargs == {"limit": 5 * 2**20}
     assert any(cls.__name__ == "NodeAuthMiddleware" for cls in stack)
+
+
+
+def _push(middleware: BoundedReplies, path: str, chunks: list[bytes], *, declared: int | None = None):
+    """A request through ``middleware``: its status, its answer, and the body Flower received (None: never reached)."""
+    reached = []
+
+    async def flower(scope, receive, send):
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        reached.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"stored"})
+
+    middleware.app = flower
+    pending = [{"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1} for i, chunk in enumerate(chunks)]
+    sent = []
+
+    async def receive():
+        return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    headers = [] if declared is None else [(b"content-length", str(declared).encode())]
+    scope = {"type": "http", "method": "POST", "path": path, "client": ("192.0.2.7", 5000), "headers": headers}
+    asyncio.run(middleware(scope, receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:]), reached[0] if reached else None
+
+
+def _object(session: str, object_id: str, size: int, run_id: int = 7) -> bytes:
+    from flwr.proto.message_pb2 import PushObjectRequest  # pylint: disable=no-name-in-module
+
+    return PushObjectRequest(run_id=run_id, session_id=session, object_id=object_id,
+                             object_content=b"x" * size).SerializeToString()
+
+
+def test_a_fleet_request_larger_than_the_bound_is_refused_before_flower_reads_it():
+    status, body, reached = _push(BoundedReplies(None, limit=1000), "/v1/fleet/push-messages", [b"x" * 10], declared=5000)
+    assert (status, reached) == (413, None)
+    assert b"5000 bytes" in body and b"--max-reply-mib" in body
+    # Without a declared length (a chunked body), reading stops as soon as the bound is passed.
+    status, _, reached = _push(BoundedReplies(None, limit=1000), "/v1/fleet/push-messages", [b"x" * 600] * 3)
+    assert (status, reached) == (413, None)
+
+
+def test_a_request_within_the_bound_reaches_flower_with_its_body_unchanged():
+    body = _object("reply-1", "a", 100)
+    status, _, reached = _push(BoundedReplies(None, limit=1000), "/v1/fleet/push-object", [body[:10], body[10:]])
+    assert status == 200 and reached == body
+
+
+def test_the_objects_of_one_reply_together_are_bounded_and_an_object_counts_once():
+    middleware = BoundedReplies(None, limit=2000)
+
+    def push(session, object_id, size):
+        status, _, reached = _push(middleware, "/v1/fleet/push-object", [_object(session, object_id, size)])
+        return status, reached is not None
+
+    assert push("reply-1", "a", 900) == (200, True)
+    assert push("reply-1", "a", 900) == (200, True)  # pushed again (a retry): counted once
+    assert push("reply-1", "b", 900) == (200, True)
+    assert push("reply-1", "c", 900) == (413, False)  # 2,700 bytes in one reply
+    assert push("reply-2", "c", 900) == (200, True)  # another reply has its own bound
+    assert push("reply-1", "d", 10) == (200, True)   # the refused object did not count
+
+
+def test_paths_outside_the_fleet_api_are_not_bounded_here():
+    reached = []
+
+    async def flower(scope, receive, send):
+        reached.append(scope["path"])
+
+    middleware = BoundedReplies(flower, limit=10)
+    asyncio.run(middleware({"type": "http", "method": "POST", "path": "/v1/control/start-run",
+                            "headers": [(b"content-length", b"999")]}, None, None))
+    assert reached == ["/v1/control/start-run"]
+
+
+def test_the_bound_is_a_positive_whole_number_of_mib():
+    import argparse
+
+    assert superlink.positive_mib("64") == 64
+    for bad in ("0", "-3", "1.5", "lots"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            superlink.positive_mib(bad)
