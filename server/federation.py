@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from fedica.server.records import MalformedMessage, content_bytes, pack, unpack
 from flwr.app import Message
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from fedica.protocol import (
@@ -54,6 +55,11 @@ SIMULATION_SETTLE_SECONDS = 1.0
 # per local CPU, so that stages of slow messages still keep every actor of this machine's Ray busy.
 MIN_IN_FLIGHT = max(16, 4 * (os.cpu_count() or 1))
 IN_FLIGHT_SECONDS = 0.5
+
+# Flower's reason for a reply whose objects never all arrived; fedica-superlink's size bound
+# (scripts/deploy/superlink.py) is one way to get there, a node lost mid-upload the other.
+UNAVAILABLE_HINT = ("a reply over the SuperLink's bound, engine.max_reply_mib, is refused this way; "
+                    "the SuperLink's log names it")
 
 
 def message_sizes(request: Request, replies: list[Reply]) -> dict[str, float]:
@@ -344,8 +350,10 @@ class Federation:
     def _decode(self, node: int, message: Message, round_label: int | str, seen: set[int],
                 size_limit: int) -> Reply | None:
         if message.has_error():
-            self.reject_node(node, round_label,
-                             f"client error (code {message.error.code}): {client_text(message.error.reason)}")
+            reason = f"client error (code {message.error.code}): {client_text(message.error.reason)}"
+            if message.error.code == ErrorCode.MESSAGE_UNAVAILABLE:
+                reason += f" ({UNAVAILABLE_HINT})"
+            self.reject_node(node, round_label, reason)
             return None
         try:
             check_reply_size(content_bytes(message.content), size_limit)

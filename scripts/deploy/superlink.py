@@ -21,8 +21,10 @@ all kept in the SuperLink's memory and pulled whole by the ServerApp). Every Fle
 and the objects of one pushed reply together, may hold at most ``--max-reply-mib`` (default
 :data:`DEFAULT_MAX_REPLY_MIB`); a request beyond it gets ``413`` before Flower reads it, and the
 reply it belongs to never completes (the ServerApp records ``no reply within ...`` for that site).
-The ServerApp's own, relative, bound (``fedica.protocol.messages.reply_size_limits``) still checks
-every reply that arrives.
+Flower's ServerApp would then retry pulling the refused object for minutes (it waits for an upload
+that may still come); the middleware answers those pulls "not found", so the stage ends at once with
+that site's reply missing. The ServerApp's own, relative, bound
+(``fedica.protocol.messages.reply_size_limits``) still checks every reply that arrives.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ class OperatorOnlyBeyondFleet:
 # raises it with --max-reply-mib (fedica-deploy: engine.max_reply_mib).
 DEFAULT_MAX_REPLY_MIB = 64
 PUSH_OBJECT_PATH = "/v1/fleet/push-object"
+# Where the ServerApp pulls a reply's objects (Flower's Runtime API).
+PULL_OBJECT_PATH = "/v1/runtime/pull-object"
 # How many pushed replies' byte counts are kept: a reply's objects are pushed right after its message,
 # so only the newest sessions can still grow; the oldest are forgotten first.
 TRACKED_SESSIONS = 65_536
@@ -109,47 +113,79 @@ class BoundedReplies:
     unchanged; a ``push-object`` request adds its object's bytes to its reply's (Flower's push
     session's) total, each object counted once however often it is pushed. Over the bound, the
     request is answered ``413`` with a JSON ``detail`` naming the bound, and Flower never sees it.
+    A Runtime API pull of a refused object that Flower holds no content for is answered "not found"
+    (a permanent failure to Flower's ServerApp, which would otherwise retry it for minutes).
     """
 
     def __init__(self, app, limit: int = DEFAULT_MAX_REPLY_MIB * 2**20) -> None:
         self.app = app
         self.limit = int(limit)
         self.session_objects: OrderedDict[tuple[int, str], dict[str, int]] = OrderedDict()
+        self.refused_objects: OrderedDict[tuple[int, str], None] = OrderedDict()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or not scope.get("path", "").startswith(PUBLIC_PATH_PREFIXES):
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path == PULL_OBJECT_PATH and self.refused_objects:
+            await self._pull_object(scope, receive, send)
+            return
+        if not path.startswith(PUBLIC_PATH_PREFIXES):
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.limit:
             await self._refuse(scope, send, f"the request holds {declared} bytes")
             return
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the peer left; nothing to answer
-            body += message.get("body", b"")
-            if len(body) > self.limit:
-                await self._refuse(scope, send, f"the request holds more than {self.limit} bytes")
-                return
-            if not message.get("more_body", False):
-                break
-        if scope["path"] == PUSH_OBJECT_PATH:
-            total = self._count_object(bytes(body))
+        body = await _read_body(receive, self.limit)
+        if body is None:
+            return  # the peer left; nothing to answer
+        if len(body) > self.limit:
+            if path == PUSH_OBJECT_PATH:
+                self._remember_refused(*_object_key(body))
+            await self._refuse(scope, send, f"the request holds more than {self.limit} bytes")
+            return
+        if path == PUSH_OBJECT_PATH:
+            total = self._count_object(body)
             if total is not None and total > self.limit:
                 await self._refuse(scope, send, f"the objects of one reply hold {total} bytes")
                 return
-        replayed = False
+        await self.app(scope, _replaying(body, receive), send)
 
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()  # after the body: the disconnect, when it comes
-            replayed = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
+    async def _pull_object(self, scope, receive, send) -> None:
+        """The ServerApp's pull of an object: Flower's answer, or "not found" for a refused object Flower lacks."""
+        from flwr.proto.message_pb2 import PullObjectRequest, PullObjectResponse  # pylint: disable=no-name-in-module
+        from google.protobuf.message import DecodeError
 
-        await self.app(scope, replay, send)
+        body = await _read_body(receive, self.limit)
+        if body is None:
+            return
+        request = PullObjectRequest()
+        try:
+            request.ParseFromString(body)
+        except DecodeError:
+            await self.app(scope, _replaying(body, receive), send)
+            return
+        if (int(request.run_id), str(request.object_id)) not in self.refused_objects:
+            await self.app(scope, _replaying(body, receive), send)
+            return
+        # Ask Flower first: the same content (objects are named by their hash) may have come in another reply.
+        answer = []
+        await self.app(scope, _replaying(body, receive), lambda message: _append(answer, message))
+        start, parts = answer[0], answer[1:]
+        flowers = b"".join(m.get("body", b"") for m in parts)
+        response = PullObjectResponse()
+        if start["status"] == 200:
+            try:
+                response.ParseFromString(flowers)
+            except DecodeError:
+                response.object_available = True  # not Flower's protobuf answer: pass it on untouched
+        if start["status"] != 200 or response.object_available:
+            for message in answer:
+                await send(message)
+            return
+        missing = PullObjectResponse(object_found=False, object_available=False).SerializeToString()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/protobuf"), (b"content-length", str(len(missing)).encode())]})
+        await send({"type": "http.response.body", "body": missing})
 
     def _count_object(self, body: bytes) -> int | None:
         """The bytes of the reply this pushed object belongs to, with it; None for a body Flower will refuse itself."""
@@ -167,10 +203,17 @@ class BoundedReplies:
         total = sum(objects.values())
         if total > self.limit:
             objects.pop(request.object_id)  # refused: it does not count
+            self._remember_refused(key[0], str(request.object_id))
         self.session_objects[key] = objects
         while len(self.session_objects) > TRACKED_SESSIONS:
             self.session_objects.popitem(last=False)
         return total
+
+    def _remember_refused(self, run_id: int | None, object_id: str | None) -> None:
+        if run_id is not None and object_id is not None:
+            self.refused_objects[(run_id, object_id)] = None
+            while len(self.refused_objects) > TRACKED_SESSIONS:
+                self.refused_objects.popitem(last=False)
 
     async def _refuse(self, scope, send, what: str) -> None:
         client = scope.get("client")
@@ -181,6 +224,78 @@ class BoundedReplies:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
+
+
+def _object_key(prefix: bytes) -> tuple[int | None, str | None]:
+    """The run id and object id of a ``PushObjectRequest`` of which only the first bytes were read.
+
+    The protobuf runtime parses whole messages only, and a request refused for its size is never read
+    whole; protobuf writes fields in their numbers' order, so the run id (field 2, a varint) and the
+    object id (field 3, a string) come before the content (field 4), and a walk over the wire format
+    (tag, then a varint or a length and its bytes) finds them in the prefix.
+    """
+    run_id = object_id = None
+    position = 0
+    try:
+        while position < len(prefix) and (run_id is None or object_id is None):
+            tag, position = _varint(prefix, position)
+            field, wire_type = tag >> 3, tag & 7
+            if wire_type == 0:
+                value, position = _varint(prefix, position)
+                if field == 2:
+                    run_id = value
+            elif wire_type == 2:
+                length, position = _varint(prefix, position)
+                if field == 3 and position + length <= len(prefix):
+                    object_id = prefix[position:position + length].decode("utf-8")
+                position += length
+            else:
+                break  # no such field in a PushObjectRequest
+    except (IndexError, UnicodeDecodeError):
+        pass
+    return run_id, object_id
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    """The protobuf varint at ``position`` and the position after it."""
+    value = shift = 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
+
+
+async def _read_body(receive, limit: int) -> bytes | None:
+    """A request's body, read until its end or until it holds more than ``limit`` bytes; None if the peer left."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if len(body) > limit or not message.get("more_body", False):
+            return bytes(body)
+
+
+def _replaying(body: bytes, receive):
+    """An ASGI ``receive`` that gives ``body`` (already read) once, then what ``receive`` gives (the disconnect)."""
+    replayed = False
+
+    async def replay():
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _append(messages: list, message) -> None:
+    messages.append(message)
 
 
 def _content_length(scope) -> int | None:

@@ -164,3 +164,55 @@ def test_the_bound_is_a_positive_whole_number_of_mib():
     for bad in ("0", "-3", "1.5", "lots"):
         with pytest.raises(argparse.ArgumentTypeError):
             superlink.positive_mib(bad)
+
+
+def _pull(middleware: BoundedReplies, object_id: str, flowers_answer, run_id: int = 7):
+    """The ServerApp's pull of ``object_id`` through ``middleware``, Flower answering ``flowers_answer``."""
+    from flwr.proto.message_pb2 import PullObjectRequest, PullObjectResponse  # pylint: disable=no-name-in-module
+
+    asked = []
+
+    async def flower(scope, receive, send):
+        asked.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": flowers_answer.SerializeToString()})
+
+    middleware.app = flower
+    sent = []
+    body = PullObjectRequest(run_id=run_id, object_id=object_id).SerializeToString()
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(middleware({"type": "http", "method": "POST", "path": "/v1/runtime/pull-object",
+                            "client": ("127.0.0.1", 5000), "headers": []}, receive, send))
+    answer = PullObjectResponse()
+    answer.ParseFromString(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert asked == [body]  # Flower is always asked first
+    return answer
+
+
+def test_the_serverapps_pull_of_a_refused_object_fails_at_once_unless_flower_holds_it():
+    from flwr.proto.message_pb2 import PullObjectResponse  # pylint: disable=no-name-in-module
+
+    middleware = BoundedReplies(None, limit=2000)
+    assert _push(middleware, "/v1/fleet/push-object", [_object("reply-1", "big", 5000)])[0] == 413
+    waiting = PullObjectResponse(object_found=True, object_available=False)  # preregistered, never uploaded
+    answer = _pull(middleware, "big", waiting)
+    assert not answer.object_found and not answer.object_available
+    # The same content uploaded in another reply (objects are named by their hash): Flower's answer stands.
+    held = PullObjectResponse(object_found=True, object_available=True, object_content=b"x")
+    assert _pull(middleware, "big", held) == held
+    # Objects never refused, and the same id in another run, are Flower's business.
+    assert _pull(middleware, "small", waiting) == waiting
+    assert _pull(middleware, "big", waiting, run_id=8) == waiting
+
+
+def test_a_refused_requests_object_is_named_from_its_first_bytes():
+    whole = _object("reply-1", "3f" * 32, 10**6, run_id=2**40 + 5)
+    assert superlink._object_key(whole[:200]) == (2**40 + 5, "3f" * 32)
+    assert superlink._object_key(whole[:10]) == (2**40 + 5, None)  # the id itself cut off
+    assert superlink._object_key(b"\xff") == (None, None)
