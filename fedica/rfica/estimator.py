@@ -100,7 +100,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         The mean of all sites' observations, weighted by their sizes (removed by ``transform``);
         zeros after ``aggregate`` and ``from_result`` (no site sends its mean).
     site_mixings_ : ndarray of shape (n_sites, n_features, n_components_)
-        Each site's own (unit-column) estimate in channel space.
+        Each site's own (unit-column) estimate in channel space; with ``dp_epsilon``, its noisy release
+        as received (the server aggregates its columns' directions).
     site_converged_ : ndarray of shape (n_sites,), dtype bool, or None
         Whether each site's local ICA converged (after one retry from another start when the first
         did not); a warning line names the sites that did not. None after :meth:`aggregate`.
