@@ -29,7 +29,7 @@ import numpy as np
 
 from fedica.privacy import NOISE_KEY, SEED_KEY, PrivacyPlan
 from fedica.protocol.messages import RFICA_COVARIANCE, RFICA_FIT
-from fedica.protocol.tasks import Site
+from fedica.protocol.tasks import ReplyParts, Site
 from fedica.seeding import generator
 
 __all__ = ["RELEASE", "SITE_UNIT", "canonical_columns", "check_covered", "private_mixing", "private_mixing_reply",
@@ -62,7 +62,7 @@ def uncovered(parameters: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 def check_covered(parameters: Mapping[str, Any]) -> None:
-    """Raise ValueError ``name=value: rule`` (one line) for a parameter a private run cannot take (:func:`uncovered`)."""
+    """Raise ValueError ``name=value: rule`` (one line) for what a private run cannot take (:func:`uncovered`)."""
     refusal = uncovered(parameters)
     if refusal is not None:
         key, rule = refusal
@@ -112,7 +112,7 @@ def _noise_rng(values: Mapping[str, Any], site: Site) -> np.random.Generator:
 
 
 def private_mixing_reply(task: str, site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any],
-                         reply: tuple[dict[str, np.ndarray], dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                         reply: ReplyParts) -> ReplyParts:
     """The reply transform of private RF-ICA runs: the mixing released through the Gaussian mechanism.
 
     A request without ``dp-noise`` (every non-private run) and every other algorithm's task pass
