@@ -147,6 +147,31 @@ def test_a_site_with_its_own_secret_draws_noise_the_server_cannot_regenerate():
     assert not np.allclose(secret[0], seeded)
 
 
+def test_a_deployed_flower_site_draws_its_noise_from_its_node_config_secret(monkeypatch):
+    from flwr.app import Context, RecordDict
+
+    from fedica.clients.app import LOCAL_ENGINE_VARIABLE, ArraySource, FlowerSite
+
+    sites, _ = ica_sites(1)
+    monkeypatch.delenv(LOCAL_ENGINE_VARIABLE, raising=False)
+
+    def flower_site(node_config):
+        context = Context(run_id=1, node_id=1, node_config={"partition-id": 3, **node_config}, state=RecordDict(),
+                          run_config={})
+        return FlowerSite(ArraySource(lambda context: sites[0], None, 10), 3, context, {})
+
+    releases = [CLIENT_TASKS.answer(RFICA_FIT, flower_site({"dp-noise-seed": 7}), {}, fit_request(seed=seed))[0]
+                ["mixing"] for seed in (0, 1)]
+    np.testing.assert_array_equal(releases[0], releases[1])
+    expected = CLIENT_TASKS.answer(RFICA_FIT, array_site(sites[0], noise_secret=7), {}, fit_request())[0]["mixing"]
+    np.testing.assert_array_equal(releases[0], expected)
+    # Without a node config seed: fresh OS entropy, kept for the site (the same request repeats its noise).
+    site = flower_site({})
+    first, repeated = (CLIENT_TASKS.answer(RFICA_FIT, site, {}, fit_request())[0]["mixing"] for _ in range(2))
+    np.testing.assert_array_equal(first, repeated)
+    assert not np.allclose(first, CLIENT_TASKS.answer(RFICA_FIT, flower_site({}), {}, fit_request())[0]["mixing"])
+
+
 # ---------------------------------------------------------------- the estimator, the strategy, the config
 
 
