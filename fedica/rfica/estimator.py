@@ -84,8 +84,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         Differential privacy of each site's one release, per site (docs/ALGORITHMS.md section 1.9):
         every site sends its estimate's unit columns plus Gaussian noise calibrated so that the
         release is ``(dp_epsilon, dp_delta)``-private for the site's whole data, and declares one
-        sample. Needs ``whitening="local"`` with ``n_components`` and a benchmark other than
-        ``"largest"``. None: no noise, every result as without it, bit for bit.
+        sample. Needs ``whitening="local"`` with ``n_components`` (a count, not a share) and a
+        benchmark other than ``"largest"``. None: no noise, every result as without it, bit for bit.
     dp_delta : float, default=1e-5
 
     Attributes

@@ -56,6 +56,9 @@ def uncovered(parameters: Mapping[str, Any]) -> tuple[str, str] | None:
     if federated:
         return "whitening", ("a private run releases the mixing alone: take 'local' (the federated whitening's "
                              "covariances have no bounded sensitivity, their scale is the data's)")
+    if isinstance(parameters["n_components"], float):
+        return "n_components", ("a private run needs a count or null (with a share of the variance each site's "
+                                "data would choose how many columns its release has)")
     if parameters["benchmark"] == "largest":
         return "benchmark", "a private run does not release the sites' sizes: take 'medoid' or 'best_objective'"
     return None

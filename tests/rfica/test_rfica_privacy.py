@@ -207,6 +207,7 @@ def test_a_private_fit_records_what_it_spent_and_pays_in_error():
     (dict(n_components=2), r"^whitening=None: a private run releases the mixing alone: take 'local'"),
     (dict(n_components=2, whitening="federated"), r"^whitening='federated': a private run"),
     (dict(benchmark="largest"), r"^benchmark='largest': a private run does not release the sites' sizes"),
+    (dict(n_components=0.9, whitening="local"), r"^n_components=0.9: a private run needs a count or null"),
 ])
 def test_what_the_release_cannot_cover_is_refused_in_one_line(parameters, line):
     from fedica.server import RFICAStrategy
