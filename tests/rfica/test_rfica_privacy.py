@@ -123,6 +123,17 @@ def test_the_private_reply_is_noisy_seeded_and_declares_nothing_of_the_data():
     assert "n-iter" in plain[1] and plain[1]["n-samples"] == sites[0].shape[0]
 
 
+def test_the_sites_reply_carries_the_noise_the_request_names():
+    sites, _ = ica_sites(1)
+    site = array_site(sites[0])
+    plain_request = {k: v for k, v in fit_request().items() if not k.startswith("dp-")}
+    unit = canonical_columns(CLIENT_TASKS.answer(RFICA_FIT, site, {}, plain_request)[0]["mixing"])
+    noise = np.stack([CLIENT_TASKS.answer(RFICA_FIT, site, {}, fit_request(noise=0.2, seed=seed))[0]["mixing"] - unit
+                      for seed in range(100)])
+    # 900 entries: the sample variance is within 20% of (0.2 * 2 sqrt(3))^2 (about 4 standard errors).
+    assert noise.var() == pytest.approx((0.2 * release_sensitivity(R)) ** 2, rel=0.2)
+
+
 def test_a_request_without_dp_noise_passes_through_untouched():
     sites, _ = ica_sites(1)
     site = array_site(sites[0])
