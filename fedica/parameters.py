@@ -352,6 +352,11 @@ RFICA_PARAMETERS = Declaration(
               config_default="kmeans"),
     Parameter("min_clients", _integer(1), 2, "Fewest valid sites the round needs.", in_config=False),
     Parameter("random_state", _integer(0), 0, "Seeds every random stream (the config's seed).", in_config=False),
+    # Differential privacy of the one release, per site (fedica.rfica.privacy, docs/ALGORITHMS.md section 1.9).
+    Parameter("dp_epsilon", _real(0, closed="neither"), None,
+              "The release's privacy budget epsilon, per site; None: no noise, every result as without privacy.",
+              none=True),
+    Parameter("dp_delta", _real(0, 1, "neither"), 1e-5, "The privacy budget's delta (with dp_epsilon)."),
 )
 
 # The declaration of each algorithm of the config's ``algorithm.name``.

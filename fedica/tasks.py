@@ -19,9 +19,10 @@ from fedica.hostile import hostile_reply
 from fedica.privacy import private_reply
 from fedica.protocol.tasks import ClientTasks
 from fedica.rfica import client as rfica_client
+from fedica.rfica.privacy import private_mixing_reply
 
 CLIENT_TASKS = ClientTasks(
     handlers={**rfica_client.TASKS, **fedgem_client.TASKS, **ffcm.TASKS, **afcl.TASKS},
     # Privacy first: a hostile site replaces whatever it likes of its private reply.
-    transforms=(private_reply, hostile_reply),
+    transforms=(private_reply, private_mixing_reply, hostile_reply),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -9,7 +10,10 @@ from fedica.server.strategy import ProtocolStrategy
 from flwr.app import Array, ArrayRecord
 
 from fedica.parameters import RFICA_PARAMETERS as _P
+from fedica.privacy import SECRET_NOISE, SEEDED_NOISE
+from fedica.protocol.tasks import LOCAL_ENGINE_VARIABLE
 from fedica.rfica.coordinator import RFICAState, rfica_protocol
+from fedica.rfica.privacy import check_covered
 
 
 class RFICAStrategy(ProtocolStrategy):
@@ -22,7 +26,8 @@ class RFICAStrategy(ProtocolStrategy):
 
     Parameters
     ----------
-    contrast, init, local_solver, n_components, whitening, benchmark, kmeans_restarts, gm_tol, clustering, random_state
+    contrast, init, local_solver, n_components, whitening, benchmark, kmeans_restarts, gm_tol, clustering, random_state,
+    dp_epsilon, dp_delta
         As for :class:`fedica.RFICA`: declared in :data:`fedica.parameters.RFICA_PARAMETERS`, and checked
         against it here (``ValueError`` or ``TypeError`` naming the parameter). ``clustering`` defaults to
         ``"matched"`` here and in :class:`fedica.RFICA`; fedica's own runs pass the config's (``kmeans``).
@@ -35,6 +40,10 @@ class RFICAStrategy(ProtocolStrategy):
     ----------
     mixing_ : ndarray of shape (r, n_components)
     components_ : ndarray of shape (n_components, r)
+    privacy_ : dict or None
+        A private run's ``epsilon`` and ``delta`` spent, its one exchange, and whose seed the sites'
+        noise came from (``noise``: secret at each site, or the run's under fedica's local engines);
+        None without ``dp_epsilon``.
     state : RFICAState
         Everything the run computed (estimates, partitions, the aggregate and its comparators).
     """
@@ -47,23 +56,29 @@ class RFICAStrategy(ProtocolStrategy):
                  kmeans_restarts: int = _P["kmeans_restarts"].default,
                  gm_tol: float = _P["gm_tol"].default, clustering: str = _P["clustering"].default,
                  random_state: int = _P["random_state"].default,
+                 dp_epsilon: float | None = _P["dp_epsilon"].default, dp_delta: float = _P["dp_delta"].default,
                  r: int | None = None, **kwargs: Any):
         # At construction: a bad value is one line now, not a failure once the clients have answered.
-        _P.check(dict(contrast=contrast, init=init, local_solver=local_solver, n_components=n_components,
-                      whitening=whitening, benchmark=benchmark, kmeans_restarts=kmeans_restarts,
-                      gm_tol=gm_tol, clustering=clustering, random_state=random_state))
+        parameters = dict(contrast=contrast, init=init, local_solver=local_solver, n_components=n_components,
+                          whitening=whitening, benchmark=benchmark, kmeans_restarts=kmeans_restarts,
+                          gm_tol=gm_tol, clustering=clustering, random_state=random_state,
+                          dp_epsilon=dp_epsilon, dp_delta=dp_delta)
+        _P.check(parameters)
+        check_covered(parameters)
         super().__init__(**kwargs)
         self.contrast, self.init, self.benchmark = contrast, init, benchmark
         self.local_solver, self.n_components, self.whitening = local_solver, n_components, whitening
         self.kmeans_restarts, self.gm_tol, self.random_state, self.r = kmeans_restarts, gm_tol, int(random_state), r
         self.clustering = clustering
+        self.dp_epsilon, self.dp_delta = dp_epsilon, dp_delta
         self.state: RFICAState | None = None
 
     def protocol(self):
         self.state = RFICAState(contrast=self.contrast, init=self.init, local_solver=self.local_solver,
                                 n_components=self.n_components, whitening=self.whitening, benchmark=self.benchmark,
                                 kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol,
-                                clustering=self.clustering, seed=self.random_state,
+                                clustering=self.clustering, dp_epsilon=self.dp_epsilon, dp_delta=self.dp_delta,
+                                seed=self.random_state,
                                 min_clients=self.min_clients, r=self.r, rejected=self.federation.rejected)
         return rfica_protocol(self.state)
 
@@ -80,3 +95,11 @@ class RFICAStrategy(ProtocolStrategy):
     @property
     def components_(self) -> np.ndarray:
         return np.linalg.pinv(self.state.aggregate.rf_ica)
+
+    @property
+    def privacy_(self) -> dict[str, Any] | None:
+        if self.state is None or self.state.privacy is None:
+            return None
+        # The sites' rule (fedica.clients.app.FlowerSite.noise_secret): the run's seed under fedica's local engines.
+        local = os.environ.get(LOCAL_ENGINE_VARIABLE) == "1"
+        return self.state.privacy.record(SEEDED_NOISE if local else SECRET_NOISE)

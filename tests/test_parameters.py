@@ -94,7 +94,8 @@ def test_todays_defaults_are_unchanged():
     assert RFICA_PARAMETERS.defaults() == {"contrast": "cube", "init": "random", "local_solver": "fastica",
                                            "n_components": None, "whitening": None, "benchmark": "medoid",
                                            "kmeans_restarts": 10, "gm_tol": 1e-10, "clustering": "matched",
-                                           "min_clients": 2, "random_state": 0}
+                                           "min_clients": 2, "random_state": 0,
+                                           "dp_epsilon": None, "dp_delta": 1e-5}
 
 
 def test_only_fedgems_covariance_type_and_rficas_clustering_have_a_config_default_apart_from_the_librarys():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fedica.config.checker import Checker
 from fedica.parameters import DECLARATIONS
 from fedica.privacy import uncovered
+from fedica.rfica.privacy import uncovered as rfica_uncovered
 
 __all__ = ["ALGORITHMS", "ALGORITHM_KEYS", "check_algorithm"]
 
@@ -33,5 +34,9 @@ def check_algorithm(alg: Checker, name: str) -> None:
     alg.each(*(rule(key) for key in declaration.config_keys))
     if name == "fedgem":
         refusal = uncovered(alg.section)  # the keys a private run needs, once each is valid on its own
+        if refusal is not None:
+            alg.fail(*refusal)
+    if name == "rfica":
+        refusal = rfica_uncovered(alg.section)  # what a private release cannot cover, once each key is valid
         if refusal is not None:
             alg.fail(*refusal)

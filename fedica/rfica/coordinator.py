@@ -14,6 +14,7 @@ from numbers import Integral
 
 import numpy as np
 
+from fedica.privacy import PrivacyPlan
 from fedica.protocol import (
     RFICA_FIT,
     InvalidReply,
@@ -29,6 +30,7 @@ from fedica.protocol.messages import RFICA_COVARIANCE, validate_covariance_reply
 from fedica.rfica.aggregation import RfIcaAggregate, rf_ica_aggregate
 from fedica.rfica.geometric_median import geometric_median
 from fedica.rfica.local import components_for_share
+from fedica.rfica.privacy import check_covered, rfica_plan
 from fedica.rfica.trust import estimate_defects
 
 # A global eigenvalue below this share of the largest is floored there before the whitening divides by it.
@@ -45,6 +47,8 @@ class RFICAState(ProtocolState):
         As for :class:`fedica.RFICA` (``clustering``'s default here is the paper's k-means).
     whitening : {"federated", "local"} or None
         As for :class:`fedica.RFICA`; None: federated when ``n_components`` is set, local otherwise.
+    dp_epsilon, dp_delta : float or None, float
+        As for :class:`fedica.RFICA`: the sites release their estimates privately (docs/ALGORITHMS.md section 1.9).
     seed : int
         The run's seed: the clients' ICA starts and the server's k-means restarts.
     min_clients : int
@@ -67,6 +71,8 @@ class RFICAState(ProtocolState):
         converged (None where the reply does not say).
     unconverged : list of int
         The partitions whose local ICA did not converge, after its retry.
+    privacy : fedica.privacy.PrivacyPlan or None
+        A private run's noise and what it spends, once the protocol has started; None without ``dp_epsilon``.
     """
 
     contrast: str = "cube"
@@ -78,6 +84,8 @@ class RFICAState(ProtocolState):
     local_solver: str = "fastica"
     n_components: int | float | None = None
     whitening: str | None = None
+    dp_epsilon: float | None = None
+    dp_delta: float = 1e-5
     seed: int = 0
     min_clients: int = 2
     r: int | None = None
@@ -92,6 +100,7 @@ class RFICAState(ProtocolState):
     whitening_matrix: np.ndarray | None = None
     covariance_partitions: list[int] = field(default_factory=list)
     aggregate: RfIcaAggregate | None = None
+    privacy: PrivacyPlan | None = None
 
     @property
     def federated_whitening(self) -> bool:
@@ -102,6 +111,10 @@ class RFICAState(ProtocolState):
 def rfica_protocol(state: RFICAState):
     """The whole RF-ICA protocol (one exchange, two with the federated whitening); results land in ``state``."""
     values = {"contrast": state.contrast, "init": state.init, "seed": state.seed, "solver": state.local_solver}
+    check_covered(vars(state))
+    state.privacy = rfica_plan(state.dp_epsilon, state.dp_delta)
+    if state.privacy is not None:  # the sites add the noise the plan names (fedica.rfica.privacy.private_mixing_reply)
+        values.update(state.privacy.request_values(state.seed))
     if state.federated_whitening:
         replies = yield Request(RFICA_COVARIANCE, 1, None, {})
         receive_covariances(state, replies)

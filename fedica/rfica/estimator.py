@@ -20,6 +20,7 @@ from fedica.rfica.coordinator import (
     receive_estimates,
     rfica_protocol,
 )
+from fedica.rfica.privacy import check_covered
 from fedica.tasks import CLIENT_TASKS
 from fedica.validation import check_seed, check_sites
 
@@ -79,6 +80,13 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     random_state : int, default=0
         Seeds every random stream; the same seed, data and parameters give the same result as ``fedica-run``
         (whose ``clustering`` is the paper's ``kmeans`` unless ``algorithm.clustering=matched``).
+    dp_epsilon : float or None, default=None
+        Differential privacy of each site's one release, per site (docs/ALGORITHMS.md section 1.9):
+        every site sends its estimate's unit columns plus Gaussian noise calibrated so that the
+        release is ``(dp_epsilon, dp_delta)``-private for the site's whole data, and declares one
+        sample. Needs ``whitening="local"`` with ``n_components`` (a count, not a share) and a
+        benchmark other than ``"largest"``. None: no noise, every result as without it, bit for bit.
+    dp_delta : float, default=1e-5
 
     Attributes
     ----------
@@ -92,7 +100,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         The mean of all sites' observations, weighted by their sizes (removed by ``transform``);
         zeros after ``aggregate`` and ``from_result`` (no site sends its mean).
     site_mixings_ : ndarray of shape (n_sites, n_features, n_components_)
-        Each site's own (unit-column) estimate in channel space.
+        Each site's own (unit-column) estimate in channel space; with ``dp_epsilon``, its noisy release
+        as received (the server aggregates its columns' directions).
     site_converged_ : ndarray of shape (n_sites,), dtype bool, or None
         Whether each site's local ICA converged (after one retry from another start when the first
         did not); a warning line names the sites that did not. None after :meth:`aggregate`.
@@ -106,6 +115,9 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     benchmark_site_ : int
     f_ica_, simple_mean_, simple_median_ : ndarray of shape (n_features, n_features)
         The comparators computed from the same estimates (paper section 4).
+    privacy_ : dict or None
+        A private fit's ``epsilon`` and ``delta`` spent, its noise multiplier and its one exchange
+        (:meth:`fedica.privacy.PrivacyPlan.record`); None without ``dp_epsilon``.
     """
 
     # The defaults are the declaration's (fedica.parameters), spelt out as scikit-learn's get_params reads them.
@@ -114,7 +126,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
                  whitening=_P["whitening"].default, benchmark=_P["benchmark"].default,
                  kmeans_restarts=_P["kmeans_restarts"].default, gm_tol=_P["gm_tol"].default,
                  clustering=_P["clustering"].default, min_clients=_P["min_clients"].default,
-                 random_state=_P["random_state"].default):
+                 random_state=_P["random_state"].default, dp_epsilon=_P["dp_epsilon"].default,
+                 dp_delta=_P["dp_delta"].default):
         self.contrast = contrast
         self.init = init
         self.local_solver = local_solver
@@ -126,6 +139,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.clustering = clustering
         self.min_clients = min_clients
         self.random_state = random_state
+        self.dp_epsilon = dp_epsilon
+        self.dp_delta = dp_delta
 
     def fit(self, sites: Sequence, y=None) -> RFICA:
         """Run the local ICA on every site, then the robust aggregation.
@@ -141,6 +156,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self : RFICA
         """
         RFICA_PARAMETERS.check(self.get_params())  # before any work: a mistake is one line naming the argument
+        check_covered(self.get_params())
         data = check_sites(sites, min_sites=1, min_rows=lambda d: d + 1)
         if isinstance(self.n_components, Integral) and self.n_components > data[0].shape[1]:
             raise ValueError(f"n_components={self.n_components}: must be at most the {data[0].shape[1]} features")
@@ -166,6 +182,9 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self : RFICA
         """
         RFICA_PARAMETERS.check(self.get_params())
+        if self.dp_epsilon is not None:
+            raise ValueError(f"dp_epsilon={self.dp_epsilon!r}: aggregate() takes estimates the sites already released; "
+                             "the noise is added by fit()'s sites")
         stack = np.asarray(local_mixings, dtype=np.float64)
         if stack.ndim != 3 or stack.shape[2] > stack.shape[1]:
             raise ValueError(f"local_mixings must have shape (n_sites, n_features, n_components), n_components <= "
@@ -250,12 +269,14 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
             np.asarray(section["estimates"][name], dtype=np.float64)
             for name in ("f-ica", "simple-mean", "simple-median"))
         model.rejected_ = result["clients"]["rejected"]
+        model.privacy_ = result.get("privacy")
         return model
 
     def _state(self, r: int) -> RFICAState:
         return RFICAState(contrast=self.contrast, init=self.init, local_solver=self.local_solver,
                           n_components=self.n_components, whitening=self.whitening, benchmark=self.benchmark,
                           kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol, clustering=self.clustering,
+                          dp_epsilon=self.dp_epsilon, dp_delta=self.dp_delta,
                           seed=check_seed(self.random_state), min_clients=self.min_clients, r=r)
 
     def _store(self, state: RFICAState) -> RFICA:
@@ -272,5 +293,6 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.benchmark_site_ = state.partitions[agg.benchmark]
         self.f_ica_, self.simple_mean_, self.simple_median_ = agg.f_ica, agg.simple_mean, agg.simple_median
         self.rejected_ = state.rejected
+        self.privacy_ = None if state.privacy is None else state.privacy.record()
         return self
 

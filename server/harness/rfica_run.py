@@ -47,7 +47,8 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
     strategy = RFICAStrategy(contrast=alg["contrast"], init=alg["init"], local_solver=alg["local_solver"],
                              n_components=alg["n_components"], whitening=alg["whitening"], benchmark=alg["benchmark"],
                              kmeans_restarts=alg["kmeans_restarts"], gm_tol=alg["gm_tol"],
-                             clustering=alg["clustering"], random_state=seed,
+                             clustering=alg["clustering"], dp_epsilon=alg["dp_epsilon"], dp_delta=alg["dp_delta"],
+                             random_state=seed,
                              r=sc.get("r"), min_available_nodes=federation.expected, min_clients=federation.min_clients,
                              client_config=federation.common_values)
     strategy.start(federation.grid, timeout=federation.round_timeout, federation=federation)
@@ -91,9 +92,12 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
         rfica["channel_names"] = channel_names
     if sc.get("write_sources"):
         rfica["sources_files"] = write_site_sources(sc, strategy.components_, seed, run_output_dir())
+    # Only a private run records its privacy: a run without dp_epsilon writes the result it always wrote.
+    privacy = {} if strategy.privacy_ is None else {"privacy": strategy.privacy_}
     return {
         "metrics": metrics,
         "clients": federation.clients_record(len(state.estimates)),
         "timings": {**fit_seconds, "clients_sum": clients_sum, "server": state.server_seconds},
         "rfica": rfica,
+        **privacy,
     }

@@ -50,6 +50,13 @@ def test_sweep_size_counts_every_run(experiment, size):
     assert sweep_size(cfg) == size
 
 
+def test_rfica_privacys_sweep_counts_its_35_runs():
+    # 7 epsilons (null: no privacy) x seeds 0-4 (docs/RESULTS.md, "RF-ICA with differential privacy per site").
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=["+experiment=rfica_privacy"], return_hydra_config=True)
+    assert sweep_size(cfg) == 35
+
+
 def _sweep(sweep_dir, *extra):
     command = [
         sys.executable, "-m", "fedica", "-m", "+experiment=rfica_fig1_k", f"hydra.sweep.dir={sweep_dir}",
