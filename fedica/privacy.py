@@ -169,7 +169,10 @@ class PrivacyPlan:
         return values
 
     def maximiser_variance(self, maximisers: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """``v_k`` of one site's noisy maximisers (K_g, d) under this plan's unit (:func:`noise_variance`, :func:`client_noise_variance`)."""
+        """``v_k`` of one site's noisy maximisers (K_g, d) under this plan's unit.
+
+        Per record :func:`noise_variance` (from the noisy counts), per client :func:`client_noise_variance`.
+        """
         if self.unit == "client":
             return np.full(maximisers.shape[0], client_noise_variance(maximisers.shape[0], maximisers.shape[1],
                                                                       self.noise_multiplier, self.clip))

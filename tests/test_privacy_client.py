@@ -111,7 +111,8 @@ def test_a_per_client_plan_is_dp_accountings_composition_of_its_releases():
     assert record["unit"] == "client"
     assert plan.request_values(0)[UNIT_KEY] == "client"
     # A per-record plan's requests are what they were: no unit key.
-    assert UNIT_KEY not in fedgem_plan(FedGEMSettings(dp_epsilon=1.0, dp_clip=5.0, covariance_type="identity")).request_values(0)
+    per_record = fedgem_plan(FedGEMSettings(dp_epsilon=1.0, dp_clip=5.0, covariance_type="identity"))
+    assert UNIT_KEY not in per_record.request_values(0)
 
 
 def test_the_server_widens_a_per_client_ball_by_the_means_noise_capped_by_the_balls_diameter():
