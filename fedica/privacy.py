@@ -341,9 +341,12 @@ def private_reply(task: str, site: Site, arrays: Mapping[str, Any], values: Mapp
         sigma, clip = float(values[NOISE_KEY]), float(values[CLIP_KEY])
         if not (sigma > 0 and clip > 0):
             raise ValueError(f"a private request needs dp-noise > 0 and dp-clip > 0, got {sigma!r} and {clip!r}")
+        unit = values.get(UNIT_KEY, "record")
+        if unit not in DP_UNITS:
+            raise ValueError(f"a private request's dp-unit must be one of {', '.join(DP_UNITS)}, got {unit!r}")
         data = site.points(values)
         rng = _noise_rng(values, site)
-        per_client = values.get(UNIT_KEY) == "client"
+        per_client = unit == "client"
         if task == GEM_INIT and per_client:  # the site's size is public: its declared n-points stays
             seeds = private_client_init(reply_arrays["centroids"], sigma, clip, rng)
             site.state["centroids"] = seeds

@@ -146,3 +146,11 @@ def test_without_dp_epsilon_the_unit_changes_nothing():
     X = sites[0]
     reply = CLIENT_TASKS.handlers[GEM_ROUND](site_at(X, CENTROIDS), {"centroids": CENTROIDS}, request)
     assert private_reply(GEM_ROUND, site_at(X, CENTROIDS), {"centroids": CENTROIDS}, request, reply) is reply
+
+
+def test_a_site_refuses_an_unknown_unit_in_one_line():
+    X = near_sites(1)[0]
+    with pytest.raises(ValueError, match="dp-unit must be one of record, client, got 'group'") as caught:
+        CLIENT_TASKS.answer(GEM_ROUND, site_at(X, CENTROIDS), {"centroids": CENTROIDS},
+                            {**client_request(), UNIT_KEY: "group"})
+    assert "\n" not in str(caught.value)
