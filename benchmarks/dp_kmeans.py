@@ -1,8 +1,9 @@
 """diffprivlib's central DP k-means told K, on the data of ``+experiment=fedgem_privacy`` (issue 27;
-docs/RESULTS.md, "Differential privacy (issue 27)").
+docs/RESULTS.md, "Differential privacy (issue 27)") or of its per-client and MNIST workloads
+(``--experiment fedgem_privacy_client`` / ``fedgem_privacy_mnist``).
 
-For every epsilon of the experiment's sweep and every seed, the 100 clients' training points of
-that seed's blobs (``fedica.data.scenarios.scenario_client_data``, the same points FedGEM's run
+For every epsilon of the experiment's sweep and every seed, the clients' training points of
+that seed's scenario (``fedica.data.scenarios.scenario_client_data``, the same points FedGEM's run
 with that seed sees) are pooled at one server and fitted by ``diffprivlib.models.KMeans``
 (DP-Lloyd, pure epsilon-DP per data point: delta 0) with ``n_clusters`` the true K and the
 bounds ``(-dp_clip, dp_clip)`` on every feature (the box about FedGEM's clip ball; diffprivlib
@@ -11,7 +12,11 @@ clips each feature to it). At ``epsilon: null`` the reference is scikit-learn's 
 (``fedica.evaluation.baselines.evaluate_clustering``: K_hat, the clusters receiving test points;
 global and local ARI on the clients' test points). Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/dp_kmeans.py [--seeds 10] [--out benchmarks/dp_kmeans.json]
+    PYTHONPATH=. python benchmarks/dp_kmeans.py [--experiment fedgem_privacy] [--seeds 10] [--out benchmarks/dp_kmeans.json]
+
+diffprivlib's guarantee is per data point whatever the experiment's ``dp_unit``: with
+``fedgem_privacy_client`` it protects one of a client's 50 points, not the client's whole data
+(group privacy gives a client 50 times its epsilon).
 
 It is a script, not a ``baseline_methods`` comparator, because a comparator cannot read
 ``algorithm.dp_epsilon`` today (``run_baselines`` takes the scenario only).
@@ -62,10 +67,10 @@ def diffprivlib_kmeans_class():
     return importlib.import_module("diffprivlib.models.k_means").KMeans
 
 
-def experiment_config(overrides=()) -> dict:
+def experiment_config(overrides=(), experiment: str = EXPERIMENT) -> dict:
     """The experiment's scenario and algorithm sections (resolved) and its sweep grid, as plain containers."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(config_name="config", overrides=[f"+experiment={EXPERIMENT}", *overrides],
+        cfg = compose(config_name="config", overrides=[f"+experiment={experiment}", *overrides],
                       return_hydra_config=True)
     return {"scenario": OmegaConf.to_container(cfg.scenario, resolve=True),
             "algorithm": OmegaConf.to_container(cfg.algorithm, resolve=True),
@@ -119,10 +124,11 @@ def summarise(runs: list[dict]) -> list[dict]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experiment", default=EXPERIMENT, help="the privacy experiment whose data and epsilons to use")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--out", default="benchmarks/dp_kmeans.json")
     args = parser.parse_args(argv)
-    cfg = experiment_config()
+    cfg = experiment_config(experiment=args.experiment)
     scenario, algorithm = cfg["scenario"], cfg["algorithm"]
     n_clusters, clip = true_n_clusters(scenario), float(algorithm["dp_clip"])
     runs = []
@@ -133,7 +139,7 @@ def main(argv=None) -> None:
             runs.append(run)
             print(json.dumps(run), flush=True)
     runs.sort(key=lambda r: (r["epsilon"] is None, r["epsilon"] or 0.0, r["seed"]))
-    out = {"experiment": EXPERIMENT, "scenario": scenario, "dp_clip": clip, "n_clusters": n_clusters,
+    out = {"experiment": args.experiment, "scenario": scenario, "dp_clip": clip, "n_clusters": n_clusters,
            "bounds": "(-dp_clip, dp_clip) on every feature", "diffprivlib_delta": 0.0,
            "summary": summarise(runs), "runs": runs}
     with open(args.out, "w") as handle:

@@ -50,8 +50,9 @@ MAX_ROUNDS = 10_000
 MAX_SEEDINGS = 1_000
 MAX_KMEANS_RESTARTS = 1_000
 
-# What one unit of differential privacy protects (fedica.privacy implements it): one data point of a site.
-DP_UNITS = ("record",)
+# What one unit of differential privacy protects (fedica.privacy implements both): one data point of a site
+# (record), or everything one site holds (client).
+DP_UNITS = ("record", "client")
 
 # Parameter.config_default when the config's default is the library's.
 _SAME_DEFAULT = object()
@@ -329,7 +330,7 @@ FEDGEM_PARAMETERS = Declaration(
     Parameter("dp_clip", _real(0, closed="neither"), None,
               "Norm bound of a point in the data's units (points are clipped to it); needed with dp_epsilon.",
               none=True),
-    Parameter("dp_unit", (Options(DP_UNITS),), "record", "What the privacy protects: one data point of a site."),
+    Parameter("dp_unit", (Options(DP_UNITS),), "record", "What the privacy protects: one data point of a site (record), or a site's whole data (client)."),
 )
 
 RFICA_PARAMETERS = Declaration(

@@ -17,11 +17,18 @@ only noisy sums and counts (docs/ALGORITHMS.md section 2.13):
 
 Each point is clipped to the norm ``dp_clip`` (in the data's units, about the origin); its
 responsibilities sum to one, so adding or removing one point moves the stacked sums by at most
-``dp_clip`` and the stacked counts by at most 1 (``dp_unit: record``). Every released statistic
-is one Gaussian mechanism of that sensitivity and noise multiplier ``sigma``; the sequence of all
-of them over a run is composed by ``dp-accounting``'s RDP accountant, and ``sigma`` is calibrated
-by its bisection (:func:`dp_accounting.calibrate_dp_mechanism`) so that the whole run spends
-exactly ``(dp_epsilon, dp_delta)``.
+``dp_clip`` and the stacked counts by at most 1 (``dp_unit: record``). Per client (``dp_unit:
+client``: a site's points replaced by any others of the same number) raw sums and counts have no
+useful bound, so a site releases normalised statistics instead (:func:`private_client_step`):
+each component's mean of the clipped points, projected onto the clip ball, so that the ``K_g``
+means move by at most ``2 dp_clip sqrt(K_g)`` together, and its shares of the site's
+responsibility mass, which lie in the simplex and move by at most ``sqrt(2)``; the
+initialisation sends the site's own seeds projected onto the ball (:func:`private_client_init`,
+one mechanism). Every released statistic is one Gaussian mechanism of its sensitivity and noise
+multiplier ``sigma``; the sequence of all of them over a run is composed by ``dp-accounting``'s
+RDP accountant, and ``sigma`` is calibrated by its bisection
+(:func:`dp_accounting.calibrate_dp_mechanism`) so that the whole run spends exactly
+``(dp_epsilon, dp_delta)``.
 
 The noise is added by a reply transform of the client task registry (:func:`private_reply`, in
 :data:`fedica.tasks.CLIENT_TASKS`), so the estimator, the in-process engine, the simulation and a
@@ -56,13 +63,17 @@ from fedica.protocol.tasks import Site
 from fedica.seeding import generator, sklearn_seed
 
 __all__ = ["DP_UNITS", "NOISE_SECRET_KEY", "SECRET_NOISE", "SEEDED_NOISE", "PrivacyPlan", "checked_counts", "clip_rows",
-           "fedgem_plan", "noise_variance", "private_criterion", "private_init", "private_reply", "private_step",
-           "spent_epsilon", "uncovered", "widened_radii"]
+           "client_noise_variance", "fedgem_plan", "noise_variance", "private_client_init", "private_client_step",
+           "private_criterion", "private_init", "private_reply", "private_step", "spent_epsilon", "uncovered",
+           "widened_radii"]
 
 # Statistics released per exchange, each one Gaussian mechanism: the initialisation's per-cell sums and
 # counts; a round's and the final stage's per-component sums and counts.
 INIT_STATISTICS = 2
 STEP_STATISTICS = 2
+# Per client: the initialisation releases the site's seeds alone (its size and K_g are public); a round
+# and the final stage release the components' means and their shares.
+CLIENT_INIT_STATISTICS = 1
 
 # The private initialisation's public cells per component, and the noisy count (in noise standard
 # deviations) a cell needs for its mean to be used: measured on blobs at epsilon 1 (RESULTS.md), 5
@@ -72,6 +83,8 @@ CELL_COUNT_FLOOR = 5.0
 
 # The request values that carry the plan to the sites.
 NOISE_KEY, CLIP_KEY, SEED_KEY = "dp-noise", "dp-clip", "dp-seed"
+# Sent only by a per-client run, so that a per-record run's requests stay what they were.
+UNIT_KEY = "dp-unit"
 
 # The node-config key of a deployed site's secret noise seed, chosen by the site's operator.
 NOISE_SECRET_KEY = "dp-noise-seed"
@@ -149,8 +162,21 @@ class PrivacyPlan:
         return cls(float(epsilon), float(delta), float(clip), unit, exchanges, float(sigma))
 
     def request_values(self, seed: int) -> dict[str, Any]:
-        """What a site needs to add the noise: the multiplier, the clip and the seed of its stream."""
-        return {NOISE_KEY: self.noise_multiplier, CLIP_KEY: self.clip, SEED_KEY: int(seed)}
+        """What a site needs to add the noise: the multiplier, the clip, the seed of its stream (and a per-client unit)."""
+        values: dict[str, Any] = {NOISE_KEY: self.noise_multiplier, CLIP_KEY: self.clip, SEED_KEY: int(seed)}
+        if self.unit == "client":
+            values[UNIT_KEY] = self.unit
+        return values
+
+    def maximiser_variance(self, maximisers: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """``v_k`` of one site's noisy maximisers (K_g, d) under this plan's unit.
+
+        Per record :func:`noise_variance` (from the noisy counts), per client :func:`client_noise_variance`.
+        """
+        if self.unit == "client":
+            return np.full(maximisers.shape[0], client_noise_variance(maximisers.shape[0], maximisers.shape[1],
+                                                                      self.noise_multiplier, self.clip))
+        return noise_variance(maximisers, counts, self.noise_multiplier, self.clip)
 
     def record(self, noise: str = SEEDED_NOISE) -> dict[str, Any]:
         """The ``privacy`` section of a result: the total spent, and each exchange's own and cumulative epsilon.
@@ -205,7 +231,8 @@ def fedgem_plan(settings: Any) -> PrivacyPlan | None:
     if refusal is not None:
         key, rule = refusal
         raise ValueError(f"{key}={getattr(settings, key)!r}: {rule}")
-    exchanges = [("init", INIT_STATISTICS)] + [(f"round {r}", STEP_STATISTICS) for r in range(1, settings.rounds + 1)]
+    init_statistics = CLIENT_INIT_STATISTICS if settings.dp_unit == "client" else INIT_STATISTICS
+    exchanges = [("init", init_statistics)] + [(f"round {r}", STEP_STATISTICS) for r in range(1, settings.rounds + 1)]
     exchanges.append(("final", STEP_STATISTICS))
     return PrivacyPlan.calibrated(settings.dp_epsilon, settings.dp_delta, settings.dp_clip, settings.dp_unit, exchanges)
 
@@ -268,6 +295,36 @@ def private_step(X: np.ndarray, centroids: np.ndarray, sigma: float, clip: float
     return sums / counts[:, None], counts
 
 
+def private_client_init(centroids: np.ndarray, sigma: float, clip: float, rng: np.random.Generator) -> np.ndarray:
+    """A site's private start per client: its own seeds (K_g, d) projected onto the clip ball, one Gaussian mechanism.
+
+    Any ``K_g`` points of the ball differ from any others by at most ``2 clip sqrt(K_g)`` stacked,
+    whatever data chose them, so the site's k-means++ seeds need no other bound; the noisy seeds
+    are projected onto the ball again (post-processing: the true ones lie in it).
+    """
+    sensitivity = 2.0 * clip * np.sqrt(centroids.shape[0])
+    return clip_rows(clip_rows(centroids, clip) + sigma * sensitivity * rng.standard_normal(centroids.shape), clip)
+
+
+def private_client_step(X: np.ndarray, centroids: np.ndarray, sigma: float, clip: float,
+                        rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """One private EM step per client at ``centroids``: the noisy maximisers (K_g, d) and noisy counts (K_g,).
+
+    Two Gaussian mechanisms of normalised statistics, whose range bounds them whatever the site's
+    points: the components' means of the clipped points (each in the clip ball, so ``2 clip
+    sqrt(K_g)`` stacked) and their shares ``n_k / n_g`` of the site's points (in the simplex, so
+    ``sqrt(2)``). The maximisers sent are the noisy means projected onto the ball, the counts the
+    noisy shares times the site's public size, floored at :data:`COUNT_FLOOR`.
+    """
+    n_components = centroids.shape[0]
+    gamma = responsibilities(X, centroids, np.full(n_components, 1.0 / n_components))
+    mass = gamma.sum(axis=0)
+    means = clip_rows((gamma.T @ clip_rows(X, clip)) / np.maximum(mass, np.finfo(float).tiny)[:, None], clip)
+    noisy_means = means + sigma * 2.0 * clip * np.sqrt(n_components) * rng.standard_normal(centroids.shape)
+    shares = mass / X.shape[0] + sigma * np.sqrt(2.0) * rng.standard_normal(n_components)
+    return clip_rows(noisy_means, clip), np.maximum(shares * X.shape[0], COUNT_FLOOR)
+
+
 def private_reply(task: str, site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any],
                   reply: tuple[dict[str, np.ndarray], dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The reply transform of private runs: a FedGEM reply's data-dependent fields replaced by private ones.
@@ -284,9 +341,17 @@ def private_reply(task: str, site: Site, arrays: Mapping[str, Any], values: Mapp
         sigma, clip = float(values[NOISE_KEY]), float(values[CLIP_KEY])
         if not (sigma > 0 and clip > 0):
             raise ValueError(f"a private request needs dp-noise > 0 and dp-clip > 0, got {sigma!r} and {clip!r}")
+        unit = values.get(UNIT_KEY, "record")
+        if unit not in DP_UNITS:
+            raise ValueError(f"a private request's dp-unit must be one of {', '.join(DP_UNITS)}, got {unit!r}")
         data = site.points(values)
         rng = _noise_rng(values, site)
-        if task == GEM_INIT:
+        per_client = unit == "client"
+        if task == GEM_INIT and per_client:  # the site's size is public: its declared n-points stays
+            seeds = private_client_init(reply_arrays["centroids"], sigma, clip, rng)
+            site.state["centroids"] = seeds
+            reply_arrays = {"centroids": seeds, "weights": reply_arrays["weights"]}
+        elif task == GEM_INIT:
             seeds, size = private_init(data.X_train, data.n_components, sigma, clip, rng,
                                        generator(int(values[SEED_KEY]), "privacy.seeds", site.partition_id))
             site.state["centroids"] = seeds
@@ -294,7 +359,8 @@ def private_reply(task: str, site: Site, arrays: Mapping[str, Any], values: Mapp
             reply_arrays = {"centroids": seeds, "weights": reply_arrays["weights"]}
         else:
             centroids = site.state["centroids"]  # the handler adopted the server's
-            maximisers, counts = private_step(data.X_train, centroids, sigma, clip, rng)
+            step = private_client_step if per_client else private_step
+            maximisers, counts = step(data.X_train, centroids, sigma, clip, rng)
             reply_arrays = {"maximisers": maximisers, "dp-counts": counts}
             if task == GEM_ROUND:
                 reply_arrays["radii"] = ((maximisers - centroids) ** 2).sum(axis=1)
@@ -315,6 +381,16 @@ def noise_variance(maximisers: np.ndarray, counts: np.ndarray, sigma: float, cli
     """
     dim = maximisers.shape[1]
     return sigma ** 2 * (dim * clip ** 2 + (maximisers ** 2).sum(axis=1)) / counts ** 2
+
+
+def client_noise_variance(n_components: int, dim: int, sigma: float, clip: float) -> float:
+    """``v`` of a per-client noisy maximiser: ``min(d (2 C sigma)^2 K_g, (2 C)^2)``.
+
+    The mean's noise is ``N(0, (2 C sigma)^2 K_g I_d)`` (:func:`private_client_step`); the projected
+    maximiser and the true mean both lie in the clip ball, so its error is never above the ball's
+    diameter ``2 C`` either (docs/ALGORITHMS.md section 2.13).
+    """
+    return min(dim * (2.0 * clip * sigma) ** 2 * n_components, (2.0 * clip) ** 2)
 
 
 def widened_radii(squared_radii: np.ndarray, variances: np.ndarray, *, debias: bool) -> np.ndarray:

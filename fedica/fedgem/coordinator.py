@@ -178,6 +178,7 @@ class FedGEMServer(ProtocolState):
         self.extent: FederationExtent | None = None  # where the initial centroids lie: the far rule's scale
         self.privacy = privacy.fedgem_plan(self.settings)  # None unless dp_epsilon is set
         self.final_counts: np.ndarray | None = None  # a private run's noisy counts of the final components
+        self.final_variances: np.ndarray | None = None  # and their maximisers' noise variances
 
     @property
     def min_clients(self) -> int:
@@ -304,6 +305,9 @@ class FedGEMServer(ProtocolState):
             by_client = {reply.partition_id: reply for reply in replies}  # those kept passed checked_counts
             self.final_counts = np.concatenate([np.asarray(by_client[p].arrays["dp-counts"], dtype=np.float64)
                                                 for p in self.final.partitions])
+            self.final_variances = np.concatenate([  # per client: a site's v depends on its own K_g
+                self.privacy.maximiser_variance(self.final.centers[part], self.final_counts[part])
+                for part in self.final.slices().values()])
         self.require(len(self.final.partitions), "FedGEM final stage")
         self.support = cluster_support(self.models, self.final, self.settings.max_hostile_fraction)
 
@@ -438,9 +442,7 @@ class FedGEMServer(ProtocolState):
     def _final_aggregation(self, upsilon: float) -> tuple[FinalAggregation, np.ndarray]:
         radii = final_radii(self.models, self.final, upsilon, self.geometry)
         if self.privacy is not None:  # each final ball also holds its maximiser's noise
-            plan = self.privacy
-            radii = privacy.widened_radii(radii, privacy.noise_variance(self.final.centers, self.final_counts,
-                                                                        plan.noise_multiplier, plan.clip), debias=False)
+            radii = privacy.widened_radii(radii, self.final_variances, debias=False)
         return trusted_final_aggregation(self.final, radii, self.settings.radius_outlier_factor, self.support,
                                          self.settings.max_overlap_pairs)
 
@@ -568,9 +570,7 @@ class FedGEMServer(ProtocolState):
             counts = privacy.checked_counts(reply.arrays, maximisers.shape[0])
         except ValueError as err:
             raise InvalidReply(str(err)) from None
-        plan = self.privacy
-        return privacy.widened_radii(radii, privacy.noise_variance(maximisers, counts, plan.noise_multiplier, plan.clip),
-                                     debias=True)
+        return privacy.widened_radii(radii, self.privacy.maximiser_variance(maximisers, counts), debias=True)
 
     def _collect(self, replies: list[Reply], round_label: int | str, read_radii, *, variances: bool = False) -> Components:
         """Validate replies and stack every client's maximisers with the radii ``read_radii`` gives.

@@ -108,8 +108,9 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     dp_delta : float, default=1e-5
     dp_clip : float or None, default=None
         The norm bound a site clips its points to, in the data's units.
-    dp_unit : {"record"}, default="record"
-        What is protected: one data point of a site.
+    dp_unit : {"record", "client"}, default="record"
+        What is protected: one data point of a site (``"record"``), or everything one site holds
+        (``"client"``: the site's points replaced by any others of the same number).
 
     Attributes
     ----------

@@ -58,3 +58,12 @@ def test_summary_is_mean_and_sample_sd_per_epsilon():
     (row,) = dp_kmeans.summarise(runs)
     assert row["n"] == 2 and row["k_hat"] == 10.0 and row["k_hat_sd"] == pytest.approx(np.sqrt(2))
     assert row["global_ari"] == pytest.approx(0.85) and row["global_ari_sd"] == pytest.approx(np.std([0.8, 0.9], ddof=1))
+
+
+@pytest.mark.parametrize("experiment, n_clients, unit", [("fedgem_privacy_client", 2000, "client"),
+                                                         ("fedgem_privacy_mnist", 100, "record")])
+def test_the_script_reads_the_other_privacy_workloads_and_their_epsilons(experiment, n_clients, unit):
+    cfg = dp_kmeans.experiment_config(experiment=experiment)
+    assert dp_kmeans.sweep_epsilons(cfg) == [0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, None]
+    assert cfg["scenario"]["n_clients"] == n_clients and cfg["algorithm"]["dp_unit"] == unit
+    assert cfg["algorithm"]["dp_delta"] == 1e-5
