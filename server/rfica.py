@@ -22,10 +22,11 @@ class RFICAStrategy(ProtocolStrategy):
 
     Parameters
     ----------
-    contrast, init, local_solver, n_components, whitening, benchmark, kmeans_restarts, gm_tol, clustering, random_state
+    contrast, init, local_solver, n_components, whitening, benchmark, kmeans_restarts, gm_tol, clustering, center, random_state
         As for :class:`fedica.RFICA`: declared in :data:`fedica.parameters.RFICA_PARAMETERS`, and checked
         against it here (``ValueError`` or ``TypeError`` naming the parameter). ``clustering`` defaults to
         ``"matched"`` here and in :class:`fedica.RFICA`; fedica's own runs pass the config's (``kmeans``).
+        ``center`` defaults to ``"trimmed_geometric_median"`` here, in :class:`fedica.RFICA` and in the config.
     r : int or None, default=None
         The number of channels; None: the one most clients report.
     min_available_nodes, min_clients, node_wait_timeout, client_config
@@ -46,24 +47,24 @@ class RFICAStrategy(ProtocolStrategy):
                  whitening: str | None = _P["whitening"].default, benchmark: str = _P["benchmark"].default,
                  kmeans_restarts: int = _P["kmeans_restarts"].default,
                  gm_tol: float = _P["gm_tol"].default, clustering: str = _P["clustering"].default,
-                 random_state: int = _P["random_state"].default,
+                 center: str = _P["center"].default, random_state: int = _P["random_state"].default,
                  r: int | None = None, **kwargs: Any):
         # At construction: a bad value is one line now, not a failure once the clients have answered.
         _P.check(dict(contrast=contrast, init=init, local_solver=local_solver, n_components=n_components,
                       whitening=whitening, benchmark=benchmark, kmeans_restarts=kmeans_restarts,
-                      gm_tol=gm_tol, clustering=clustering, random_state=random_state))
+                      gm_tol=gm_tol, clustering=clustering, center=center, random_state=random_state))
         super().__init__(**kwargs)
         self.contrast, self.init, self.benchmark = contrast, init, benchmark
         self.local_solver, self.n_components, self.whitening = local_solver, n_components, whitening
         self.kmeans_restarts, self.gm_tol, self.random_state, self.r = kmeans_restarts, gm_tol, int(random_state), r
-        self.clustering = clustering
+        self.clustering, self.center = clustering, center
         self.state: RFICAState | None = None
 
     def protocol(self):
         self.state = RFICAState(contrast=self.contrast, init=self.init, local_solver=self.local_solver,
                                 n_components=self.n_components, whitening=self.whitening, benchmark=self.benchmark,
                                 kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol,
-                                clustering=self.clustering, seed=self.random_state,
+                                clustering=self.clustering, center=self.center, seed=self.random_state,
                                 min_clients=self.min_clients, r=self.r, rejected=self.federation.rejected)
         return rfica_protocol(self.state)
 

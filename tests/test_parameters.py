@@ -80,6 +80,7 @@ def test_the_option_lists_are_the_implementing_modules_own():
     assert RFICA_PARAMETERS["init"].constraints[0].values is local.INITS
     assert RFICA_PARAMETERS["benchmark"].constraints[0].values is aggregation.BENCHMARK_RULES
     assert RFICA_PARAMETERS["clustering"].constraints[0].values is aggregation.CLUSTERINGS
+    assert RFICA_PARAMETERS["center"].constraints[0].values is aggregation.CENTERS
     assert FEDGEM_PARAMETERS["upsilon_criterion"].constraints[0].values is UPSILON_CRITERIA
 
 
@@ -94,6 +95,7 @@ def test_todays_defaults_are_unchanged():
     assert RFICA_PARAMETERS.defaults() == {"contrast": "cube", "init": "random", "local_solver": "fastica",
                                            "n_components": None, "whitening": None, "benchmark": "medoid",
                                            "kmeans_restarts": 10, "gm_tol": 1e-10, "clustering": "matched",
+                                           "center": "trimmed_geometric_median",
                                            "min_clients": 2, "random_state": 0}
 
 
