@@ -26,7 +26,8 @@ class RFICAStrategy(ProtocolStrategy):
         As for :class:`fedica.RFICA`: declared in :data:`fedica.parameters.RFICA_PARAMETERS`, and checked
         against it here (``ValueError`` or ``TypeError`` naming the parameter). ``clustering`` defaults to
         ``"matched"`` here and in :class:`fedica.RFICA`; fedica's own runs pass the config's (``kmeans``).
-        ``center`` defaults to ``"trimmed_geometric_median"`` here, in :class:`fedica.RFICA` and in the config.
+        ``center`` defaults to ``"trimmed_geometric_median"`` here and in :class:`fedica.RFICA`; the config's
+        is the paper's ``geometric_median``.
     r : int or None, default=None
         The number of channels; None: the one most clients report.
     min_available_nodes, min_clients, node_wait_timeout, client_config

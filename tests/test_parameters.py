@@ -99,11 +99,13 @@ def test_todays_defaults_are_unchanged():
                                            "min_clients": 2, "random_state": 0}
 
 
-def test_only_fedgems_covariance_type_and_rficas_clustering_have_a_config_default_apart_from_the_librarys():
+def test_only_fedgems_covariance_type_and_rficas_clustering_and_center_have_a_config_default_apart():
     # The library defaults to the measured improvements (learned variances: results independent of the data's
-    # units; one column per site per cluster); the config, which runs the paper's experiments, keeps the
-    # paper's identity covariance and k-means, so the paper's numbers stay as they were.
-    expected = {"fedgem": {"covariance_type": ("spherical", "identity")}, "rfica": {"clustering": ("matched", "kmeans")}}
+    # units; one column per site per cluster; the trimmed centre); the config, which runs the paper's
+    # experiments, keeps the paper's identity covariance, k-means and geometric median, so the paper's numbers
+    # stay as they were.
+    expected = {"fedgem": {"covariance_type": ("spherical", "identity")},
+                "rfica": {"clustering": ("matched", "kmeans"), "center": ("trimmed_geometric_median", "geometric_median")}}
     for declaration in (FEDGEM_PARAMETERS, RFICA_PARAMETERS):
         library, config = declaration.defaults(), declaration.config_defaults()
         assert list(config) == list(declaration.config_keys)

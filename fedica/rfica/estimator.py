@@ -78,7 +78,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     center : {"trimmed_geometric_median", "geometric_median"}, default="trimmed_geometric_median"
         Each cluster's centre (a column of ``mixing_``): its geometric median re-taken without the
         members far beyond the cluster's own spread (docs/ALGORITHMS.md section 1.4.2; never more
-        than half of a cluster), or the paper's plain geometric median.
+        than half of a cluster), or the paper's plain geometric median (the config's default, so
+        that every ``fedica-run`` keeps its numbers).
     min_clients : int, default=2
     random_state : int, default=0
         Seeds every random stream; the same seed, data and parameters give the same result as ``fedica-run``
