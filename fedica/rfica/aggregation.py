@@ -371,7 +371,7 @@ def trimmed_geometric_median(points, *, tol=1e-10, spread_dims=None):
 
 
 def _trim_cut(dof, n_points):
-    """``c`` of :func:`trimmed_geometric_median`, in units of the median distance, for ``n_points`` in ``dof`` dimensions."""
+    """``c`` of :func:`trimmed_geometric_median` (in median distances) for ``n_points`` in ``dof`` dimensions."""
     # 1 - 0.975^(1/n) computed without cancellation for large n.
     tail = -np.expm1(np.log(_TRIM_KEEP_ALL) / n_points)
     return float(np.sqrt(chi2.isf(tail, dof) / chi2.ppf(0.5, dof)))

@@ -118,7 +118,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
                  local_solver=_P["local_solver"].default, n_components=_P["n_components"].default,
                  whitening=_P["whitening"].default, benchmark=_P["benchmark"].default,
                  kmeans_restarts=_P["kmeans_restarts"].default, gm_tol=_P["gm_tol"].default,
-                 clustering=_P["clustering"].default, center=_P["center"].default, min_clients=_P["min_clients"].default,
+                 clustering=_P["clustering"].default, center=_P["center"].default,
+                 min_clients=_P["min_clients"].default,
                  random_state=_P["random_state"].default):
         self.contrast = contrast
         self.init = init

@@ -19,7 +19,7 @@ PAPER_EXPERIMENTS = ("rfica_fig1_k", "rfica_fig1_ncorrupt", "rfica_fig1_ratio", 
 
 
 def _unit_cloud(rng, centre, n, spread):
-    """``n`` unit vectors scattered isotropically around the unit vector ``centre`` (tangent Gaussian of sd ``spread``)."""
+    """``n`` unit vectors scattered isotropically around the unit vector ``centre`` (tangent sd ``spread``)."""
     noise = rng.normal(scale=spread, size=(n, centre.size))
     noise -= np.outer(noise @ centre, centre)
     points = centre + noise
