@@ -26,11 +26,13 @@ class RFICAStrategy(ProtocolStrategy):
 
     Parameters
     ----------
-    contrast, init, local_solver, n_components, whitening, benchmark, kmeans_restarts, gm_tol, clustering, random_state,
-    dp_epsilon, dp_delta
+    contrast, init, local_solver, n_components, whitening, benchmark, kmeans_restarts, gm_tol, clustering, center,
+    random_state, dp_epsilon, dp_delta
         As for :class:`fedica.RFICA`: declared in :data:`fedica.parameters.RFICA_PARAMETERS`, and checked
         against it here (``ValueError`` or ``TypeError`` naming the parameter). ``clustering`` defaults to
         ``"matched"`` here and in :class:`fedica.RFICA`; fedica's own runs pass the config's (``kmeans``).
+        ``center`` defaults to ``"trimmed_geometric_median"`` here and in :class:`fedica.RFICA`; the config's
+        is the paper's ``geometric_median``.
     r : int or None, default=None
         The number of channels; None: the one most clients report.
     min_available_nodes, min_clients, node_wait_timeout, client_config
@@ -55,13 +57,13 @@ class RFICAStrategy(ProtocolStrategy):
                  whitening: str | None = _P["whitening"].default, benchmark: str = _P["benchmark"].default,
                  kmeans_restarts: int = _P["kmeans_restarts"].default,
                  gm_tol: float = _P["gm_tol"].default, clustering: str = _P["clustering"].default,
-                 random_state: int = _P["random_state"].default,
+                 center: str = _P["center"].default, random_state: int = _P["random_state"].default,
                  dp_epsilon: float | None = _P["dp_epsilon"].default, dp_delta: float = _P["dp_delta"].default,
                  r: int | None = None, **kwargs: Any):
         # At construction: a bad value is one line now, not a failure once the clients have answered.
         parameters = dict(contrast=contrast, init=init, local_solver=local_solver, n_components=n_components,
                           whitening=whitening, benchmark=benchmark, kmeans_restarts=kmeans_restarts,
-                          gm_tol=gm_tol, clustering=clustering, random_state=random_state,
+                          gm_tol=gm_tol, clustering=clustering, center=center, random_state=random_state,
                           dp_epsilon=dp_epsilon, dp_delta=dp_delta)
         _P.check(parameters)
         check_covered(parameters)
@@ -69,7 +71,7 @@ class RFICAStrategy(ProtocolStrategy):
         self.contrast, self.init, self.benchmark = contrast, init, benchmark
         self.local_solver, self.n_components, self.whitening = local_solver, n_components, whitening
         self.kmeans_restarts, self.gm_tol, self.random_state, self.r = kmeans_restarts, gm_tol, int(random_state), r
-        self.clustering = clustering
+        self.clustering, self.center = clustering, center
         self.dp_epsilon, self.dp_delta = dp_epsilon, dp_delta
         self.state: RFICAState | None = None
 
@@ -77,8 +79,8 @@ class RFICAStrategy(ProtocolStrategy):
         self.state = RFICAState(contrast=self.contrast, init=self.init, local_solver=self.local_solver,
                                 n_components=self.n_components, whitening=self.whitening, benchmark=self.benchmark,
                                 kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol,
-                                clustering=self.clustering, dp_epsilon=self.dp_epsilon, dp_delta=self.dp_delta,
-                                seed=self.random_state,
+                                clustering=self.clustering, center=self.center, dp_epsilon=self.dp_epsilon,
+                                dp_delta=self.dp_delta, seed=self.random_state,
                                 min_clients=self.min_clients, r=self.r, rejected=self.federation.rejected)
         return rfica_protocol(self.state)
 

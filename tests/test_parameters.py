@@ -80,6 +80,7 @@ def test_the_option_lists_are_the_implementing_modules_own():
     assert RFICA_PARAMETERS["init"].constraints[0].values is local.INITS
     assert RFICA_PARAMETERS["benchmark"].constraints[0].values is aggregation.BENCHMARK_RULES
     assert RFICA_PARAMETERS["clustering"].constraints[0].values is aggregation.CLUSTERINGS
+    assert RFICA_PARAMETERS["center"].constraints[0].values is aggregation.CENTERS
     assert FEDGEM_PARAMETERS["upsilon_criterion"].constraints[0].values is UPSILON_CRITERIA
 
 
@@ -94,15 +95,18 @@ def test_todays_defaults_are_unchanged():
     assert RFICA_PARAMETERS.defaults() == {"contrast": "cube", "init": "random", "local_solver": "fastica",
                                            "n_components": None, "whitening": None, "benchmark": "medoid",
                                            "kmeans_restarts": 10, "gm_tol": 1e-10, "clustering": "matched",
+                                           "center": "trimmed_geometric_median",
                                            "min_clients": 2, "random_state": 0,
                                            "dp_epsilon": None, "dp_delta": 1e-5}
 
 
-def test_only_fedgems_covariance_type_and_rficas_clustering_have_a_config_default_apart_from_the_librarys():
+def test_only_fedgems_covariance_type_and_rficas_clustering_and_center_have_a_config_default_apart():
     # The library defaults to the measured improvements (learned variances: results independent of the data's
-    # units; one column per site per cluster); the config, which runs the paper's experiments, keeps the
-    # paper's identity covariance and k-means, so the paper's numbers stay as they were.
-    expected = {"fedgem": {"covariance_type": ("spherical", "identity")}, "rfica": {"clustering": ("matched", "kmeans")}}
+    # units; one column per site per cluster; the trimmed centre); the config, which runs the paper's
+    # experiments, keeps the paper's identity covariance, k-means and geometric median, so the paper's numbers
+    # stay as they were.
+    expected = {"fedgem": {"covariance_type": ("spherical", "identity")},
+                "rfica": {"clustering": ("matched", "kmeans"), "center": ("trimmed_geometric_median", "geometric_median")}}
     for declaration in (FEDGEM_PARAMETERS, RFICA_PARAMETERS):
         library, config = declaration.defaults(), declaration.config_defaults()
         assert list(config) == list(declaration.config_keys)

@@ -1,7 +1,8 @@
 """RF-ICA's server step: sign alignment (eq. 3), benchmark choice (Remark 1), k-means over all
 columns and the geometric median of each cluster (eqs. 4-7), optionally refined so that every site
-puts one column in each cluster (``clustering="matched"``), with the F-ICA, simple-mean and
-simple-median comparators from the same replies (docs/ALGORITHMS.md section 1).
+puts one column in each cluster (``clustering="matched"``), each cluster's centre optionally
+re-taken without its outlying members (``center="trimmed_geometric_median"``), with the F-ICA,
+simple-mean and simple-median comparators from the same replies (docs/ALGORITHMS.md section 1).
 
 Estimates have shape ``(K, p, r)``: ``r`` columns in a space of ``p >= r`` channels (``p = r`` when
 every channel is kept).
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
+from scipy.stats import chi2
 from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_limits
@@ -27,6 +29,9 @@ from fedica.validation import as_float_array, check_index, check_int
 BENCHMARK_RULES = ("medoid", "largest", "best_objective")
 # kmeans: the paper's clustering of all columns; matched: k-means refined to one column per site per cluster.
 CLUSTERINGS = ("kmeans", "matched")
+# geometric_median: the paper's centre of a cluster (eq. 7); trimmed_geometric_median: the same, re-taken
+# without the members far beyond the cluster's own spread (trimmed_geometric_median below).
+CENTERS = ("geometric_median", "trimmed_geometric_median")
 
 
 # Relative gap under which two k-means objectives count as equal in choose_benchmark.
@@ -40,6 +45,12 @@ _SAME_DIRECTION_COST = 1e-12
 # p below 1e28) nor loses digits to subnormal squares, so their norm is taken directly (as it always was:
 # the same bits); outside it a column is divided by its largest entry first.
 _PLAIN_NORM_RANGE = (1e-140, 1e140)
+
+# Chance that an honest cluster keeps every member in trimmed_geometric_median when their deviations are
+# isotropic Gaussian: the minimum covariance determinant's reweighting level (Rousseeuw and Van Driessen 1999,
+# scikit-learn's MinCovDet keeps 97.5 % of the points), here for the whole cluster at once (Sidak), since every
+# honest column dropped costs accuracy (a per-point 97.5 % cut dropped 6 % of honest columns, +7 % error).
+_TRIM_KEEP_ALL = 0.975
 
 # Bound on the assignment / median alternations of clustering="matched"; each one strictly lowers its
 # objective, so this only guards against the medians' own tolerance making a cycle.
@@ -155,6 +166,11 @@ class RfIcaAggregate:
         The clustering that made ``labels`` and ``rf_ica``.
     matched_iterations : int
         Assignment steps of ``clustering="matched"`` (the last one changed nothing); 0 for k-means.
+    center : {"geometric_median", "trimmed_geometric_median"}
+        How ``rf_ica``'s columns were taken from the clusters.
+    trimmed : ndarray of shape (K, r), dtype bool
+        ``trimmed[k, i]``: column ``i`` of client ``k`` was dropped from its cluster's centre
+        (:func:`trimmed_geometric_median`); all False for the plain geometric median.
     method_seconds : dict of str to float
         Each method's own server time (``rf-ica``, ``f-ica``, ``simple-mean``, ``simple-median``):
         the shared normalisation, benchmark choice and sign alignment, plus its own step.
@@ -170,12 +186,14 @@ class RfIcaAggregate:
     inertia: float
     clustering: str = "kmeans"
     matched_iterations: int = 0
+    center: str = "geometric_median"
+    trimmed: np.ndarray | None = None
     method_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def rf_ica_aggregate(
     estimates, n_samples, *, benchmark="medoid", kmeans_restarts=10, gm_tol=1e-10, clustering="kmeans",
-    random_state=None
+    center="geometric_median", random_state=None
 ) -> RfIcaAggregate:
     """One-shot RF-ICA server aggregation (Algorithm 1 of the paper).
 
@@ -205,6 +223,9 @@ def rf_ica_aggregate(
         linear assignment of every client's columns to the cluster medians (one column
         per cluster, each with the sign of its cosine to its median) and the medians of
         the assigned columns, until no assignment changes.
+    center : {"geometric_median", "trimmed_geometric_median"}, default="geometric_median"
+        Each final cluster's centre (``rf_ica``'s column): the paper's geometric median, or
+        :func:`trimmed_geometric_median` of the cluster's signed columns (the clusters are the same).
     random_state : int, numpy.random.Generator or None, default=None
         Seed source of k-means.
 
@@ -218,7 +239,7 @@ def rf_ica_aggregate(
     ValueError
         If ``estimates`` is not a non-empty finite ``(K, p, r)`` array with ``p >= r``, has a zero
         column, ``n_samples`` does not have shape ``(K,)`` or is negative/non-finite,
-        ``benchmark`` is neither a known rule nor a valid index, or ``clustering`` is unknown.
+        ``benchmark`` is neither a known rule nor a valid index, or ``clustering`` or ``center`` is unknown.
     """
     stack = _as_estimates(estimates)
     n_clients, _, r = stack.shape
@@ -226,6 +247,8 @@ def rf_ica_aggregate(
     kmeans_restarts = check_int(kmeans_restarts, "kmeans_restarts", minimum=1)
     if clustering not in CLUSTERINGS:
         raise ValueError(f"clustering must be one of {CLUSTERINGS}, got {clustering!r}")
+    if center not in CENTERS:
+        raise ValueError(f"center must be one of {CENTERS}, got {center!r}")
     started = time.perf_counter()
     unit = normalise_estimates(stack)
     seed = sklearn_seed(np.random.default_rng(random_state))
@@ -267,10 +290,14 @@ def rf_ica_aggregate(
             for cluster in range(r)
         ]
     )
-    signs, iterations = alignment, 0
+    # The sign each aligned column enters its cluster with: +1 under k-means, its own under matched.
+    entering, iterations = np.ones((n_clients, r)), 0
     if clustering == "matched":
-        labels, matched_signs, rf_ica, iterations = _matched_clusters(aligned, labels, rf_ica, k0, gm_tol)
-        signs = alignment * matched_signs
+        labels, entering, rf_ica, iterations = _matched_clusters(aligned, labels, rf_ica, k0, gm_tol)
+    signs = alignment * entering
+    trimmed = np.zeros((n_clients, r), dtype=bool)
+    if center == "trimmed_geometric_median":
+        rf_ica, trimmed = _trimmed_centres(aligned * entering[:, None, :], labels, rf_ica, gm_tol)
     medians = time.perf_counter() - started
     started = time.perf_counter()
     simple_median = np.column_stack([geometric_median(aligned[:, :, i], tol=gm_tol) for i in range(r)])
@@ -289,9 +316,81 @@ def rf_ica_aggregate(
         inertia=float(kmeans.inertia_),
         clustering=clustering,
         matched_iterations=iterations,
+        center=center,
+        trimmed=trimmed,
         method_seconds={"rf-ica": shared + clustering_seconds + medians, "f-ica": shared + clustering_seconds,
                         "simple-mean": shared + mean, "simple-median": shared + column_medians},
     )
+
+
+def trimmed_geometric_median(points, *, tol=1e-10, spread_dims=None):
+    """Geometric median re-taken without the points far beyond the others' spread (docs/ALGORITHMS.md 1.4.2).
+
+    One reweighting step, as the minimum covariance determinant's: the geometric median ``m`` of
+    all points, their distances ``d_i = ||x_i - m||``, the robust scale ``s = median(d)``, and the
+    geometric median of the points with ``d_i <= c s``. If the ``n`` points' deviations are
+    isotropic Gaussian in ``q = spread_dims`` dimensions, ``d^2 / sigma^2`` is chi-squared with
+    ``q`` degrees of freedom, ``s^2`` about ``sigma^2 chi2_q(0.5)``, and
+    ``c = sqrt(chi2_q(0.975^(1/n)) / chi2_q(0.5))`` keeps all of them with probability 0.975
+    (``c`` = 2.37 for 30 points in 4 dimensions). ``c > 1``, so the points within ``s`` (at least
+    half) are always kept: no more than half is ever dropped. Where
+    ``s = 0`` (more than half the points on the median) nothing is dropped: there is no spread
+    to judge by, and the median already lies on the majority's point.
+
+    Parameters
+    ----------
+    points : array-like of shape (n_points, n_dims)
+        Finite, ``n_points >= 1``.
+    tol : float, default=1e-10
+        ``tol`` of both :func:`fedica.rfica.geometric_median.geometric_median` runs.
+    spread_dims : int or None, default=None
+        The dimension ``q`` of the honest points' spread; None: ``n_dims``. Unit columns in
+        ``R^p`` spread on the sphere's tangent space, ``p - 1`` dimensions.
+
+    Returns
+    -------
+    center : ndarray of shape (n_dims,)
+    kept : ndarray of shape (n_points,), dtype bool
+        The points the centre was re-taken from (all of them when none was dropped, in which
+        case ``center`` is the plain geometric median, bit for bit).
+    """
+    points = as_float_array(points, "points")
+    if points.ndim != 2 or points.shape[0] < 1:
+        raise ValueError(f"points must have shape (n_points, n_dims) with n_points >= 1, got {points.shape}")
+    dof = points.shape[1] if spread_dims is None else check_int(spread_dims, "spread_dims", minimum=1)
+    center = geometric_median(points, tol=tol)
+    distances = np.linalg.norm(points - center, axis=1)
+    scale = np.median(distances)
+    kept = np.ones(points.shape[0], dtype=bool)
+    if scale == 0:
+        return center, kept
+    kept = distances <= _trim_cut(dof, points.shape[0]) * scale
+    if kept.all():
+        return center, kept
+    return geometric_median(points[kept], tol=tol), kept
+
+
+def _trim_cut(dof, n_points):
+    """``c`` of :func:`trimmed_geometric_median` (in median distances) for ``n_points`` in ``dof`` dimensions."""
+    # 1 - 0.975^(1/n) computed without cancellation for large n.
+    tail = -np.expm1(np.log(_TRIM_KEEP_ALL) / n_points)
+    return float(np.sqrt(chi2.isf(tail, dof) / chi2.ppf(0.5, dof)))
+
+
+def _trimmed_centres(signed, labels, medians, gm_tol):
+    """Each cluster's :func:`trimmed_geometric_median` of its signed unit columns ``(K, p, r)``.
+
+    Returns the centres as columns ``(p, r)`` (an empty cluster keeps its column of ``medians``)
+    and the ``(K, r)`` mask of the columns dropped.
+    """
+    columns, flat_labels = _columns(signed), labels.ravel()
+    spread_dims = max(signed.shape[1] - 1, 1)
+    centres, dropped = medians.copy(), np.zeros(flat_labels.shape, dtype=bool)
+    for cluster in np.unique(flat_labels):
+        members = np.flatnonzero(flat_labels == cluster)
+        centres[:, cluster], kept = trimmed_geometric_median(columns[members], tol=gm_tol, spread_dims=spread_dims)
+        dropped[members[~kept]] = True
+    return centres, dropped.reshape(labels.shape)
 
 
 def _matched_clusters(aligned, labels, medians, k0, gm_tol):

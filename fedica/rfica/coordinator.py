@@ -43,8 +43,9 @@ class RFICAState(ProtocolState):
 
     Parameters
     ----------
-    contrast, init, benchmark, kmeans_restarts, gm_tol, local_solver, n_components, clustering
-        As for :class:`fedica.RFICA` (``clustering``'s default here is the paper's k-means).
+    contrast, init, benchmark, kmeans_restarts, gm_tol, local_solver, n_components, clustering, center
+        As for :class:`fedica.RFICA` (``clustering``'s and ``center``'s defaults here are the paper's
+        k-means and geometric median).
     whitening : {"federated", "local"} or None
         As for :class:`fedica.RFICA`; None: federated when ``n_components`` is set, local otherwise.
     dp_epsilon, dp_delta : float or None, float
@@ -81,6 +82,7 @@ class RFICAState(ProtocolState):
     kmeans_restarts: int = 10
     gm_tol: float = 1e-10
     clustering: str = "kmeans"
+    center: str = "geometric_median"
     local_solver: str = "fastica"
     n_components: int | float | None = None
     whitening: str | None = None
@@ -272,5 +274,5 @@ def aggregate_estimates(state: RFICAState) -> None:
         state.aggregate = rf_ica_aggregate(
             np.stack(state.estimates), np.asarray(state.n_samples), benchmark=state.benchmark,
             kmeans_restarts=state.kmeans_restarts, gm_tol=state.gm_tol, clustering=state.clustering,
-            random_state=state.seed)
+            center=state.center, random_state=state.seed)
 

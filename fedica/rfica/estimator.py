@@ -76,6 +76,11 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         The server's clustering of all sites' columns: k-means refined so that every site has
         exactly one column in each cluster (docs/ALGORITHMS.md section 1.4.1), or the paper's
         ``"kmeans"`` (the config's default, so the paper's experiments keep it).
+    center : {"trimmed_geometric_median", "geometric_median"}, default="trimmed_geometric_median"
+        Each cluster's centre (a column of ``mixing_``): its geometric median re-taken without the
+        members far beyond the cluster's own spread (docs/ALGORITHMS.md section 1.4.2; never more
+        than half of a cluster), or the paper's plain geometric median (the config's default, so
+        that every ``fedica-run`` keeps its numbers).
     min_clients : int, default=2
     random_state : int, default=0
         Seeds every random stream; the same seed, data and parameters give the same result as ``fedica-run``
@@ -125,7 +130,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
                  local_solver=_P["local_solver"].default, n_components=_P["n_components"].default,
                  whitening=_P["whitening"].default, benchmark=_P["benchmark"].default,
                  kmeans_restarts=_P["kmeans_restarts"].default, gm_tol=_P["gm_tol"].default,
-                 clustering=_P["clustering"].default, min_clients=_P["min_clients"].default,
+                 clustering=_P["clustering"].default, center=_P["center"].default,
+                 min_clients=_P["min_clients"].default,
                  random_state=_P["random_state"].default, dp_epsilon=_P["dp_epsilon"].default,
                  dp_delta=_P["dp_delta"].default):
         self.contrast = contrast
@@ -137,6 +143,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.kmeans_restarts = kmeans_restarts
         self.gm_tol = gm_tol
         self.clustering = clustering
+        self.center = center
         self.min_clients = min_clients
         self.random_state = random_state
         self.dp_epsilon = dp_epsilon
@@ -276,7 +283,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         return RFICAState(contrast=self.contrast, init=self.init, local_solver=self.local_solver,
                           n_components=self.n_components, whitening=self.whitening, benchmark=self.benchmark,
                           kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol, clustering=self.clustering,
-                          dp_epsilon=self.dp_epsilon, dp_delta=self.dp_delta,
+                          center=self.center, dp_epsilon=self.dp_epsilon, dp_delta=self.dp_delta,
                           seed=check_seed(self.random_state), min_clients=self.min_clients, r=r)
 
     def _store(self, state: RFICAState) -> RFICA:

@@ -47,8 +47,8 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
     strategy = RFICAStrategy(contrast=alg["contrast"], init=alg["init"], local_solver=alg["local_solver"],
                              n_components=alg["n_components"], whitening=alg["whitening"], benchmark=alg["benchmark"],
                              kmeans_restarts=alg["kmeans_restarts"], gm_tol=alg["gm_tol"],
-                             clustering=alg["clustering"], dp_epsilon=alg["dp_epsilon"], dp_delta=alg["dp_delta"],
-                             random_state=seed,
+                             clustering=alg["clustering"], center=alg["center"], dp_epsilon=alg["dp_epsilon"],
+                             dp_delta=alg["dp_delta"], random_state=seed,
                              r=sc.get("r"), min_available_nodes=federation.expected, min_clients=federation.min_clients,
                              client_config=federation.common_values)
     strategy.start(federation.grid, timeout=federation.round_timeout, federation=federation)
@@ -76,6 +76,8 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
         "site_iterations": state.n_iter,
         "site_converged": state.converged,
         "unconverged_clients": state.unconverged,
+        # The sites with a column the trimmed centre dropped from its cluster (algorithm.center), by partition.
+        "trimmed_clients": [state.partitions[k] for k in np.flatnonzero(aggregate.trimmed.any(axis=1))],
         "n_components": state.components,
         "whitening": state.whitening_matrix,
         # The sites the scenario makes poor on purpose (all kinds together), None when unknown.
