@@ -527,7 +527,8 @@ class FedGEMServer(ProtocolState):
         (:func:`~fedica.fedgem.trust.outlying_tables`; with ``max_hostile_fraction`` > 0)."""
         labelled = [p for p, e in self.evaluated.items() if e.has_labels]
         tables = [(self.evaluated[p].true_values, self.evaluated[p].pred_values, self.evaluated[p].counts) for p in labelled]
-        for index, reason in sorted(outlying_tables(tables, self.settings.max_hostile_fraction).items()):
+        caps = self._table_caps(labelled)
+        for index, reason in sorted(outlying_tables(tables, caps, self.settings.max_hostile_fraction).items()):
             self.reject(labelled[index], "evaluate", f"not counted: {reason}")
             del self.evaluated[labelled[index]]
 
@@ -549,13 +550,16 @@ class FedGEMServer(ProtocolState):
             metrics["local_ari"] = weighted_local_ari(np.array([self.evaluated[p].local_ari for p in chosen]),
                                                       np.array([self.models[p].n_points for p in chosen]))
             evaluated = list(self.evaluated)
-            caps = dict(zip(evaluated, table_caps(np.array([self.evaluated[p].counts.sum() for p in evaluated]),
-                                                  np.array([self.models[p].declared_points for p in evaluated]),
-                                                  np.array([self.models[p].n_points for p in evaluated]),
-                                                  self.settings.max_hostile_fraction)))
+            caps = dict(zip(evaluated, self._table_caps(evaluated)))
             capped = np.concatenate([capped_table(self.evaluated[p].counts, caps[p]) for p in chosen])
             metrics["global_ari"] = ari_from_contingency(true_all, pred_all, capped)
         return metrics
+
+    def _table_caps(self, partitions: list[int]) -> np.ndarray:
+        """The most test points each of ``partitions``' tables counts with (:func:`~fedica.fedgem.trust.table_caps`)."""
+        return table_caps(np.array([self.evaluated[p].counts.sum() for p in partitions]),
+                          np.array([self.models[p].declared_points for p in partitions]),
+                          np.array([self.models[p].n_points for p in partitions]), self.settings.max_hostile_fraction)
 
     # ------------------------------------------------------------------ replies
 

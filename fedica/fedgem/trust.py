@@ -54,10 +54,10 @@ ICL_TIE_NATS = 1e-6
 # per training point (every site's test share is the same, up to rounding on tiny sites).
 TEST_SHARE_SLACK = 1.5
 
-# A client's contingency table is not counted when, at a typical client's weight, it lowers the pooled
-# ARI of the others by more than this over the number of clients (its effect per share of the pool).
-# Measured: honest clients down to 0.55 (wine split by sizes, 4 sites), a table spread evenly over
-# every label and id 1.8 (blobs, 20 clients).
+# A client's contingency table is not counted when, at a typical client's weight or at its own, it lowers
+# the pooled ARI of the others by more than this over the number of clients (its effect per share of the
+# pool). Measured: honest clients down to 0.55 (wine split by sizes, 4 sites), a table spread evenly over
+# every label and id 1.8 (blobs, 20 clients, at a typical weight).
 TABLE_INFLUENCE_LIMIT = 1.0
 
 
@@ -558,25 +558,25 @@ def icl_winners(scores: np.ndarray) -> np.ndarray:
     return np.flatnonzero(scores <= best + min(ICL_TIE_RELATIVE * abs(best), ICL_TIE_NATS))
 
 
-def table_influences(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], counted: np.ndarray) -> np.ndarray:
+def table_influences(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], counted: np.ndarray,
+                     sizes: np.ndarray) -> np.ndarray:
     """Each client's effect on the pooled ARI of the ``counted`` others: ARI(the others and it) - ARI(the others).
 
-    Every table takes part at most at the median client's size (a larger one is scaled down with its
-    proportions, :func:`capped_table`), so that the effect measures what a client's labelling does to
-    the federation's agreement, not how many points it claims. NaN where ``counted`` is False.
+    Each table takes part with at most ``sizes`` test points (a larger one scaled down with its
+    proportions, :func:`capped_table`). NaN where ``counted`` is False.
 
     Parameters
     ----------
     tables : list of (true_values, pred_values, counts)
         Each client's contingency triplets.
     counted : ndarray of shape (n_clients,), dtype bool
+    sizes : ndarray of shape (n_clients,)
 
     Returns
     -------
     influences : ndarray of shape (n_clients,)
     """
-    size = float(np.median([int(table[2].sum()) for table in tables]))
-    scaled = [(t, p, capped_table(c, size)) for t, p, c in tables]
+    scaled = [(t, p, capped_table(c, size)) for (t, p, c), size in zip(tables, sizes)]
 
     def pooled(members):
         return ari_from_contingency(*(np.concatenate([scaled[g][i] for g in members]) for i in range(3)))
@@ -591,31 +591,35 @@ def table_influences(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], co
     return influences
 
 
-def outlying_tables(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], hostile_fraction: float) -> dict[int, str]:
+def outlying_tables(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], caps: np.ndarray,
+                    hostile_fraction: float) -> dict[int, str]:
     """The clients (indices into ``tables``) whose contingency tables no honest client's could be, with the reason.
 
-    A table is an outlier when, at a typical client's weight, it lowers the pooled ARI of the
-    others by more than :data:`TABLE_INFLUENCE_LIMIT` over the number of clients
-    (:func:`table_influences`): its labels disagree with the federation's far beyond an honest
-    client's. The worst is set aside, the others' effects are measured again without it, and so
-    on, at most as many as may be hostile (with several forgers in the pool, each one's effect
-    on the others is masked by the rest). ``hostile_fraction`` 0, or fewer than three tables,
-    switches the rule off.
+    A table is an outlier when it lowers the pooled ARI of the others by more than
+    :data:`TABLE_INFLUENCE_LIMIT` over the number of clients (:func:`table_influences`), weighed
+    either at a typical client's size (at most the median client's test points: the measure of its
+    labels, not of the points it claims) or at the size it counts with in the reported metric
+    (``caps``, :func:`table_caps`): its labels disagree with the federation's beyond an honest
+    client's. The worst is set aside, the others' effects are measured again without it, and so on,
+    at most as many as may be hostile (with several forgers in the pool, each one's effect on the
+    others is masked by the rest). ``hostile_fraction`` 0, or fewer than three tables, switches the
+    rule off.
     """
     n_clients = len(tables)
-    limit = TABLE_INFLUENCE_LIMIT / max(n_clients, 1)
     outliers: dict[int, str] = {}
     if hostile_fraction <= 0 or n_clients < 3:
         return outliers
+    limit = TABLE_INFLUENCE_LIMIT / n_clients
+    caps = np.asarray(caps, dtype=np.float64)
+    typical = np.minimum(caps, float(np.median([int(table[2].sum()) for table in tables])))
     counted = np.ones(n_clients, dtype=bool)
     for _ in range(hostile_count(n_clients, hostile_fraction)):
-        influences = table_influences(tables, counted)
+        influences = np.fmin(table_influences(tables, counted, typical), table_influences(tables, counted, caps))
         worst = int(np.nanargmin(influences))
         if not influences[worst] < -limit:
             break
         outliers[worst] = (f"its contingency table lowers the pooled ARI of the {int(counted.sum()) - 1} other "
-                           f"counted clients by {-influences[worst]:.3g} at a typical client's weight, more than "
-                           f"{TABLE_INFLUENCE_LIMIT:g} / {n_clients} clients (its labels disagree with the federation's "
-                           f"beyond any honest client's)")
+                           f"counted clients by {-influences[worst]:.3g}, more than {TABLE_INFLUENCE_LIMIT:g} / "
+                           f"{n_clients} clients (its labels disagree with the federation's beyond any honest client's)")
         counted[worst] = False
     return outliers

@@ -34,11 +34,14 @@ def test_one_self_consistent_forger_of_twenty_is_not_counted_and_the_pooled_ari_
     tables = honest[:7] + [_forged_table()] + honest[7:]
     # Before: the pooled ARI fell from .92 to .41 (and to .79 with the table capped at its client's share).
     assert _pooled(honest) - _pooled(tables) > 0.25
-    outliers = outlying_tables(tables, 0.25)
+    uncapped = np.full(len(tables), np.inf)
+    outliers = outlying_tables(tables, uncapped, 0.25)
     assert list(outliers) == [7] and "lowers the pooled ARI" in outliers[7]
     assert _pooled([t for i, t in enumerate(tables) if i not in outliers]) == _pooled(honest)
-    # No rule without hostile clients assumed.
-    assert outlying_tables(tables, 0.0) == {}
+    # Counted at its client's share (1.5 x a typical client's), it is still an outlier; no rule without hostile
+    # clients assumed.
+    assert list(outlying_tables(tables, np.full(len(tables), 375), 0.25)) == [7]
+    assert outlying_tables(tables, uncapped, 0.0) == {}
 
 
 def test_five_colluding_forgers_are_set_aside_one_by_one_and_a_poor_honest_client_stays():
@@ -47,21 +50,23 @@ def test_five_colluding_forgers_are_set_aside_one_by_one_and_a_poor_honest_clien
     forgers = list(range(len(tables), len(tables) + 5))
     tables += [_forged_table() for _ in forgers]
     # With all five in the pool, one forger's effect on the others is masked by the other four ...
-    together = table_influences(tables, np.ones(len(tables), dtype=bool))[forgers[0]]
-    alone = table_influences(tables, np.arange(len(tables)) <= forgers[0])[forgers[0]]
+    typical = np.full(len(tables), 250)
+    together = table_influences(tables, np.ones(len(tables), dtype=bool), typical)[forgers[0]]
+    alone = table_influences(tables, np.arange(len(tables)) <= forgers[0], typical)[forgers[0]]
     assert alone < 1.5 * together < 0
     # ... but setting the worst aside, again and again, finds them all, and only them.
-    assert sorted(outlying_tables(tables, 0.25)) == forgers
-    # Beyond the tolerated quarter only as many as may be hostile are set aside.
-    assert len(outlying_tables(tables, 0.2)) == 4
+    uncapped = np.full(len(tables), np.inf)
+    assert sorted(outlying_tables(tables, uncapped, 0.25)) == forgers
+    # With a lower share assumed hostile only as many as may be are set aside.
+    assert len(outlying_tables(tables, uncapped, 0.2)) == 4
 
 
 def test_honest_tables_of_unequal_quality_are_all_counted():
     rng = np.random.default_rng(4)
     tables = [_honest_table(rng, agreement=a, n_points=n) for a, n in zip(np.linspace(0.5, 1.0, 10),
                                                                              [40, 80, 120, 250, 250, 250, 500, 800, 1000, 60])]
-    assert outlying_tables(tables, 0.25) == {}
-    influences = table_influences(tables, np.r_[False, np.ones(9, dtype=bool)])
+    assert outlying_tables(tables, np.full(len(tables), np.inf), 0.25) == {}
+    influences = table_influences(tables, np.r_[False, np.ones(9, dtype=bool)], np.full(len(tables), np.inf))
     assert np.isnan(influences[0]) and np.all(np.isfinite(influences[1:]))
 
 
