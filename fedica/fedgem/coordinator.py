@@ -317,25 +317,30 @@ class FedGEMServer(ProtocolState):
 
         The aggregation is run at every upsilon the run may choose (the grid, or the fixed one), with
         the clients caught so far distrusted, until it catches no more: every candidate of the
-        tuning then sees the same clients distrusted, whichever upsilon caught them.
+        tuning then sees the same clients distrusted. A client is caught when it plants at half of
+        those upsilons or more: colluders hold their plant at one point whatever the radii, while at
+        one extreme upsilon an honest client's component may fall in with their other fragments.
         """
         if self.support is None:
             return
         upsilons = self.settings.upsilon_grid if self.settings.upsilon == "auto" else [self.settings.upsilon]
         while True:
-            caught: dict[int, str] = {}
+            caught: dict[int, list[str]] = {}
+            aggregated = 0
             for upsilon in map(float, upsilons):
                 try:
                     planters = self._final_aggregation(upsilon)[2]
                 except TooManyOverlaps:
                     continue  # the tuning leaves this upsilon out and says why
+                aggregated += 1
                 for partition, reason in planters.items():
-                    caught.setdefault(partition, reason)
+                    caught.setdefault(partition, []).append(reason)
+            caught = {p: reasons for p, reasons in caught.items() if 2 * len(reasons) >= aggregated}
             if not caught:
                 return
-            for partition, reason in sorted(caught.items()):
-                self.distrusted[partition] = reason
-                self.reject(partition, "final", f"untrusted: {reason}")
+            for partition, reasons in sorted(caught.items()):
+                self.distrusted[partition] = reasons[0]
+                self.reject(partition, "final", f"untrusted (caught at {len(reasons)} of {aggregated} upsilons): {reasons[0]}")
             self.aggregated.clear()
 
     def _tuning_candidates(self) -> tuple[dict[int, dict[str, np.ndarray]], list[FinalAggregation]]:
