@@ -355,12 +355,19 @@ def trusted_final_aggregation(
                                     support.typical_mass, trusted.global_centroids)
         if not weak.any() or weak.all():
             break
-        for cluster in np.flatnonzero(planted_clusters(trusted.labels, owners, support.quorum, trusted.global_centroids)):
-            members = np.unique(owners[trusted.labels == cluster])
-            reason = (f"a component in a cluster of {members.size} clients (fewer than the quorum of {support.quorum}) "
+        planted = np.flatnonzero(planted_clusters(trusted.labels, owners, support.quorum, trusted.global_centroids))
+        caught: set[int] = set()
+        # The most supported plant first; a plant that shares a client caught here is judged again without it
+        # (colluders' other fragments may draw an honest component in: blobs G=20 K=10, seed 0).
+        for cluster in sorted(planted, key=lambda c: -np.unique(owners[trusted.labels == c]).size):
+            members = set(np.unique(owners[trusted.labels == cluster]).tolist())
+            if members & caught:
+                continue
+            caught |= members
+            reason = (f"a component in a cluster of {len(members)} clients (fewer than the quorum of {support.quorum}) "
                       f"at {np.round(trusted.global_centroids[cluster], 3).tolist()}, embedded among the clusters the "
                       f"quorum supports: a planted cluster; none of this client's components is trusted, nor its evaluation")
-            for owner in members.tolist():
+            for owner in sorted(members):
                 planters.setdefault(int(owner), reason)
         excluded[np.flatnonzero(keep)[weak[trusted.labels]]] = True
         excluded |= np.isin(final.owners, list(planters))

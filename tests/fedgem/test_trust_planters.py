@@ -74,7 +74,7 @@ def test_a_plant_needs_two_clients_and_fewer_than_the_quorum():
 
 
 # The issue's workload: blobs with G=20 clients, K=10, d=2, R_min=4. On seed 2 the colluders' own fits made an
-# eleventh cluster after their plant was caught; on seed 0, at the smallest upsilon only, an honest client's
+# eleventh cluster after their plant was caught; on seed 0, at the smallest upsilon, an honest client's
 # component fell in with the colluders' other fragments (a cluster of four, embedded).
 BLOBS_G20_K10 = ["engine=inprocess", "algorithm=fedgem", "scenario=blobs", "scenario.n_clients=20",
                  "scenario.n_clusters=10", "baselines=false"]
@@ -99,3 +99,18 @@ def test_midpoint_colluders_are_distrusted_for_the_rest_of_the_run_and_their_eva
     assert metrics["global_ari"] == pytest.approx(metrics["honest_global_ari"])
     assert metrics["local_ari"] == pytest.approx(metrics["honest_local_ari"])
     assert set(result["fedgem"]["client_local_ari"]) == {str(p) for p in range(20)} - {str(p) for p in hostile}
+
+
+def test_a_plant_that_shows_at_one_upsilon_only_is_caught():
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    # Section 6.2's nominal workload with 20 clients, seed 1: from upsilon 0.5 up the plant merges into a true
+    # cluster. Before: reported global ARI .878 (honest .988), the colluders' points labelled by their sacrificed models.
+    result = run_inprocess(compose_config(["engine=inprocess", "algorithm=fedgem", "+workload=s62_nominal",
+                                           "scenario.n_clients=20", "baselines=false", "seed=1",
+                                           "attack=midpoint_cluster", "attack.fraction=0.25"]))
+    metrics, hostile = result["metrics"]["fedgem"], result["fedgem"]["hostile_clients"]
+    caught = {r["client"]: r["reason"] for r in result["clients"]["rejected"] if r["round"] == "final"}
+    assert sorted(caught) == hostile and all("caught at 1 of 6 upsilons" in reason for reason in caught.values())
+    assert metrics["global_ari"] == pytest.approx(metrics["honest_global_ari"])
