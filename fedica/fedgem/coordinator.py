@@ -180,7 +180,7 @@ class FedGEMServer(ProtocolState):
         self.privacy = privacy.fedgem_plan(self.settings)  # None unless dp_epsilon is set
         self.final_counts: np.ndarray | None = None  # a private run's noisy counts of the final components
         self.distrusted: dict[int, str] = {}  # clients caught planting a cluster, and why: trusted no more
-        self.aggregated: dict[float, tuple[FinalAggregation, np.ndarray]] = {}  # by upsilon, for the distrusted above
+        self.aggregated: dict[float, tuple[FinalAggregation, np.ndarray, dict[int, str]]] = {}  # by upsilon, for the distrusted above
 
     @property
     def min_clients(self) -> int:

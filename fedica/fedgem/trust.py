@@ -7,7 +7,9 @@ robust rule take part in no merge; in the final aggregation an untrusted compone
 global cluster, and neither does a cluster that too few clients and too little mass support (or
 that several such clients plant among the others). A component far from every other by the
 federation's own scale is untrusted, with distances computed scale-free; the tuning's scores weigh at
-most what a typical client's do, and an evaluation table at most its client's test share.
+most what a typical client's do, and an evaluation table at most its client's test share. A client
+caught planting a cluster is trusted in nothing more, and a table that lowers the pooled ARI of the
+others beyond an honest client's is not counted.
 """
 
 from __future__ import annotations
