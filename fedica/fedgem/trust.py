@@ -329,10 +329,11 @@ def trusted_final_aggregation(
     ``distrusted``. An untrusted component founds no global cluster: it is mapped to the nearest
     global centroid of the others, so that it can neither merge every cluster into one nor add
     clusters of its own. With a ``support`` rule, the members of a cluster it does not count are
-    treated the same way (repeatedly, until every remaining cluster is supported), and so is every
-    component of a client with a member in a planted cluster (:func:`planted_clusters`): a client
-    caught planting one cluster is not believed of its others. ``max_pairs`` is the memory budget
-    on overlapping pairs (:func:`fedica.fedgem.merging.final_aggregation`).
+    treated the same way (repeatedly, until every remaining cluster is supported), and the clients
+    with a member in a planted cluster (:func:`planted_clusters`) are reported: the server
+    distrusts the ones caught at enough upsilons (a client caught planting one cluster is not
+    believed of its others). ``max_pairs`` is the memory budget on overlapping pairs
+    (:func:`fedica.fedgem.merging.final_aggregation`).
 
     Returns
     -------
@@ -372,7 +373,6 @@ def trusted_final_aggregation(
             for owner in sorted(members):
                 planters.setdefault(int(owner), reason)
         excluded[np.flatnonzero(keep)[weak[trusted.labels]]] = True
-        excluded |= np.isin(final.owners, list(planters))
     labels = np.empty(final.centers.shape[0], dtype=np.int64)
     labels[keep] = trusted.labels
     if excluded.any():
