@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedica.evaluation.metrics import ari_from_contingency
 from fedica.seeding import generator
 
 # RF-ICA: a junk estimate instead of the honest one (hostile_ica_estimate) ...
@@ -22,7 +23,7 @@ GEM_ATTACKS = ("inflated_radius", "inflated_count", "random_centroids")
 # ... and on the rest of its protocol: the components a client declares, the tuning, the evaluation
 # (the last four know the defences: docs/ALGORITHMS.md section 3.2).
 GEM_PROTOCOL_ATTACKS = ("split_components", "poison_tuning", "fake_evaluation",
-                        "overflow_row", "likelihood_shift", "midpoint_cluster", "forged_metrics")
+                        "overflow_row", "likelihood_shift", "midpoint_cluster", "forged_metrics", "consistent_forgery")
 # Either algorithm: a node answers under another client's partition id.
 SPOOF_PARTITION = "spoof_partition"
 ATTACKS = ("none", *ICA_ATTACKS, *GEM_ATTACKS, *GEM_PROTOCOL_ATTACKS, SPOOF_PARTITION)
@@ -293,6 +294,20 @@ def forged_contingency(global_ids: np.ndarray, true_labels: np.ndarray,
     true_values, pred_values = (grid.ravel() for grid in np.meshgrid(labels, ids))
     counts = np.full(true_values.size, max(1, n_points // true_values.size), dtype=np.int64)
     return true_values, pred_values, counts
+
+
+def consistent_forgery(global_ids: np.ndarray, true_labels: np.ndarray,
+                       n_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """A ``consistent_forgery`` client's evaluation: the table of :func:`forged_contingency` and the ARI that table
+    gives, so that the server's recomputation of the local ARI finds nothing to refuse.
+
+    Returns
+    -------
+    true_values, pred_values, counts : ndarray of shape (n_labels * n_ids,)
+    local_ari : float
+    """
+    true_values, pred_values, counts = forged_contingency(global_ids, true_labels, n_points)
+    return true_values, pred_values, counts, ari_from_contingency(true_values, pred_values, counts)
 
 
 def fake_contingency(global_ids: np.ndarray, n_train: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

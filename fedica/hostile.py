@@ -241,12 +241,28 @@ def _forged_metrics(task: str, arrays: Arrays, values: Values, honest: tuple[Arr
     return reply_arrays, reply_values
 
 
+def _consistent_forgery(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
+                        rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """As ``forged_metrics``, but the local ARI it reports is the ARI of its forged table (the server's recomputation agrees)."""
+    reply_arrays, reply_values = honest
+    if task == GEM_INIT:
+        reply_values = {**reply_values, "n-points": attacks.FORGED_COUNT_FACTOR * int(reply_values["n-points"])}
+    elif task == GEM_EVALUATE:
+        n_test = int(attacks.FORGED_TEST_FACTOR * int(np.sum(reply_arrays["counts"])))
+        true_values, pred_values, counts, local_ari = attacks.consistent_forgery(arrays["global-ids"],
+                                                                                 reply_arrays["true-values"], n_test)
+        reply_arrays = {"true-values": true_values, "pred-values": pred_values, "counts": counts}
+        reply_values = {**reply_values, "local-ari": local_ari}
+    return reply_arrays, reply_values
+
+
 # The attacks that know the server's defences (issue 25), each a reply rewrite of every task.
 _ADAPTIVE_GEM_ATTACKS = {
     "overflow_row": _overflow_row,
     "likelihood_shift": _likelihood_shift,
     "midpoint_cluster": _midpoint_cluster,
     "forged_metrics": _forged_metrics,
+    "consistent_forgery": _consistent_forgery,
 }
 
 

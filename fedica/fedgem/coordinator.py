@@ -39,6 +39,7 @@ from fedica.fedgem.trust import (
     hostile_count,
     icl_winners,
     log_excluded,
+    outlying_tables,
     refuse_far_components,
     robust_silhouettes,
     robust_totals,
@@ -179,6 +180,8 @@ class FedGEMServer(ProtocolState):
         self.privacy = privacy.fedgem_plan(self.settings)  # None unless dp_epsilon is set
         self.final_counts: np.ndarray | None = None  # a private run's noisy counts of the final components
         self.final_variances: np.ndarray | None = None  # and their maximisers' noise variances
+        self.distrusted: dict[int, str] = {}  # clients caught planting a cluster, and why: trusted no more
+        self.aggregated: dict[float, tuple[FinalAggregation, np.ndarray, dict[int, str]]] = {}  # by upsilon, for the distrusted above
 
     @property
     def min_clients(self) -> int:
@@ -310,6 +313,40 @@ class FedGEMServer(ProtocolState):
                 for part in self.final.slices().values()])
         self.require(len(self.final.partitions), "FedGEM final stage")
         self.support = cluster_support(self.models, self.final, self.settings.max_hostile_fraction)
+        with self.server_time():
+            self._catch_planters()
+
+    def _catch_planters(self) -> None:
+        """Distrust, for the rest of the run, every client that the final aggregation catches planting a cluster.
+
+        The aggregation is run at every upsilon the run may choose (the grid, or the fixed one), with
+        the clients caught so far distrusted, until it catches no more: every candidate of the
+        tuning then sees the same clients distrusted. A client is caught when it plants at half of
+        those upsilons or more: colluders hold their plant at one point whatever the radii, while at
+        the smallest upsilon honest components fragment into small clusters that may look planted
+        (digits, seeds 1-9: five runs of nine had two to four honest clients caught at 1 of 6).
+        """
+        if self.support is None:
+            return
+        upsilons = self.settings.upsilon_grid if self.settings.upsilon == "auto" else [self.settings.upsilon]
+        while True:
+            caught: dict[int, list[str]] = {}
+            aggregated = 0
+            for upsilon in map(float, upsilons):
+                try:
+                    planters = self._final_aggregation(upsilon)[2]
+                except TooManyOverlaps:
+                    continue  # the tuning leaves this upsilon out and says why
+                aggregated += 1
+                for partition, reason in planters.items():
+                    caught.setdefault(partition, []).append(reason)
+            caught = {p: reasons for p, reasons in caught.items() if 2 * len(reasons) >= aggregated}
+            if not caught:
+                return
+            for partition, reasons in sorted(caught.items()):
+                self.distrusted[partition] = reasons[0]
+                self.reject(partition, "final", f"untrusted (caught at {len(reasons)} of {aggregated} upsilons): {reasons[0]}")
+            self.aggregated.clear()
 
     def _tuning_candidates(self) -> tuple[dict[int, dict[str, np.ndarray]], list[FinalAggregation]]:
         """Each client's consensus model under every upsilon of the grid (paper appendix D.3)."""
@@ -434,24 +471,29 @@ class FedGEMServer(ProtocolState):
     def _aggregate(self) -> None:
         with self.server_time():
             try:
-                self.aggregation, excluded = self._final_aggregation(self.upsilon)
+                self.aggregation, excluded, _ = self._final_aggregation(self.upsilon)
             except TooManyOverlaps as err:
                 raise OverBudget(f"final aggregation at upsilon {self.upsilon:g}: {err}; lower upsilon or raise max_overlap_pairs") from err
         log_excluded(self.final, excluded, "final")
 
-    def _final_aggregation(self, upsilon: float) -> tuple[FinalAggregation, np.ndarray]:
-        radii = final_radii(self.models, self.final, upsilon, self.geometry)
-        if self.privacy is not None:  # each final ball also holds its maximiser's noise
-            radii = privacy.widened_radii(radii, self.final_variances, debias=False)
-        return trusted_final_aggregation(self.final, radii, self.settings.radius_outlier_factor, self.support,
-                                         self.settings.max_overlap_pairs)
+    def _final_aggregation(self, upsilon: float) -> tuple[FinalAggregation, np.ndarray, dict[int, str]]:
+        """The trusted final aggregation at ``upsilon``, its untrusted components and the planters it catches
+        beyond :attr:`distrusted` (computed once per upsilon while :attr:`distrusted` stays the same)."""
+        if upsilon not in self.aggregated:
+            radii = final_radii(self.models, self.final, upsilon, self.geometry)
+            if self.privacy is not None:  # each final ball also holds its maximiser's noise
+                radii = privacy.widened_radii(radii, self.final_variances, debias=False)
+            self.aggregated[upsilon] = trusted_final_aggregation(self.final, radii, self.settings.radius_outlier_factor,
+                                                                 self.support, self.settings.max_overlap_pairs,
+                                                                 self.distrusted)
+        return self.aggregated[upsilon]
 
     def _grid_aggregations(self) -> list[tuple[float, FinalAggregation, np.ndarray]]:
         """(upsilon, aggregation, excluded) for every upsilon of the grid whose overlaps fit ``max_overlap_pairs``."""
         done = []
         for upsilon in map(float, self.settings.upsilon_grid):
             try:
-                done.append((upsilon, *self._final_aggregation(upsilon)))
+                done.append((upsilon, *self._final_aggregation(upsilon)[:2]))
             except TooManyOverlaps as err:
                 self.skipped_upsilons[upsilon] = str(err)
                 log.warning("upsilon %g left out of the tuning: %s", upsilon, err)
@@ -467,7 +509,11 @@ class FedGEMServer(ProtocolState):
                 self.evaluated[reply.partition_id] = self._evaluation_reply(reply, rows)
             except InvalidReply as err:
                 self.reject(reply.partition_id, "evaluate", f"invalid reply: {err}")
+        for partition in sorted(set(self.evaluated) & set(self.distrusted)):
+            self.reject(partition, "evaluate", "not counted: this client was caught planting a cluster at the final stage")
+            del self.evaluated[partition]
         self._refuse_outsized_tests()
+        self._refuse_outlying_tables()
         self.client_aris = {str(p): e.local_ari for p, e in self.evaluated.items()}
         self.evaluation = self.evaluation_over(self.evaluated)
 
@@ -483,6 +529,16 @@ class FedGEMServer(ProtocolState):
                 self.reject(partition, "evaluate", f"invalid reply: reports {int(total)} test points, more than "
                                                    f"{factor:g} x the median client's {cap / factor:.0f}")
                 del self.evaluated[partition]
+
+    def _refuse_outlying_tables(self) -> None:
+        """Leave out clients whose contingency tables disagree with the federation's beyond an honest client's
+        (:func:`~fedica.fedgem.trust.outlying_tables`; with ``max_hostile_fraction`` > 0)."""
+        labelled = [p for p, e in self.evaluated.items() if e.has_labels]
+        tables = [(self.evaluated[p].true_values, self.evaluated[p].pred_values, self.evaluated[p].counts) for p in labelled]
+        caps = self._table_caps(labelled)
+        for index, reason in sorted(outlying_tables(tables, caps, self.settings.max_hostile_fraction).items()):
+            self.reject(labelled[index], "evaluate", f"not counted: {reason}")
+            del self.evaluated[labelled[index]]
 
     def evaluation_over(self, partitions) -> dict[str, float]:
         """The evaluation metrics over the evaluated clients among ``partitions`` (say, the honest ones).
@@ -502,13 +558,16 @@ class FedGEMServer(ProtocolState):
             metrics["local_ari"] = weighted_local_ari(np.array([self.evaluated[p].local_ari for p in chosen]),
                                                       np.array([self.models[p].n_points for p in chosen]))
             evaluated = list(self.evaluated)
-            caps = dict(zip(evaluated, table_caps(np.array([self.evaluated[p].counts.sum() for p in evaluated]),
-                                                  np.array([self.models[p].declared_points for p in evaluated]),
-                                                  np.array([self.models[p].n_points for p in evaluated]),
-                                                  self.settings.max_hostile_fraction)))
+            caps = dict(zip(evaluated, self._table_caps(evaluated)))
             capped = np.concatenate([capped_table(self.evaluated[p].counts, caps[p]) for p in chosen])
             metrics["global_ari"] = ari_from_contingency(true_all, pred_all, capped)
         return metrics
+
+    def _table_caps(self, partitions: list[int]) -> np.ndarray:
+        """The most test points each of ``partitions``' tables counts with (:func:`~fedica.fedgem.trust.table_caps`)."""
+        return table_caps(np.array([self.evaluated[p].counts.sum() for p in partitions]),
+                          np.array([self.models[p].declared_points for p in partitions]),
+                          np.array([self.models[p].n_points for p in partitions]), self.settings.max_hostile_fraction)
 
     # ------------------------------------------------------------------ replies
 

@@ -42,7 +42,7 @@ def test_is_complete_result(tmp_path):
 
 @pytest.mark.parametrize(
     "experiment, size",
-    [("rfica_fig1_k", 100), ("rfica_fig1_ratio", 180), ("rfica_init", 360), ("fedgem_sensitivity", 360), ("fedgem_tables", 60), ("fedgem_attacks", 99), ("rfica_attacks", 72), ("fedgem_privacy", 80), ("fedgem_privacy_client", 24), ("fedgem_privacy_mnist", 80)],
+    [("rfica_fig1_k", 100), ("rfica_fig1_ratio", 180), ("rfica_init", 360), ("fedgem_sensitivity", 360), ("fedgem_tables", 60), ("fedgem_attacks", 108), ("rfica_attacks", 72), ("fedgem_privacy", 80), ("fedgem_privacy_client", 24), ("fedgem_privacy_mnist", 80)],
 )
 def test_sweep_size_counts_every_run(experiment, size):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):

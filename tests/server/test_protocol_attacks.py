@@ -66,8 +66,9 @@ def test_forged_evaluation_counts_are_refused_and_honest_metrics_stand_beside_al
 
 
 def test_honest_metrics_are_reported_when_hostile_clients_wreck_all_clients_metrics():
-    # Midpoint colluders give up one of their own clusters: their own labels, and all clients' ARI, suffer.
-    _, metrics = _attacked("midpoint_cluster", 0.25)
+    # Midpoint colluders give up one of their own clusters: their own labels, and all clients' ARI, suffer
+    # (at 45 %, beyond the quarter the server tolerates; at 25 % they are caught planting and not counted).
+    _, metrics = _attacked("midpoint_cluster", 0.45)
     assert metrics["honest_local_ari"] > 0.95 > metrics["local_ari"]
 
 

@@ -1,0 +1,113 @@
+"""A client caught planting a cluster is trusted no more (issue 25, item 3a; fedica.fedgem.trust)."""
+
+import numpy as np
+import pytest
+
+from fedica.fedgem.components import Components, Support
+from fedica.fedgem.trust import planted_clusters, trusted_final_aggregation
+
+# Four true clusters; the closest pair, (0, 0) and (8, 0), has its midpoint at (4, 0).
+TRUE_CENTRES = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
+MIDPOINT = np.array([4.0, 0.0])
+COLLUDERS = (6, 7)
+LONE_CLIENT = 5
+
+
+def _federation() -> Components:
+    """Six honest clients holding every true cluster (client 5 also one of its own, far from the others), and two
+    colluders each holding a midpoint component and a component at one shared point far from every true cluster."""
+    rng = np.random.default_rng(0)
+    centers, owners = [], []
+    for client in range(6):
+        rows = TRUE_CENTRES + 0.05 * rng.standard_normal(TRUE_CENTRES.shape)
+        if client == LONE_CLIENT:  # a genuine cluster one client holds: it must stay counted
+            rows = np.vstack([rows, [-15.0, -15.0]])
+        centers.append(rows)
+        owners += [client] * rows.shape[0]
+    for client in COLLUDERS:
+        centers.append(np.vstack([MIDPOINT, [20.0, 20.0], TRUE_CENTRES[2:]]))
+        owners += [client] * 4
+    centers = np.vstack(centers)
+    owners = np.array(owners)
+    weights = np.full(owners.size, 25.0)
+    partitions = sorted(set(owners.tolist()))
+    return Components(partitions, centers, np.zeros(owners.size), owners, weights)
+
+
+def test_the_clients_of_a_planted_cluster_are_caught_and_none_of_their_components_founds_a_cluster():
+    final = _federation()
+    support = Support(quorum=3, typical_mass=2.5, masses=final.weights)
+    radii = np.full(final.owners.size, 1.0)
+    first, excluded, planters = trusted_final_aggregation(final, radii, 10.0, support)
+    assert sorted(planters) == list(COLLUDERS)
+    assert "planted cluster" in planters[COLLUDERS[0]] and "[4.0, 0.0]" in planters[COLLUDERS[0]]
+    # Caught, the plant founds no cluster; their shared far point still does until the server distrusts them.
+    assert excluded.tolist() == np.all(np.isclose(final.centers, MIDPOINT), axis=1).tolist()
+    assert first.k_hat == 6
+    aggregation, excluded, more = trusted_final_aggregation(final, radii, 10.0, support, distrusted=COLLUDERS)
+    assert more == {} and excluded.tolist() == np.isin(final.owners, COLLUDERS).tolist()
+    # The four true clusters and the lone client's own; the colluders' shared far point founds none.
+    assert aggregation.k_hat == 5
+    centroids = np.round(aggregation.global_centroids).tolist()
+    assert [-15.0, -15.0] in centroids and [20.0, 20.0] not in centroids
+
+
+def test_without_the_plant_the_colluders_far_cluster_counts_by_its_mass():
+    # The rule distrusts planters, not small clusters: two clients' cluster far from the others is counted.
+    final = _federation()
+    at_midpoint = np.all(np.isclose(final.centers, MIDPOINT), axis=1)
+    final.centers[at_midpoint] = [4.0, 40.0]  # far from every true cluster: no plant
+    support = Support(quorum=3, typical_mass=2.5, masses=final.weights)
+    aggregation, _, planters = trusted_final_aggregation(final, np.full(final.owners.size, 1.0), 10.0, support)
+    assert planters == {}
+    assert aggregation.k_hat == 7
+
+
+def test_a_plant_needs_two_clients_and_fewer_than_the_quorum():
+    centroids = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 10.0], [4.0, 0.0]])
+    labels = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 3])
+    owners = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 4])
+    assert planted_clusters(labels, owners, 3, centroids).tolist() == [False, False, False, True]
+    assert not planted_clusters(labels, owners, 2, centroids).any()  # two clients are a quorum of 2
+    assert not planted_clusters(labels, np.r_[owners[:-1], 3], 3, centroids).any()  # one client: a misfit
+    assert not planted_clusters(labels, owners, 3, None).any()  # no centroids: nothing is embedded
+
+
+# The issue's workload: blobs with G=20 clients, K=10, d=2, R_min=4. On seed 2 the colluders' own fits made an
+# eleventh cluster after their plant was caught; on seed 0, at the smallest upsilon, an honest client's
+# component fell in with the colluders' other fragments (a cluster of four, embedded).
+BLOBS_G20_K10 = ["engine=inprocess", "algorithm=fedgem", "scenario=blobs", "scenario.n_clients=20",
+                 "scenario.n_clusters=10", "baselines=false"]
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_midpoint_colluders_are_distrusted_for_the_rest_of_the_run_and_their_evaluation_is_not_counted(seed):
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    # Before: K_hat 10 and 11 (seed 2: a cluster of one colluder's own), reported global ARI .878 and .916, honest
+    # .963 and .993.
+    result = run_inprocess(compose_config(BLOBS_G20_K10 + [f"seed={seed}", "attack=midpoint_cluster",
+                                                           "attack.fraction=0.25"]))
+    metrics, hostile = result["metrics"]["fedgem"], result["fedgem"]["hostile_clients"]
+    books = {(r["client"], r["round"]): r["reason"] for r in result["clients"]["rejected"]}
+    assert sorted(client for client, stage in books if stage == "final") == hostile
+    assert sorted(client for client, stage in books if stage == "evaluate") == hostile
+    assert all("planted cluster" in books[(client, "final")] and "caught at 6 of 6 upsilons" in books[(client, "final")]
+               for client in hostile)
+    assert metrics["k_hat"] == metrics["honest_k_hat"] == 10
+    assert metrics["global_ari"] == pytest.approx(metrics["honest_global_ari"])
+    assert metrics["local_ari"] == pytest.approx(metrics["honest_local_ari"])
+    assert set(result["fedgem"]["client_local_ari"]) == {str(p) for p in range(20)} - {str(p) for p in hostile}
+
+
+def test_honest_fragments_that_look_planted_at_one_upsilon_cost_no_client_its_trust():
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    # Digits (G=10), seed 5: at the smallest upsilon two honest clients' components form a small embedded cluster.
+    # Caught at any one upsilon, both lost their trust and their evaluation; a plant must show at half of them.
+    result = run_inprocess(compose_config(["engine=inprocess", "algorithm=fedgem", "+workload=digits", "seed=5",
+                                           "baselines=false"]))
+    assert not [r for r in result["clients"]["rejected"] if r["round"] in ("final", "evaluate")]
+    assert len(result["fedgem"]["client_local_ari"]) == 10
