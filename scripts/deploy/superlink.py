@@ -20,10 +20,13 @@ message size option (a SuperNode's reply is pushed as objects of up to 5 MiB, an
 all kept in the SuperLink's memory and pulled whole by the ServerApp). Every Fleet API request body,
 and the objects of one pushed reply together, may hold at most ``--max-reply-mib`` (default
 :data:`DEFAULT_MAX_REPLY_MIB`); a request beyond it gets ``413`` before Flower reads it, and the
-reply it belongs to never completes (the ServerApp records ``no reply within ...`` for that site).
+reply it belongs to never completes (the ServerApp records Flower's "Reply message objects are
+unavailable" for that site, with :data:`fedica.server.federation.UNAVAILABLE_HINT`).
 Flower's ServerApp would then retry pulling the refused object for minutes (it waits for an upload
-that may still come); the middleware answers those pulls "not found", so the stage ends at once with
-that site's reply missing. The ServerApp's own, relative, bound
+that may still come); the middleware answers those pulls "not found", which ends the stage at once
+with that site's reply missing whenever the ServerApp asks for the refused object itself (not when
+it is busy with the reply's objects the SuperNode never pushed after the refusal: those wait for
+Flower's expiry). The ServerApp's own, relative, bound
 (``fedica.protocol.messages.reply_size_limits``) still checks every reply that arrives.
 """
 
