@@ -227,33 +227,35 @@ def _midpoint_cluster(task: str, arrays: Arrays, values: Values, honest: tuple[A
     return reply_arrays, reply_values
 
 
-def _forged_metrics(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
-                    rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
-    """Claim 40 times the client's count at initialisation; report a local ARI of -1 and a table of 9.9x its test points."""
+def _forged_evaluation(task: str, arrays: Arrays, honest: tuple[Arrays, Values], *,
+                       consistent: bool) -> tuple[Arrays, Values]:
+    """Claim 40 times the client's count at initialisation and send a table of 9.9x its test points, with a
+    local ARI of -1 (``forged_metrics``) or the ARI of that table (``consistent_forgery``)."""
     reply_arrays, reply_values = honest
     if task == GEM_INIT:
         reply_values = {**reply_values, "n-points": attacks.FORGED_COUNT_FACTOR * int(reply_values["n-points"])}
     elif task == GEM_EVALUATE:
         n_test = int(attacks.FORGED_TEST_FACTOR * int(np.sum(reply_arrays["counts"])))
-        true_values, pred_values, counts = attacks.forged_contingency(arrays["global-ids"], reply_arrays["true-values"], n_test)
-        reply_arrays = {"true-values": true_values, "pred-values": pred_values, "counts": counts}
-        reply_values = {**reply_values, "local-ari": attacks.FORGED_LOCAL_ARI}
+        if consistent:
+            *table, local_ari = attacks.consistent_forgery(arrays["global-ids"], reply_arrays["true-values"], n_test)
+        else:
+            table = attacks.forged_contingency(arrays["global-ids"], reply_arrays["true-values"], n_test)
+            local_ari = attacks.FORGED_LOCAL_ARI
+        reply_arrays = dict(zip(("true-values", "pred-values", "counts"), table))
+        reply_values = {**reply_values, "local-ari": local_ari}
     return reply_arrays, reply_values
+
+
+def _forged_metrics(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
+                    rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """Claim 40 times the client's count at initialisation; report a local ARI of -1 and a table of 9.9x its test points."""
+    return _forged_evaluation(task, arrays, honest, consistent=False)
 
 
 def _consistent_forgery(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
                         rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
     """As ``forged_metrics``, but the local ARI it reports is the ARI of its forged table (the server's recomputation agrees)."""
-    reply_arrays, reply_values = honest
-    if task == GEM_INIT:
-        reply_values = {**reply_values, "n-points": attacks.FORGED_COUNT_FACTOR * int(reply_values["n-points"])}
-    elif task == GEM_EVALUATE:
-        n_test = int(attacks.FORGED_TEST_FACTOR * int(np.sum(reply_arrays["counts"])))
-        true_values, pred_values, counts, local_ari = attacks.consistent_forgery(arrays["global-ids"],
-                                                                                 reply_arrays["true-values"], n_test)
-        reply_arrays = {"true-values": true_values, "pred-values": pred_values, "counts": counts}
-        reply_values = {**reply_values, "local-ari": local_ari}
-    return reply_arrays, reply_values
+    return _forged_evaluation(task, arrays, honest, consistent=True)
 
 
 # The attacks that know the server's defences (issue 25), each a reply rewrite of every task.
