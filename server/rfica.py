@@ -21,18 +21,19 @@ class RFICAStrategy(ProtocolStrategy):
 
     The clients must run a ClientApp that answers fedica's RF-ICA task, e.g.
     ``fedica.clients.make_client_app(load_data)``. ``start(grid)`` asks every client for its
-    local FastICA estimate once, then aggregates them robustly: the same numerical path as
+    local ICA estimate once, then aggregates them robustly: the same numerical path as
     :class:`fedica.RFICA`. The Result's ``arrays`` hold ``mixing`` and ``unmixing``.
 
     Parameters
     ----------
     contrast, init, local_solver, n_components, whitening, benchmark, kmeans_restarts, gm_tol, clustering, center,
-    random_state, dp_epsilon, dp_delta
+    random_state, dp_epsilon, dp_delta, refine_rounds
         As for :class:`fedica.RFICA`: declared in :data:`fedica.parameters.RFICA_PARAMETERS`, and checked
         against it here (``ValueError`` or ``TypeError`` naming the parameter). ``clustering`` defaults to
         ``"matched"`` here and in :class:`fedica.RFICA`; fedica's own runs pass the config's (``kmeans``).
-        ``center`` defaults to ``"trimmed_geometric_median"`` here and in :class:`fedica.RFICA`; the config's
-        is the paper's ``geometric_median``.
+        ``center`` defaults to ``"trimmed_mean"``, ``contrast`` to ``"logcosh"`` and ``local_solver`` to
+        ``"picard"`` here and in :class:`fedica.RFICA`, and ``refine_rounds`` to 20; the config's are the
+        paper's ``geometric_median``, ``cube``, ``fastica`` and 0 (the one-shot protocol).
     r : int or None, default=None
         The number of channels; None: the one most clients report.
     min_available_nodes, min_clients, node_wait_timeout, client_config
@@ -59,12 +60,12 @@ class RFICAStrategy(ProtocolStrategy):
                  gm_tol: float = _P["gm_tol"].default, clustering: str = _P["clustering"].default,
                  center: str = _P["center"].default, random_state: int = _P["random_state"].default,
                  dp_epsilon: float | None = _P["dp_epsilon"].default, dp_delta: float = _P["dp_delta"].default,
-                 r: int | None = None, **kwargs: Any):
+                 refine_rounds: int = _P["refine_rounds"].default, r: int | None = None, **kwargs: Any):
         # At construction: a bad value is one line now, not a failure once the clients have answered.
         parameters = dict(contrast=contrast, init=init, local_solver=local_solver, n_components=n_components,
                           whitening=whitening, benchmark=benchmark, kmeans_restarts=kmeans_restarts,
                           gm_tol=gm_tol, clustering=clustering, center=center, random_state=random_state,
-                          dp_epsilon=dp_epsilon, dp_delta=dp_delta)
+                          dp_epsilon=dp_epsilon, dp_delta=dp_delta, refine_rounds=refine_rounds)
         _P.check(parameters)
         check_covered(parameters)
         super().__init__(**kwargs)
@@ -72,7 +73,7 @@ class RFICAStrategy(ProtocolStrategy):
         self.local_solver, self.n_components, self.whitening = local_solver, n_components, whitening
         self.kmeans_restarts, self.gm_tol, self.random_state, self.r = kmeans_restarts, gm_tol, int(random_state), r
         self.clustering, self.center = clustering, center
-        self.dp_epsilon, self.dp_delta = dp_epsilon, dp_delta
+        self.dp_epsilon, self.dp_delta, self.refine_rounds = dp_epsilon, dp_delta, refine_rounds
         self.state: RFICAState | None = None
 
     def protocol(self):
@@ -80,7 +81,7 @@ class RFICAStrategy(ProtocolStrategy):
                                 n_components=self.n_components, whitening=self.whitening, benchmark=self.benchmark,
                                 kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol,
                                 clustering=self.clustering, center=self.center, dp_epsilon=self.dp_epsilon,
-                                dp_delta=self.dp_delta, seed=self.random_state,
+                                dp_delta=self.dp_delta, refine_rounds=self.refine_rounds, seed=self.random_state,
                                 min_clients=self.min_clients, r=self.r, rejected=self.federation.rejected)
         return rfica_protocol(self.state)
 

@@ -26,6 +26,8 @@ TRAIN, EVALUATE = "train", "evaluate"
 RFICA_FIT = "rfica_fit"
 # RF-ICA's federated whitening: every site's channel covariance, before the ICA exchange.
 RFICA_COVARIANCE = "rfica_covariance"
+# RF-ICA's federated refinement: every site's averages at the server's current unmixing (FastICA's fixed point).
+RFICA_REFINE = "rfica_refine"
 GEM_INIT = "fedgem_init"
 GEM_ROUND = "fedgem_round"
 GEM_FINAL = "fedgem_final"
@@ -41,6 +43,7 @@ AFCL_ROUND = "afcl_round"
 CATEGORY = {
     RFICA_FIT: TRAIN,
     RFICA_COVARIANCE: TRAIN,
+    RFICA_REFINE: TRAIN,
     GEM_INIT: TRAIN,
     GEM_ROUND: TRAIN,
     GEM_FINAL: TRAIN,
@@ -272,6 +275,28 @@ def validate_covariance_reply(arrays: Mapping[str, Any], values: Mapping[str, An
         raise InvalidReply(f"'covariance' is not positive semi-definite (smallest eigenvalue {eigenvalues[0]:.3g}, "
                            f"largest {eigenvalues[-1]:.3g})")
     return covariance, require_int(values, "n-samples", minimum=r + 1)
+
+
+def validate_refinement_reply(arrays: Mapping[str, Any], values: Mapping[str, Any], *,
+                              r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Check an RF-ICA site's averages for one refinement step (docs/ALGORITHMS.md section 1.10).
+
+    Parameters
+    ----------
+    arrays : mapping
+        ``"covariance"`` (r, r), as :func:`validate_covariance_reply` checks it; ``"moments"`` (r, r)
+        and ``"slopes"`` (r,), finite.
+    values : mapping
+        ``"n-samples"``, an integer > r.
+    r : int
+        The number of components.
+
+    Returns
+    -------
+    covariance, moments, slopes, n_samples
+    """
+    covariance, n_samples = validate_covariance_reply(arrays, values, r=r)
+    return covariance, require_array(arrays, "moments", (r, r)), require_array(arrays, "slopes", (r,)), n_samples
 
 
 def validate_gem_components(

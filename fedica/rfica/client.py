@@ -1,4 +1,5 @@
-"""RF-ICA's client side of the protocol: a site's channel covariance (the federated whitening) and its local ICA.
+"""RF-ICA's client side of the protocol: a site's channel covariance (the federated whitening), its local ICA and its
+averages for the federated refinement.
 
 :data:`TASKS` is its entry in fedica's one task registry (:data:`fedica.tasks.CLIENT_TASKS`).
 """
@@ -11,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from fedica.protocol.messages import RFICA_COVARIANCE, RFICA_FIT
+from fedica.protocol.messages import RFICA_COVARIANCE, RFICA_FIT, RFICA_REFINE
 from fedica.protocol.tasks import Handler, Site
 from fedica.rfica.local import local_ica, observation_matrix, site_covariance
+from fedica.rfica.refinement import site_statistics
 from fedica.seeding import generator
 
 Reply = tuple[dict[str, np.ndarray], dict[str, Any]]
@@ -73,6 +75,33 @@ def covariance(Y: np.ndarray) -> Reply:
                                                    "fit-seconds": time.perf_counter() - start}
 
 
+def refine(Y: np.ndarray, values: Mapping[str, Any], whitening: np.ndarray, unmixing: np.ndarray) -> Reply:
+    """The client's averages at the server's unmixing, for one step of the federated refinement.
+
+    Parameters
+    ----------
+    Y : ndarray of shape (n_channels, n_samples)
+    values : mapping
+        ``contrast`` from the server.
+    whitening : ndarray of shape (r, n_channels)
+        The federation's whitening.
+    unmixing : ndarray of shape (r, r)
+        The server's current unmixing in the whitened coordinates.
+
+    Returns
+    -------
+    arrays : dict
+        ``covariance`` (r, r), ``moments`` (r, r) and ``slopes`` (r,) of
+        :func:`fedica.rfica.refinement.site_statistics`.
+    values : dict
+        ``n-samples``, ``fit-seconds``.
+    """
+    start = time.perf_counter()
+    stats = site_statistics(Y, whitening, unmixing, contrast=str(values["contrast"]))
+    return ({"covariance": stats.covariance, "moments": stats.moments, "slopes": stats.slopes},
+            {"n-samples": stats.n_samples, "fit-seconds": time.perf_counter() - start})
+
+
 def _fit_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     return fit(site.observations(values), values, site.partition_id, arrays.get("whitening"))
 
@@ -81,4 +110,10 @@ def _covariance_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str,
     return covariance(site.observations(values))
 
 
-TASKS: dict[str, Handler] = {RFICA_FIT: _fit_task, RFICA_COVARIANCE: _covariance_task}
+def _refine_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
+    if not isinstance(arrays.get("whitening"), np.ndarray) or not isinstance(arrays.get("unmixing"), np.ndarray):
+        raise ValueError("a refinement request carries the arrays 'whitening' and 'unmixing'")
+    return refine(site.observations(values), values, arrays["whitening"], arrays["unmixing"])
+
+
+TASKS: dict[str, Handler] = {RFICA_FIT: _fit_task, RFICA_COVARIANCE: _covariance_task, RFICA_REFINE: _refine_task}

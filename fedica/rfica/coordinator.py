@@ -1,15 +1,18 @@
-"""RF-ICA's coordinator: the server side of its protocol, which any transport can drive: the local ICA exchange, then the robust aggregation.
+"""RF-ICA's coordinator: the server side of its protocol, which any transport can drive: the local ICA exchange, the robust
+aggregation, then (``refine_rounds``) the federated refinement.
 
 :func:`rfica_protocol` is a generator like :meth:`fedica.fedgem.coordinator.FedGEMServer.run`: it
 yields one :class:`~fedica.protocol.Request` (every client's local ICA) and is sent the replies;
 with the federated whitening (docs/ALGORITHMS.md section 1.8) it first asks every site for its
-channel covariance and sends each the shared whitening with the ICA request.
+channel covariance and sends each the shared whitening with the ICA request. With
+``refine_rounds`` it then runs FastICA's fixed point on the federation's data from the
+aggregate, one exchange a step (section 1.10).
 :class:`fedica.RFICA` answers in memory, ``RFICAStrategy`` over a Flower Grid.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from numbers import Integral
 
 import numpy as np
@@ -26,11 +29,24 @@ from fedica.protocol import (
     reported_seconds,
     validate_ica_reply,
 )
-from fedica.protocol.messages import RFICA_COVARIANCE, validate_covariance_reply, validate_ica_convergence
+from fedica.protocol.messages import (
+    RFICA_COVARIANCE,
+    RFICA_REFINE,
+    validate_covariance_reply,
+    validate_ica_convergence,
+    validate_refinement_reply,
+)
 from fedica.rfica.aggregation import RfIcaAggregate, rf_ica_aggregate
 from fedica.rfica.geometric_median import geometric_median
 from fedica.rfica.local import components_for_share
 from fedica.rfica.privacy import check_covered, rfica_plan
+from fedica.rfica.refinement import (
+    REFINEMENT_TOLERANCE,
+    RefinementStatistics,
+    combine_statistics,
+    direction_change,
+    fastica_step,
+)
 from fedica.rfica.trust import estimate_defects
 
 # A global eigenvalue below this share of the largest is floored there before the whitening divides by it.
@@ -50,6 +66,8 @@ class RFICAState(ProtocolState):
         As for :class:`fedica.RFICA`; None: federated when ``n_components`` is set, local otherwise.
     dp_epsilon, dp_delta : float or None, float
         As for :class:`fedica.RFICA`: the sites release their estimates privately (docs/ALGORITHMS.md section 1.9).
+    refine_rounds : int
+        As for :class:`fedica.RFICA` (its default here is the paper's one-shot protocol, 0).
     seed : int
         The run's seed: the clients' ICA starts and the server's k-means restarts.
     min_clients : int
@@ -74,6 +92,11 @@ class RFICAState(ProtocolState):
         The partitions whose local ICA did not converge, after its retry.
     privacy : fedica.privacy.PrivacyPlan or None
         A private run's noise and what it spends, once the protocol has started; None without ``dp_epsilon``.
+    one_shot_mixing : ndarray of shape (r, components) or None
+        The one-shot aggregate's mixing when the refinement replaced it in ``aggregate.rf_ica``.
+    refinement : list of dict
+        One entry per refinement step: its round, the sites it averaged and those it set aside, the
+        largest turn of an unmixing row (``1 - |cos|``).
     """
 
     contrast: str = "cube"
@@ -88,6 +111,7 @@ class RFICAState(ProtocolState):
     whitening: str | None = None
     dp_epsilon: float | None = None
     dp_delta: float = 1e-5
+    refine_rounds: int = 0
     seed: int = 0
     min_clients: int = 2
     r: int | None = None
@@ -103,6 +127,8 @@ class RFICAState(ProtocolState):
     covariance_partitions: list[int] = field(default_factory=list)
     aggregate: RfIcaAggregate | None = None
     privacy: PrivacyPlan | None = None
+    one_shot_mixing: np.ndarray | None = None
+    refinement: list[dict] = field(default_factory=list)
 
     @property
     def federated_whitening(self) -> bool:
@@ -132,6 +158,98 @@ def rfica_protocol(state: RFICAState):
         receive_estimates(state, replies)
         state.require(len(state.estimates), "RF-ICA round 1")
     aggregate_estimates(state)
+    if state.refine_rounds > 0:
+        yield from refinement_protocol(state, first_round=3 if state.federated_whitening else 2)
+
+
+def refinement_protocol(state: RFICAState, *, first_round: int):
+    """FastICA's fixed point on the federation's data, from the aggregate (docs/ALGORITHMS.md section 1.10).
+
+    Only the sites whose estimate was accepted take part. Without the federated whitening they
+    first send their channel covariance (one more exchange), from which the server forms the
+    shared whitening exactly as :func:`federated_whitening` does. Every step then sends each site
+    the whitening and the current unmixing; the replies' averages are combined robustly
+    (:func:`fedica.rfica.refinement.combine_statistics`) and give the next unmixing. The stage
+    stops after ``refine_rounds`` steps, once no row turns by more than
+    :data:`~fedica.rfica.refinement.REFINEMENT_TOLERANCE`, or when fewer than ``min_clients``
+    valid replies arrive (the last unmixing is kept). The refined mixing replaces the aggregate's
+    ``rf_ica``, each column signed as the one-shot column it started from.
+    """
+    round_label = first_round
+    participants = list(state.partitions)
+    whitening = state.whitening_matrix
+    if whitening is None:
+        replies = yield Request(RFICA_COVARIANCE, round_label, {g: {} for g in participants}, {})
+        covariances, participants = _refinement_covariances(state, replies, round_label, state.aggregate.rf_ica.shape[0])
+        if len(covariances) < state.min_clients:
+            state.logger.warning("RF-ICA: the refinement needs %d covariances, %d were valid; the one-shot "
+                                 "aggregate stands", state.min_clients, len(covariances))
+            return
+        with state.server_time():
+            whitening, _ = federated_whitening(np.stack(covariances), state.components, gm_tol=state.gm_tol)
+        round_label += 1
+    one_shot = state.aggregate.rf_ica
+    unmixing = np.linalg.pinv(whitening @ one_shot)
+    for step in range(state.refine_rounds):
+        payload = {"whitening": whitening, "unmixing": unmixing}
+        replies = yield Request(RFICA_REFINE, round_label, {g: payload for g in participants},
+                                {"contrast": state.contrast})
+        statistics, partitions = _refinement_statistics(state, replies, round_label, unmixing.shape[0])
+        if len(statistics) < state.min_clients:
+            state.logger.warning("RF-ICA: refinement step %d had %d valid replies, fewer than %d; it stops there",
+                                 step + 1, len(statistics), state.min_clients)
+            break
+        with state.server_time():
+            covariance, moments, slopes, kept = combine_statistics(statistics, gm_tol=state.gm_tol)
+            updated = fastica_step(unmixing, covariance, moments, slopes)
+            change = direction_change(unmixing, updated)
+        state.refinement.append({"round": round_label, "change": change,
+                                 "sites": [g for g, k in zip(partitions, kept) if k],
+                                 "set_aside": [g for g, k in zip(partitions, kept) if not k]})
+        unmixing, round_label = updated, round_label + 1
+        if change < REFINEMENT_TOLERANCE:
+            break
+    if not state.refinement:
+        return
+    refined = np.linalg.pinv(whitening) @ np.linalg.inv(unmixing)
+    refined /= np.linalg.norm(refined, axis=0)
+    refined *= np.where(np.sum(refined * one_shot, axis=0) < 0, -1.0, 1.0)
+    state.one_shot_mixing = one_shot
+    state.aggregate = replace(state.aggregate, rf_ica=refined)
+    set_aside = sorted({g for entry in state.refinement for g in entry["set_aside"]})
+    if set_aside:
+        state.logger.warning("RF-ICA: the refinement set aside the averages of site(s) %s, far beyond the "
+                             "others'", ", ".join(map(str, set_aside)))
+
+
+def _refinement_covariances(state: RFICAState, replies: list[Reply], round_label: int, channels: int):
+    """The valid channel covariances of the refinement's covariance exchange, and their sites."""
+    covariances, partitions = [], []
+    for reply in replies:
+        try:
+            covariance, _ = validate_covariance_reply(reply.arrays, reply.values, r=channels)
+        except InvalidReply as err:
+            state.reject(reply.partition_id, round_label, f"invalid reply: {err}")
+            continue
+        covariances.append(covariance)
+        partitions.append(reply.partition_id)
+        state.client_seconds += reported_seconds(reply)
+    return covariances, partitions
+
+
+def _refinement_statistics(state: RFICAState, replies: list[Reply], round_label: int, r: int):
+    """The valid averages of one refinement step, and their sites."""
+    statistics, partitions = [], []
+    for reply in replies:
+        try:
+            covariance, moments, slopes, n_samples = validate_refinement_reply(reply.arrays, reply.values, r=r)
+        except InvalidReply as err:
+            state.reject(reply.partition_id, round_label, f"invalid reply: {err}")
+            continue
+        statistics.append(RefinementStatistics(covariance, moments, slopes, n_samples))
+        partitions.append(reply.partition_id)
+        state.client_seconds += reported_seconds(reply)
+    return statistics, partitions
 
 
 def receive_covariances(state: RFICAState, replies: list[Reply]) -> None:

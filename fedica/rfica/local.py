@@ -11,11 +11,14 @@ import numpy as np
 from picard import picard
 from sklearn.decomposition import FastICA
 from sklearn.exceptions import ConvergenceWarning
+from threadpoolctl import threadpool_limits
 
 from fedica.seeding import sklearn_seed
 from fedica.validation import as_float_array, check_int
 
-CONTRASTS = ("cube", "logcosh")
+# cube: the paper's kurtosis contrast (eq. 8); logcosh: robust to outliers, the library's default.
+CUBE, LOGCOSH = "cube", "logcosh"
+CONTRASTS = (CUBE, LOGCOSH)
 
 
 INITS = ("random", "shared")
@@ -267,21 +270,25 @@ def local_ica(
     rank_deficient = covariance_eigenvalues[0] <= _RANK_DEFICIENT_RATIO * covariance_eigenvalues[-1]
 
     rng = np.random.default_rng(random_state)
-    if init == "random" and not rank_deficient:
-        attempt = _solve_whitening(signals, solver, contrast, sklearn_seed(rng), max_iter, tol)
-    else:
-        start = make_mixing_matrix(r, random_state=shared_init_seed if init == "shared" else rng)
-        attempt = _solve_scaled(signals_centred, solver, contrast, start, max_iter, tol)
-    attempts = 1
-    if not attempt[2] and retry_random_state is not None:
-        retry = np.random.default_rng(retry_random_state)
-        attempts = 2
-        if rank_deficient:
-            attempt = _solve_scaled(signals_centred, solver, contrast, make_mixing_matrix(r, random_state=retry),
-                                    RETRY_ITERATIONS_FACTOR * max_iter, tol)
+    # One BLAS thread: a solver's products are small (r x n by n x r) and OpenBLAS's threads made a 64-channel
+    # site's Picard 3 times slower even on an idle machine (docs/PERFORMANCE.md); the results move in their
+    # last bits only.
+    with threadpool_limits(limits=1, user_api="blas"):
+        if init == "random" and not rank_deficient:
+            attempt = _solve_whitening(signals, solver, contrast, sklearn_seed(rng), max_iter, tol)
         else:
-            attempt = _solve_whitening(signals, solver, contrast, sklearn_seed(retry),
-                                       RETRY_ITERATIONS_FACTOR * max_iter, tol)
+            start = make_mixing_matrix(r, random_state=shared_init_seed if init == "shared" else rng)
+            attempt = _solve_scaled(signals_centred, solver, contrast, start, max_iter, tol)
+        attempts = 1
+        if not attempt[2] and retry_random_state is not None:
+            retry = np.random.default_rng(retry_random_state)
+            attempts = 2
+            if rank_deficient:
+                attempt = _solve_scaled(signals_centred, solver, contrast, make_mixing_matrix(r, random_state=retry),
+                                        RETRY_ITERATIONS_FACTOR * max_iter, tol)
+            else:
+                attempt = _solve_whitening(signals, solver, contrast, sklearn_seed(retry),
+                                           RETRY_ITERATIONS_FACTOR * max_iter, tol)
     mixing, n_iter, converged = attempt
     if projection is not None:
         mixing = np.linalg.pinv(projection) @ mixing

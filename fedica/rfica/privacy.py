@@ -61,6 +61,9 @@ def uncovered(parameters: Mapping[str, Any]) -> tuple[str, str] | None:
                                 "data would choose how many columns its release has)")
     if parameters["benchmark"] == "largest":
         return "benchmark", "a private run does not release the sites' sizes: take 'medoid' or 'best_objective'"
+    if parameters.get("refine_rounds", 0) > 0:
+        return "refine_rounds", ("a private run releases the one-shot estimate alone: take 0 (every refinement "
+                                 "step would release the site's averages again)")
     return None
 
 

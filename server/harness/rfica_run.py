@@ -42,13 +42,15 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
         aggregated mixing matrix, ``rfica.unmixing`` its inverse; with ``scenario.write_sources`` the sites'
         recovered sources are written (:func:`fedica.server.harness.outputs.write_site_sources`) and ``rfica.sources_files`` lists them.
         ``rfica.channel_names`` names the estimate's rows for recordings read on this machine (else absent).
+        With ``algorithm.refine_rounds``, ``rfica.refinement`` holds every step (its sites, those set aside,
+        its change) and the one-shot estimate with its error; ``rf-ica`` is then the refined estimate.
     """
     sc, alg, seed = cfg["scenario"], cfg["algorithm"], int(cfg["seed"])
     strategy = RFICAStrategy(contrast=alg["contrast"], init=alg["init"], local_solver=alg["local_solver"],
                              n_components=alg["n_components"], whitening=alg["whitening"], benchmark=alg["benchmark"],
                              kmeans_restarts=alg["kmeans_restarts"], gm_tol=alg["gm_tol"],
                              clustering=alg["clustering"], center=alg["center"], dp_epsilon=alg["dp_epsilon"],
-                             dp_delta=alg["dp_delta"], random_state=seed,
+                             dp_delta=alg["dp_delta"], refine_rounds=alg["refine_rounds"], random_state=seed,
                              r=sc.get("r"), min_available_nodes=federation.expected, min_clients=federation.min_clients,
                              client_config=federation.common_values)
     strategy.start(federation.grid, timeout=federation.round_timeout, federation=federation)
@@ -94,6 +96,10 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
         rfica["channel_names"] = channel_names
     if sc.get("write_sources"):
         rfica["sources_files"] = write_site_sources(sc, strategy.components_, seed, run_output_dir())
+    if alg["refine_rounds"]:  # only a refined run records it: a one-shot run writes the result it always wrote
+        one_shot = aggregate.rf_ica if state.one_shot_mixing is None else state.one_shot_mixing
+        rfica["refinement"] = {"steps": state.refinement, "one_shot_estimate": one_shot,
+                               "one_shot_error": None if truth is None else ica_error(one_shot, truth)}
     # Only a private run records its privacy: a run without dp_epsilon writes the result it always wrote.
     privacy = {} if strategy.privacy_ is None else {"privacy": strategy.privacy_}
     return {

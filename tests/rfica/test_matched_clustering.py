@@ -214,7 +214,10 @@ def test_the_issues_noisy_site_failure_is_repaired_by_the_default():
     from fedica.scripts.bench_rfica_clustering import noisy_site_workload
 
     mixing, sites = noisy_site_workload(0)
-    kmeans = fedica.RFICA(clustering="kmeans", random_state=0).fit(sites)
+    # The paper's one-shot protocol, solver and contrast, under which k-means failed (under Picard and logcosh it
+    # happens not to here, and the refinement repairs it too).
+    paper_local = {"local_solver": "fastica", "contrast": "cube", "refine_rounds": 0}
+    kmeans = fedica.RFICA(clustering="kmeans", random_state=0, **paper_local).fit(sites)
     matched = fedica.RFICA(random_state=0).fit(sites)
     assert not _is_permutation_per_site(kmeans.labels_) and ica_error(kmeans.mixing_, mixing) > 1.0
     assert _is_permutation_per_site(matched.labels_) and ica_error(matched.mixing_, mixing) < 0.06

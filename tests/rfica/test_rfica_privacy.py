@@ -200,7 +200,7 @@ def test_a_fit_without_dp_epsilon_is_the_fit_without_the_privacy_transform(monke
 def test_a_private_fit_records_what_it_spent_and_pays_in_error():
     sites, truth = ica_sites()
     plain = fedica.RFICA().fit(sites)
-    private = fedica.RFICA(dp_epsilon=1.0).fit(sites)
+    private = fedica.RFICA(dp_epsilon=1.0, refine_rounds=0).fit(sites)
     assert private.privacy_["epsilon"] == pytest.approx(1.0, abs=1e-4)
     assert private.privacy_["noise"] == SEEDED_NOISE
     assert private.site_converged_ is None  # the sites do not say
@@ -228,7 +228,7 @@ def test_what_the_release_cannot_cover_is_refused_in_one_line(parameters, line):
         fedica.RFICA(dp_epsilon=1.0, **parameters).fit(sites)
     with pytest.raises(ValueError, match=line):
         RFICAStrategy(dp_epsilon=1.0, **parameters)
-    fedica.RFICA(dp_epsilon=1.0, n_components=2, whitening="local").fit(sites)  # one release: covered
+    fedica.RFICA(dp_epsilon=1.0, n_components=2, whitening="local", refine_rounds=0).fit(sites)  # one release: covered
 
 
 def test_aggregate_refuses_dp_epsilon():
@@ -249,7 +249,7 @@ def test_the_strategy_says_whose_seed_the_noise_came_from(monkeypatch):
     from fedica.rfica.coordinator import RFICAState
     from fedica.server import RFICAStrategy
 
-    strategy = RFICAStrategy(dp_epsilon=4.0)
+    strategy = RFICAStrategy(dp_epsilon=4.0, refine_rounds=0)
     assert strategy.privacy_ is None  # no run yet
     strategy.state = RFICAState(dp_epsilon=4.0, privacy=rfica_plan(4.0, 1e-5))
     monkeypatch.delenv(LOCAL_ENGINE_VARIABLE, raising=False)

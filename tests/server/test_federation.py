@@ -109,6 +109,19 @@ def test_flower_simulation_equals_inprocess(overrides, inprocess_fixture, reques
     _assert_same_numbers(request.getfixturevalue(inprocess_fixture), simulated)
 
 
+def test_the_refinement_through_flower_simulation_equals_inprocess(monkeypatch):
+    """RF-ICA's refinement rounds (covariances, then FastICA steps) run the same over Flower's simulation."""
+    from fedica.server import federation
+
+    monkeypatch.setattr(federation, "MIN_IN_FLIGHT", 2)
+    refined = SMALL_ICA + ["algorithm.refine_rounds=5", "algorithm.local_solver=picard", "algorithm.contrast=logcosh"]
+    inprocess = run_inprocess(compose_config(refined + ["engine=inprocess"]))
+    steps = inprocess["rfica"]["refinement"]["steps"]
+    assert 1 <= len(steps) <= 5 and [s["round"] for s in steps] == list(range(3, 3 + len(steps)))
+    assert inprocess["metrics"]["rf-ica"]["error"] < 0.1
+    _assert_same_numbers(inprocess, run_engine(compose_config(refined + ["engine=simulation"])))
+
+
 def _corrupting_app(corrupt):
     """A ClientApp that runs fedica's real ClientApp, then lets ``corrupt(partition, reply)`` tamper with the reply."""
     app = ClientApp()

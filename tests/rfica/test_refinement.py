@@ -1,0 +1,129 @@
+"""RF-ICA's federated refinement (docs/ALGORITHMS.md section 1.10): FastICA's fixed point on the federation's data."""
+
+import numpy as np
+import pytest
+from sklearn.decomposition import FastICA
+
+import fedica
+from fedica.evaluation.ica import ica_error
+from fedica.protocol import InvalidReply
+from fedica.protocol.messages import validate_refinement_reply
+from fedica.rfica.local import normalize_columns
+from fedica.rfica.refinement import (
+    RefinementStatistics,
+    combine_statistics,
+    direction_change,
+    fastica_step,
+    site_statistics,
+)
+from fedica.scripts.bench_rfica_clustering import noisy_site_workload
+
+
+def _laplace_sites(seed, sizes, r=4):
+    rng = np.random.default_rng(seed)
+    mixing = normalize_columns(rng.standard_normal((r, r)))
+    return mixing, [(rng.laplace(size=(n, r)) @ mixing.T).T for n in sizes]
+
+
+def test_with_every_site_kept_a_step_is_the_pooled_fastica_step():
+    # Equal sizes: the robust combination's weights are all equal, so its averages are the pooled ones.
+    _, sites = _laplace_sites(0, [2000] * 5)
+    rng = np.random.default_rng(1)
+    whitening = np.linalg.qr(rng.standard_normal((4, 4)))[0] * 0.7
+    unmixing = rng.standard_normal((4, 4))
+    statistics = [site_statistics(Y, whitening, unmixing) for Y in sites]
+    covariance, moments, slopes, kept = combine_statistics(statistics)
+    assert kept.all()
+    x = np.hstack([whitening @ (Y - Y.mean(axis=1, keepdims=True)) for Y in sites])
+    g = np.tanh(unmixing @ x)
+    np.testing.assert_allclose(covariance, x @ x.T / x.shape[1], rtol=0, atol=1e-13)
+    np.testing.assert_allclose(moments, x @ g.T / x.shape[1], rtol=0, atol=1e-13)
+    np.testing.assert_allclose(slopes, (1 - g**2).mean(axis=1), rtol=0, atol=1e-13)
+    # In whitened coordinates z = C^(-1/2) x the step is FastICA's textbook fixed point and decorrelation.
+    step = fastica_step(unmixing, covariance, moments, slopes)
+    np.testing.assert_allclose(step @ covariance @ step.T, np.eye(4), atol=1e-10)
+    eigenvalues, eigenvectors = np.linalg.eigh(covariance)
+    root = (eigenvectors * np.sqrt(eigenvalues)) @ eigenvectors.T
+    z = np.linalg.solve(root, x)
+    v = unmixing @ root
+    gz = np.tanh(v @ z)
+    textbook = gz @ z.T / z.shape[1] - (1 - gz**2).mean(axis=1)[:, None] * v
+    u, _, vt = np.linalg.svd(textbook)
+    np.testing.assert_allclose(step @ root, u @ vt, atol=1e-10)
+
+
+def test_a_site_far_beyond_the_others_is_set_aside_and_never_more_than_half():
+    _, sites = _laplace_sites(2, [1000, 1800, 2600, 3400, 4200, 5000])
+    whitening, unmixing = np.eye(4), np.eye(4)
+    noisy = sites[0] + 3 * sites[0].std(axis=1, keepdims=True) * np.random.default_rng(3).standard_normal(sites[0].shape)
+    statistics = [site_statistics(Y, whitening, unmixing) for Y in [noisy, *sites[1:]]]
+    assert combine_statistics(statistics)[3].tolist() == [False, True, True, True, True, True]
+    garbage = [RefinementStatistics(s.covariance * 1e6, s.moments + 1e3, s.slopes, s.n_samples) for s in statistics[:3]]
+    assert combine_statistics([*garbage, *statistics[3:]])[3].sum() >= 3
+
+
+def test_a_claimed_count_buys_no_weight_beyond_the_median():
+    _, sites = _laplace_sites(4, [2000] * 5)
+    statistics = [site_statistics(Y, np.eye(4), np.eye(4)) for Y in sites]
+    boasting = [RefinementStatistics(statistics[0].covariance, statistics[0].moments, statistics[0].slopes, 10**9),
+                *statistics[1:]]
+    honest_mean = combine_statistics(statistics)[0]
+    # Claiming a billion samples either weighs as the median site does or gets the site set aside.
+    covariance, _, _, kept = combine_statistics(boasting)
+    assert not kept[0] or np.allclose(covariance, honest_mean, atol=1e-12)
+
+
+def test_the_issues_noisy_site_workload_reaches_the_pooled_fastica():
+    """Issue 23's workload (one site of six at 3 sd): within 1.5x of FastICA pooled over the five clean sites."""
+    for seed in (0, 3):  # the seeds where the one-shot estimate was furthest from the pooled fit
+        mixing, sites = noisy_site_workload(seed)
+        model = fedica.RFICA(random_state=seed).fit(sites)
+        pooled = FastICA(4, whiten="unit-variance", max_iter=1000, random_state=seed).fit(np.vstack(sites[1:]))
+        reference = ica_error(normalize_columns(pooled.mixing_), mixing)
+        assert ica_error(model.mixing_, mixing) <= 1.5 * reference
+        assert model.refinement_ and model.refinement_[-1]["change"] < 1e-10
+        assert all(step["set_aside"] == [0] for step in model.refinement_)  # the noisy site, and only it
+        assert ica_error(model.mixing_, mixing) < ica_error(model.one_shot_mixing_, mixing)
+        # Each refined column keeps the sign of the one-shot column it started from.
+        assert np.all(np.sum(model.mixing_ * model.one_shot_mixing_, axis=0) > 0)
+
+
+def test_zero_rounds_is_the_one_shot_protocol_bit_for_bit():
+    mixing, sites = noisy_site_workload(1)
+    one_shot = fedica.RFICA(refine_rounds=0, random_state=1).fit(sites)
+    refined = fedica.RFICA(random_state=1).fit(sites)
+    assert one_shot.refinement_ == []
+    np.testing.assert_array_equal(one_shot.mixing_, one_shot.one_shot_mixing_)
+    np.testing.assert_array_equal(one_shot.mixing_, refined.one_shot_mixing_)
+
+
+def test_fewer_components_than_channels_refine_in_the_federated_subspace():
+    rng = np.random.default_rng(5)
+    mixing = normalize_columns(rng.standard_normal((12, 3)))
+    sites = [rng.laplace(size=(n, 3)) @ mixing.T + 0.05 * rng.standard_normal((n, 12)) for n in (1500, 2500, 3500, 4500)]
+    for whitening in ("federated", "local"):
+        model = fedica.RFICA(n_components=3, whitening=whitening, random_state=0).fit(sites)
+        assert model.mixing_.shape == (12, 3) and model.refinement_
+        assert ica_error(model.mixing_, mixing) < 0.05
+
+
+def test_a_private_run_refuses_refinement_in_one_line():
+    with pytest.raises(ValueError, match=r"refine_rounds=20: a private run releases the one-shot estimate alone"):
+        fedica.RFICA(dp_epsilon=1.0, n_components=2, whitening="local").fit([np.random.default_rng(0).normal(size=(50, 3))] * 2)
+
+
+def test_refinement_replies_are_checked_with_named_reasons():
+    good = {"covariance": np.eye(3), "moments": np.zeros((3, 3)), "slopes": np.ones(3)}
+    validate_refinement_reply(good, {"n-samples": 10}, r=3)
+    for arrays, reason in (({**good, "moments": np.full((3, 3), np.inf)}, "'moments' holds non-finite values"),
+                           ({**good, "slopes": np.ones(2)}, "'slopes' has shape"),
+                           ({**good, "covariance": -np.eye(3)}, "not positive semi-definite")):
+        with pytest.raises(InvalidReply, match=reason):
+            validate_refinement_reply(arrays, {"n-samples": 10}, r=3)
+
+
+def test_direction_change_is_fastica_s_criterion():
+    before = np.eye(3)
+    assert direction_change(before, -2 * before) == 0.0
+    turned = np.array([[np.cos(0.1), np.sin(0.1), 0], [0, 1, 0], [0, 0, 1]])
+    assert direction_change(before, turned) == pytest.approx(1 - np.cos(0.1))
