@@ -98,23 +98,52 @@ def hostile_ica_estimate(kind: str, true_mixing: np.ndarray, rng: np.random.Gene
         Gaussian junk with columns scaled by up to 1e4 and random signs.
         ``permuted_truth``: the truth with columns permuted, sign-flipped and scaled
         (harmless after the server's normalisation; checks that it is).
-    true_mixing : ndarray of shape (r, r)
-        The attacker is assumed to know A* (the worst case).
+    true_mixing : ndarray of shape (p, r)
+        The attacker is assumed to know A* (the worst case); in channel space with fewer sources than
+        channels (``p > r``), the estimate has its shape, as an honest reply.
     rng : numpy.random.Generator
 
     Returns
     -------
-    estimate : ndarray of shape (r, r)
+    estimate : ndarray of shape (p, r)
+        For ``p = r`` the same draws as a square matrix's.
     """
-    r = true_mixing.shape[0]
+    p, r = true_mixing.shape
     if kind == "random_orthogonal":
-        q, upper = np.linalg.qr(rng.standard_normal((r, r)))
+        q, upper = np.linalg.qr(rng.standard_normal((p, r)))
         return q * np.sign(np.diag(upper))
     if kind == "scaled_junk":
-        return rng.standard_normal((r, r)) * 10.0 ** rng.uniform(0, 4, r) * rng.choice([-1.0, 1.0], r)
+        return rng.standard_normal((p, r)) * 10.0 ** rng.uniform(0, 4, r) * rng.choice([-1.0, 1.0], r)
     if kind == "permuted_truth":
         return true_mixing[:, rng.permutation(r)] * rng.choice([-1.0, 1.0], r) * 10.0 ** rng.uniform(-2, 2, r)
     raise ValueError(f"unknown RF-ICA attack {kind!r}; known: {', '.join(ICA_REPLACEMENTS)}")
+
+
+def steering_moments(covariance: np.ndarray, moments: np.ndarray, slopes: np.ndarray, unmixing: np.ndarray,
+                     target: np.ndarray) -> np.ndarray:
+    """A hostile site's refinement moments that make the server's step land on ``target`` (docs/ALGORITHMS.md 1.10).
+
+    The step takes row ``i`` of the unmixing to ``C^(-1) M[:, i] - e_i w_i``; with
+    ``M[:, i] = C (t_i + e_i w_i)`` it is ``t_i``, row ``i`` of ``target``, scaled to the length of the
+    site's honest update so that the reply looks like one. The covariance and slopes it sends are its
+    honest ones: the attacker knows the rules and moves only what steers.
+
+    Parameters
+    ----------
+    covariance, moments, slopes : ndarray
+        The site's honest averages (``r x r``, ``r x r``, ``r``).
+    unmixing : ndarray of shape (r, r)
+        The server's current unmixing.
+    target : ndarray of shape (r, r)
+        The unmixing the attacker wants (in the whitened coordinates).
+
+    Returns
+    -------
+    moments : ndarray of shape (r, r)
+    """
+    honest_update = np.linalg.solve(covariance, moments).T - slopes[:, None] * unmixing
+    scale = np.linalg.norm(honest_update, axis=1) / np.linalg.norm(target, axis=1)
+    return covariance @ (target * scale[:, None] + slopes[:, None] * unmixing).T
 
 
 def benchmark_hijack_estimate(true_mixing: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ from fedica.protocol import (
     RFICA_FIT,
     Site,
 )
+from fedica.protocol.messages import RFICA_REFINE
 
 Arrays = dict[str, np.ndarray]
 Values = dict[str, Any]
@@ -105,6 +106,8 @@ def attack_reply(kind: str, task: str, honest: tuple[Arrays, Values], arrays: Ma
         return {**reply_arrays, "mixing": estimate}, reply_values
     if kind in attacks.ICA_ADAPTIVE_ATTACKS and task == RFICA_FIT:
         return _adaptive_ica_reply(kind, honest, arrays, values, cfg)
+    if kind in attacks.ICA_ATTACKS and task == RFICA_REFINE:
+        return _steering_refinement(kind, honest, arrays, partition_id, cfg)
     rng = attacks.attack_rng(cfg["seed"], partition_id, _stage(values))
     if kind in attacks.GEM_ATTACKS and task in (GEM_ROUND, GEM_FINAL):
         radii = reply_arrays.get("radii", np.zeros(reply_arrays["maximisers"].shape[0]))
@@ -124,6 +127,26 @@ def attack_reply(kind: str, task: str, honest: tuple[Arrays, Values], arrays: Ma
         return ({"true-values": true_values, "pred-values": pred_values, "counts": counts},
                 {**reply_values, "local-ari": 1.0})
     return reply_arrays, reply_values
+
+
+def _steering_refinement(kind: str, honest: tuple[Arrays, Values], arrays: Mapping[str, Any], partition_id: int,
+                         cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """An RF-ICA attack's refinement reply: averages that steer the server's step onto a forged mixing.
+
+    The forged mixing is the site's own forged estimate for the replacements, a random orthogonal one
+    for the adaptive attacks (their estimates need the whole federation's view); the moments are
+    :func:`fedica.attacks.steering_moments`, the covariance and slopes the honest ones.
+    """
+    reply_arrays, reply_values = honest
+    whitening, unmixing = np.asarray(arrays["whitening"]), np.asarray(arrays["unmixing"])
+    truth = ica_scenario_truth(cfg["scenario"], int(cfg["seed"]))
+    truth = np.linalg.pinv(whitening) @ np.linalg.inv(unmixing) if truth is None else truth
+    forged_kind = kind if kind in attacks.ICA_REPLACEMENTS else "random_orthogonal"
+    forged = attacks.hostile_ica_estimate(forged_kind, truth, attacks.attack_rng(cfg["seed"], partition_id))
+    target = np.linalg.pinv(whitening @ forged)
+    moments = attacks.steering_moments(reply_arrays["covariance"], reply_arrays["moments"], reply_arrays["slopes"],
+                                       unmixing, target)
+    return {**reply_arrays, "moments": moments}, reply_values
 
 
 def _adaptive_ica_reply(kind: str, honest: tuple[Arrays, Values], arrays: Mapping[str, Any],

@@ -431,10 +431,10 @@ def spread_cut(points, *, spread_dims=None, tol=1e-10, scale=None, factor=1.0):
     typical = np.median(distances)
     if typical == 0:
         return center, np.ones(points.shape[0], dtype=bool)
-    return center, distances <= factor * _trim_cut(dof, points.shape[0]) * typical
+    return center, distances <= factor * trim_cut(dof, points.shape[0]) * typical
 
 
-def _trim_cut(dof, n_points):
+def trim_cut(dof, n_points):
     """``c`` of :func:`trimmed_geometric_median` (in median distances) for ``n_points`` in ``dof`` dimensions."""
     # 1 - 0.975^(1/n) computed without cancellation for large n.
     tail = -np.expm1(np.log(_TRIM_KEEP_ALL) / n_points)

@@ -136,6 +136,9 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     refinement_ : list of dict
         One entry per refinement step: its ``round``, the ``sites`` averaged and those ``set_aside``, and
         ``change``, the largest turn of an unmixing row (``1 - |cos|``); empty without refinement.
+    refinement_reverted_ : list of int
+        The columns where the refined value left the spread of the sites' estimates of it, and the
+        one-shot column stands (a warning names them).
     privacy_ : dict or None
         A private fit's ``epsilon`` and ``delta`` spent, its noise multiplier and its one exchange
         (:meth:`fedica.privacy.PrivacyPlan.record`); None without ``dp_epsilon``.
@@ -321,5 +324,6 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.privacy_ = None if state.privacy is None else state.privacy.record()
         self.one_shot_mixing_ = agg.rf_ica if state.one_shot_mixing is None else state.one_shot_mixing
         self.refinement_ = state.refinement
+        self.refinement_reverted_ = state.refinement_reverted
         return self
 

@@ -10,17 +10,19 @@ site replies three averages over its own samples,
 
     C_k = E_k[x x^T]   (r x r),   M_k = E_k[x g(B x)^T]   (r x r),   e_k = E_k[g'(B x)]   (r),
 
-and the server combines them (:func:`combine_statistics`) and takes one FastICA step
-(:func:`fastica_step`). With every site kept and weighted by its sample count, the combination is the
+and the server combines them robustly and takes one FastICA step (:func:`refinement_step`). With every site kept and weighted by its sample count, the combination is the
 pooled average and the steps are pooled FastICA's, to rounding: the refinement converges to the
 pooled fit (tested). The one-shot start is already near that fit, so a few steps suffice where
 FastICA's random start needs tens to hundreds.
 
 Robustness: a site with noisy, dead or saturated channels, or a hostile site, would pull a plain
 average anywhere (pooled FastICA on six sites, one of them noisy, errs by 1.5). Before averaging,
-the server sets aside every site whose statistics lie far beyond the others' spread
-(:func:`combine_statistics`), and caps every site's weight at the median sample count, so that no
-claimed count buys influence.
+the server sets aside every site whose averages lie far beyond the others' spread
+(:func:`refinement_step`), and caps every site's weight at the median sample count, so that no
+claimed count buys influence. A minority that keeps its averages within that spread can still
+steer every step a little, and the steps compound; so a refined column is kept only while it lies
+within the spread the one-shot aggregate's own cut allows its cluster (:func:`within_one_shot_spread`),
+and the one-shot column stands otherwise: the refinement never leaves the one-shot's guarantee.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from fedica.rfica.aggregation import spread_cut
+from fedica.rfica.aggregation import spread_cut, trim_cut
+from fedica.rfica.geometric_median import geometric_median
 from fedica.rfica.local import observation_matrix
 from fedica.validation import as_float_array
 
-__all__ = ["RefinementStatistics", "site_statistics", "combine_statistics", "fastica_step", "direction_change",
-           "REFINEMENT_TOLERANCE", "WIDE_CUT_FACTOR"]
+__all__ = ["RefinementStatistics", "site_statistics", "refinement_step", "within_one_shot_spread", "fastica_step",
+           "decorrelate", "direction_change", "REFINEMENT_TOLERANCE", "WIDE_CUT_FACTOR"]
 
 # The refinement stops once no unmixing row turns by more than this (1 - |cos|) in a step: FastICA's own
 # tolerance (1e-6 on the same quantity, sklearn's default tol) squared, since the one-shot start is close.
@@ -102,39 +105,70 @@ def site_statistics(Y, whitening, unmixing, contrast="logcosh") -> RefinementSta
         return RefinementStatistics(x @ x.T / n, x @ g.T / n, slopes, n)
 
 
-def combine_statistics(statistics, *, gm_tol=1e-10):
-    """The federation's averages, robust to a minority of sites: ``(C, M, e, kept)``.
+def refinement_step(statistics, unmixing, *, gm_tol=1e-10):
+    """The server's step from the sites' averages, robust to a minority of sites: ``(unmixing, kept)``.
 
-    Every site's statistics form one vector. Its distance to the geometric median of all sites'
-    vectors is scaled by ``sqrt(n_k / median n)`` (a site's sampling error shrinks as
+    Every site's averages form one vector ``v_k``. Its distance to the geometric median of all
+    ``v_k`` is scaled by ``sqrt(n_k / median n)`` (a site's sampling error shrinks as
     ``1 / sqrt(n_k)``, so a large site is held to a tighter bound, and a site that claims a large
     count to weigh more is judged by it), and a site beyond :data:`WIDE_CUT_FACTOR` times the
-    trimmed centre's cut (in median distances; docs/ALGORITHMS.md 1.4.2) is set aside. The kept
-    sites are averaged with weights ``min(n_k, median n)``. Never more than half is set aside.
+    trimmed centre's cut (docs/ALGORITHMS.md 1.4.2, for the covariance's ``r (r + 1) / 2`` free
+    entries) is set aside. The kept sites' averages, weighted by ``min(n_k, median n)`` so that no
+    claimed count buys more than the median site's weight, give :func:`fastica_step`. With every
+    site kept and equal sizes, that is the pooled FastICA step. Never more than half is set aside.
 
     Parameters
     ----------
     statistics : sequence of RefinementStatistics
         One per site, all of one ``r``.
+    unmixing : ndarray of shape (r, r)
+        The unmixing the averages were taken at.
     gm_tol : float, default=1e-10
 
     Returns
     -------
-    covariance : ndarray of shape (r, r)
-    moments : ndarray of shape (r, r)
-    slopes : ndarray of shape (r,)
+    unmixing : ndarray of shape (r, r)
+        The next ``B``, with ``B C B^T = I``.
     kept : ndarray of shape (n_sites,), dtype bool
     """
     vectors = np.stack([np.concatenate([s.covariance.ravel(), s.moments.ravel(), s.slopes]) for s in statistics])
     counts = np.array([s.n_samples for s in statistics], dtype=np.float64)
-    r = statistics[0].slopes.size
-    # The sites' spread lies mostly in the covariance's r (r + 1) / 2 free entries; the moments follow them.
+    r = unmixing.shape[0]
     _, kept = spread_cut(vectors, spread_dims=r * (r + 1) // 2, tol=gm_tol, scale=np.sqrt(counts / np.median(counts)),
-                      factor=WIDE_CUT_FACTOR)
+                         factor=WIDE_CUT_FACTOR)
     weights = np.minimum(counts, np.median(counts)) * kept
     mean = weights @ vectors / weights.sum()
     covariance = mean[:r * r].reshape(r, r)
-    return (covariance + covariance.T) / 2, mean[r * r:2 * r * r].reshape(r, r), mean[2 * r * r:], kept
+    covariance = (covariance + covariance.T) / 2
+    return fastica_step(unmixing, covariance, mean[r * r:2 * r * r].reshape(r, r), mean[2 * r * r:]), kept
+
+
+def within_one_shot_spread(refined, clusters, *, gm_tol=1e-10) -> np.ndarray:
+    """Which refined columns lie within the spread the one-shot aggregate's cut allows their cluster.
+
+    ``clusters[j]`` holds cluster ``j``'s signed unit columns (one per site, as the server
+    aggregated them); the bound is :data:`WIDE_CUT_FACTOR` times the trimmed centre's cut around
+    the cluster's geometric median (docs/ALGORITHMS.md 1.4.2). A refinement that a minority
+    steers (every step within its own cut, so the steps compound) ends outside; an honest one
+    moves towards the pooled fit, inside the honest columns' own spread.
+
+    Parameters
+    ----------
+    refined : ndarray of shape (p, r)
+        Unit columns, each signed as its one-shot column.
+    clusters : sequence of ndarray of shape (n_members, p)
+
+    Returns
+    -------
+    inside : ndarray of shape (r,), dtype bool
+    """
+    inside = np.ones(refined.shape[1], dtype=bool)
+    for j, members in enumerate(clusters):
+        median = geometric_median(members, tol=gm_tol)
+        spread = np.median(np.linalg.norm(members - median, axis=1))
+        bound = WIDE_CUT_FACTOR * trim_cut(max(members.shape[1] - 1, 1), members.shape[0]) * spread
+        inside[j] = np.linalg.norm(refined[:, j] - median) <= bound
+    return inside
 
 
 def fastica_step(unmixing, covariance, moments, slopes) -> np.ndarray:
@@ -150,9 +184,13 @@ def fastica_step(unmixing, covariance, moments, slopes) -> np.ndarray:
     unmixing : ndarray of shape (r, r)
         The new ``B``, with ``B C B^T = I``.
     """
-    updated = np.linalg.solve(covariance, moments).T - slopes[:, None] * unmixing
-    eigenvalues, eigenvectors = np.linalg.eigh(updated @ covariance @ updated.T)
-    return (eigenvectors / np.sqrt(eigenvalues)) @ eigenvectors.T @ updated
+    return decorrelate(np.linalg.solve(covariance, moments).T - slopes[:, None] * unmixing, covariance)
+
+
+def decorrelate(unmixing, covariance) -> np.ndarray:
+    """``(B C B^T)^(-1/2) B``: FastICA's symmetric decorrelation for data of covariance ``C``."""
+    eigenvalues, eigenvectors = np.linalg.eigh(unmixing @ covariance @ unmixing.T)
+    return (eigenvectors / np.sqrt(eigenvalues)) @ eigenvectors.T @ unmixing
 
 
 def direction_change(before, after) -> float:

@@ -9,11 +9,12 @@ from fedica.evaluation.ica import ica_error
 from fedica.protocol import InvalidReply
 from fedica.protocol.messages import validate_refinement_reply
 from fedica.rfica.local import normalize_columns
+from fedica.attacks import steering_moments
 from fedica.rfica.refinement import (
     RefinementStatistics,
-    combine_statistics,
     direction_change,
     fastica_step,
+    refinement_step,
     site_statistics,
 )
 from fedica.scripts.bench_rfica_clustering import noisy_site_workload
@@ -26,21 +27,19 @@ def _laplace_sites(seed, sizes, r=4):
 
 
 def test_with_every_site_kept_a_step_is_the_pooled_fastica_step():
-    # Equal sizes: the robust combination's weights are all equal, so its averages are the pooled ones.
+    # Equal sizes: the robust combination's weights are all equal, so its step is the pooled one.
     _, sites = _laplace_sites(0, [2000] * 5)
     rng = np.random.default_rng(1)
     whitening = np.linalg.qr(rng.standard_normal((4, 4)))[0] * 0.7
-    unmixing = rng.standard_normal((4, 4))
+    unmixing = np.linalg.qr(rng.standard_normal((4, 4)))[0] / 0.7 + 0.05 * rng.standard_normal((4, 4))
     statistics = [site_statistics(Y, whitening, unmixing) for Y in sites]
-    covariance, moments, slopes, kept = combine_statistics(statistics)
+    step, kept = refinement_step(statistics, unmixing)
     assert kept.all()
     x = np.hstack([whitening @ (Y - Y.mean(axis=1, keepdims=True)) for Y in sites])
     g = np.tanh(unmixing @ x)
-    np.testing.assert_allclose(covariance, x @ x.T / x.shape[1], rtol=0, atol=1e-13)
-    np.testing.assert_allclose(moments, x @ g.T / x.shape[1], rtol=0, atol=1e-13)
-    np.testing.assert_allclose(slopes, (1 - g**2).mean(axis=1), rtol=0, atol=1e-13)
+    covariance, moments, slopes = x @ x.T / x.shape[1], x @ g.T / x.shape[1], (1 - g**2).mean(axis=1)
+    np.testing.assert_allclose(step, fastica_step(unmixing, covariance, moments, slopes), rtol=0, atol=1e-10)
     # In whitened coordinates z = C^(-1/2) x the step is FastICA's textbook fixed point and decorrelation.
-    step = fastica_step(unmixing, covariance, moments, slopes)
     np.testing.assert_allclose(step @ covariance @ step.T, np.eye(4), atol=1e-10)
     eigenvalues, eigenvectors = np.linalg.eigh(covariance)
     root = (eigenvectors * np.sqrt(eigenvalues)) @ eigenvectors.T
@@ -53,24 +52,25 @@ def test_with_every_site_kept_a_step_is_the_pooled_fastica_step():
 
 
 def test_a_site_far_beyond_the_others_is_set_aside_and_never_more_than_half():
-    _, sites = _laplace_sites(2, [1000, 1800, 2600, 3400, 4200, 5000])
-    whitening, unmixing = np.eye(4), np.eye(4)
+    mixing, sites = _laplace_sites(2, [1000, 1800, 2600, 3400, 4200, 5000])
+    whitening, unmixing = np.eye(4), np.linalg.inv(mixing)
     noisy = sites[0] + 3 * sites[0].std(axis=1, keepdims=True) * np.random.default_rng(3).standard_normal(sites[0].shape)
     statistics = [site_statistics(Y, whitening, unmixing) for Y in [noisy, *sites[1:]]]
-    assert combine_statistics(statistics)[3].tolist() == [False, True, True, True, True, True]
+    assert refinement_step(statistics, unmixing)[1].tolist() == [False, True, True, True, True, True]
     garbage = [RefinementStatistics(s.covariance * 1e6, s.moments + 1e3, s.slopes, s.n_samples) for s in statistics[:3]]
-    assert combine_statistics([*garbage, *statistics[3:]])[3].sum() >= 3
+    assert refinement_step([*garbage, *statistics[3:]], unmixing)[1].sum() >= 3
 
 
 def test_a_claimed_count_buys_no_weight_beyond_the_median():
-    _, sites = _laplace_sites(4, [2000] * 5)
-    statistics = [site_statistics(Y, np.eye(4), np.eye(4)) for Y in sites]
+    mixing, sites = _laplace_sites(4, [2000] * 5)
+    unmixing = np.linalg.inv(mixing)
+    statistics = [site_statistics(Y, np.eye(4), unmixing) for Y in sites]
     boasting = [RefinementStatistics(statistics[0].covariance, statistics[0].moments, statistics[0].slopes, 10**9),
                 *statistics[1:]]
-    honest_mean = combine_statistics(statistics)[0]
+    honest_step = refinement_step(statistics, unmixing)[0]
     # Claiming a billion samples either weighs as the median site does or gets the site set aside.
-    covariance, _, _, kept = combine_statistics(boasting)
-    assert not kept[0] or np.allclose(covariance, honest_mean, atol=1e-12)
+    step, kept = refinement_step(boasting, unmixing)
+    assert not kept[0] or np.allclose(step, honest_step, atol=1e-12)
 
 
 def test_the_issues_noisy_site_workload_reaches_the_pooled_fastica():
@@ -127,3 +127,21 @@ def test_direction_change_is_fastica_s_criterion():
     assert direction_change(before, -2 * before) == 0.0
     turned = np.array([[np.cos(0.1), np.sin(0.1), 0], [0, 1, 0], [0, 0, 1]])
     assert direction_change(before, turned) == pytest.approx(1 - np.cos(0.1))
+
+
+def test_a_steering_minority_leaves_the_one_shot_estimate_standing():
+    """40 % of the sites answer every step with moments that steer it onto their forged mixing (fedica.attacks.
+    steering_moments): the steps never converge, and the one-shot aggregate stands."""
+    from fedica.config import validate_config
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    library = ["algorithm.local_solver=picard", "algorithm.contrast=logcosh", "algorithm.center=trimmed_mean",
+               "algorithm.clustering=matched", "algorithm.refine_rounds=20"]
+    run = ["engine=inprocess", "scenario=recordings", "scenario.n_clients=10", "scenario.n_channels=16",
+           "scenario.n_sources=4", "scenario.n_noisy=0", "algorithm.n_components=4", "baselines=false",
+           "attack=random_orthogonal", "attack.fraction=0.4", "seed=0", *library]
+    result = run_inprocess(validate_config(compose_config(run)))
+    refinement = result["rfica"]["refinement"]
+    assert len(refinement["steps"]) == 20 and refinement["reverted_columns"] == [0, 1, 2, 3]
+    assert result["metrics"]["rf-ica"]["error"] == refinement["one_shot_error"] < 0.02
