@@ -40,9 +40,9 @@ from fedica.validation import as_float_array
 __all__ = ["RefinementStatistics", "site_statistics", "refinement_step", "within_one_shot_spread", "fastica_step",
            "decorrelate", "direction_change", "REFINEMENT_TOLERANCE", "WIDE_CUT_FACTOR"]
 
-# The refinement stops once no unmixing row turns by more than this (1 - |cos|) in a step: FastICA's own
-# tolerance (1e-6 on the same quantity, sklearn's default tol) squared, since the one-shot start is close.
-REFINEMENT_TOLERANCE = 1e-10
+# The refinement stops once no unmixing row turns by more than this (1 - |cos|) in a step: the sites' own FastICA
+# tolerance on the same quantity (fedica.rfica.local.local_ica's tol).
+REFINEMENT_TOLERANCE = 1e-6
 
 # How many times the trimmed centre's cut (docs/ALGORITHMS.md 1.4.2) a site's statistics may lie from the
 # federation's median before they are set aside. Honest sites differ by more than sampling noise (each records

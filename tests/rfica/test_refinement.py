@@ -81,7 +81,7 @@ def test_the_issues_noisy_site_workload_reaches_the_pooled_fastica():
         pooled = FastICA(4, whiten="unit-variance", max_iter=1000, random_state=seed).fit(np.vstack(sites[1:]))
         reference = ica_error(normalize_columns(pooled.mixing_), mixing)
         assert ica_error(model.mixing_, mixing) <= 1.5 * reference
-        assert model.refinement_ and model.refinement_[-1]["change"] < 1e-10
+        assert model.refinement_ and model.refinement_[-1]["change"] < 1e-6
         assert all(step["set_aside"] == [0] for step in model.refinement_)  # the noisy site, and only it
         assert ica_error(model.mixing_, mixing) < ica_error(model.one_shot_mixing_, mixing)
         # Each refined column keeps the sign of the one-shot column it started from.
