@@ -138,3 +138,47 @@ def test_the_strict_rule_is_the_default_and_gives_the_same_fit_as_before():
     assert default.same_client_rule == "strict"
     np.testing.assert_array_equal(default.means_, strict.means_)
     assert default.tuning_ is None  # a fixed upsilon under the strict rule asks the sites no likelihood
+
+
+def test_two_distinct_clusters_the_share_admits_are_kept_apart_by_the_icl():
+    # Clusters 0 and 1 are held by disjoint sites but two (Jaccard 2 / 22 < 0.1): the evidence path may join them,
+    # and every site's likelihood refuses it. Joining without the ICL would give K_hat 1.
+    rng = np.random.default_rng(3)
+    centres = TRUE_CENTRES[:2]
+    holds = [[0]] * 10 + [[1]] * 10 + [[0, 1]] * 2
+    sites = [np.vstack([centres[c] + rng.standard_normal((40, 2)) for c in held]) for held in holds]
+    for upsilon in (50.0, "auto"):
+        fit = fedica.FedGEM(covariance_type="identity", upsilon=upsilon, same_client_rule="evidence",
+                            random_state=0).fit(sites, n_local_clusters=[len(h) for h in holds])
+        assert fit.n_clusters_ == 2
+        assert min(fit.tuning_["k_hats"]) == 1  # the join was a candidate
+
+
+def test_the_evidence_rule_needs_a_judge():
+    sites, k_local, _ = _sites(0, over_split_sites={0})
+    with pytest.raises(ValueError, match="same_client_rule='evidence' with upsilon_criterion='silhouette'"):
+        fedica.FedGEM(same_client_rule="evidence", upsilon_criterion="silhouette").fit(sites, n_local_clusters=k_local)
+
+
+# Section 6.2's workload with 20 clients, as in tests/server/test_protocol_attacks.py.
+S62_G20 = ["engine=inprocess", "algorithm=fedgem", "+workload=s62_nominal", "scenario.n_clients=20", "baselines=false"]
+
+
+@pytest.mark.parametrize("attack", ["midpoint_cluster", "split_components"])
+def test_a_hostile_quarter_gains_nothing_from_the_evidence_rule(attack, monkeypatch):
+    # midpoint_cluster plants a bridge between the two closest true clusters; split_components (one copy per true
+    # centre, within the component cap) puts a hostile client in every cluster.
+    from fedica import attacks, hostile
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    monkeypatch.setattr(attacks, "SPLIT_COPIES", 1)
+    hostile.planted_centroids.cache_clear()
+    try:
+        runs = {rule: run_inprocess(compose_config(S62_G20 + [f"attack={attack}", "attack.fraction=0.25",
+                                                              f"algorithm.same_client_rule={rule}"]))["metrics"]["fedgem"]
+                for rule in ("strict", "evidence")}
+    finally:
+        hostile.planted_centroids.cache_clear()
+    assert runs["evidence"]["honest_k_hat"] == runs["strict"]["honest_k_hat"] == 6
+    assert runs["evidence"]["honest_global_ari"] >= runs["strict"]["honest_global_ari"] - 0.01
