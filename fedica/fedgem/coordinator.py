@@ -102,6 +102,7 @@ class FedGEMSettings:
     same_client_rule: str = _default("same_client_rule")
     guard_factor: float = _default("guard_factor")
     n_init: int = _default("n_init")
+    local_start: str = _default("local_start")
     silhouette_sample: int = _default("silhouette_sample")
     radius_outlier_factor: float | None = _default("radius_outlier_factor")
     count_cap_factor: float | None = _default("count_cap_factor")
@@ -201,7 +202,8 @@ class FedGEMServer(ProtocolState):
         model = {"covariance-type": s.covariance_type}
         if self.privacy is not None:  # the sites add the noise the plan names (fedica.privacy.private_reply)
             model.update(self.privacy.request_values(s.seed))
-        self._initialise((yield Request(GEM_INIT, "init", None, {"n-init": s.n_init, "seed": s.seed, **model})))
+        self._initialise((yield Request(GEM_INIT, "init", None, {"n-init": s.n_init, "local-start": s.local_start, "seed": s.seed,
+                                                         **model})))
         for round_number in range(1, s.rounds + 1):
             payloads = {p: {"centroids": self.models[p].centroids} for p in self._participants(round_number)}
             replies = yield Request(GEM_ROUND, round_number, payloads, {"local-steps": s.local_steps, **model})

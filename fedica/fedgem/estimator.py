@@ -74,6 +74,10 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         The tuning prefers upsilon values whose K_hat is at most ``guard_factor * sqrt(sum K_g)``.
     n_init : int, default=3
         k-means++ seedings per site; the best by local objective starts the site.
+    local_start : {"seeds", "kmeans"}, default="seeds"
+        How a site starts: the best of its ``n_init`` k-means++ seedings ("seeds", the paper's), or
+        Lloyd's k-means run from each seeding, the best by the k-means objective kept ("kmeans").
+        Not with ``dp_epsilon`` (a private site starts from its private initialisation).
     silhouette_sample : int, default=1000
         Points per site scored by the tuning's silhouette.
     radius_outlier_factor : float or None, default=10.0
@@ -164,7 +168,8 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
                  upsilon=_P["upsilon"].default, upsilon_grid=_P["upsilon_grid"].default,
                  upsilon_criterion=_P["upsilon_criterion"].default, same_client_rule=_P["same_client_rule"].default,
                  guard_factor=_P["guard_factor"].default,
-                 n_init=_P["n_init"].default, silhouette_sample=_P["silhouette_sample"].default,
+                 n_init=_P["n_init"].default, local_start=_P["local_start"].default,
+                 silhouette_sample=_P["silhouette_sample"].default,
                  radius_outlier_factor=_P["radius_outlier_factor"].default,
                  count_cap_factor=_P["count_cap_factor"].default,
                  component_cap_factor=_P["component_cap_factor"].default,
@@ -181,6 +186,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.same_client_rule = same_client_rule
         self.guard_factor = guard_factor
         self.n_init = n_init
+        self.local_start = local_start
         self.silhouette_sample = silhouette_sample
         self.radius_outlier_factor = radius_outlier_factor
         self.count_cap_factor = count_cap_factor
@@ -224,7 +230,8 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         settings = FedGEMSettings(
             rounds=self.rounds, local_steps=self.local_steps, upsilon=self.upsilon, upsilon_grid=tuple(self.upsilon_grid),
             upsilon_criterion=self.upsilon_criterion, same_client_rule=self.same_client_rule,
-            guard_factor=self.guard_factor, n_init=self.n_init, silhouette_sample=self.silhouette_sample,
+            guard_factor=self.guard_factor, n_init=self.n_init, local_start=self.local_start,
+            silhouette_sample=self.silhouette_sample,
             radius_outlier_factor=self.radius_outlier_factor, count_cap_factor=self.count_cap_factor,
             component_cap_factor=self.component_cap_factor, max_hostile_fraction=self.max_hostile_fraction,
             max_overlap_pairs=self.max_overlap_pairs,
