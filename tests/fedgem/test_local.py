@@ -324,3 +324,12 @@ def test_the_kmeans_start_refines_the_same_seedings_and_misses_fewer_clusters():
             nearest = np.argmin(((centres[:, None] - start[None]) ** 2).sum(axis=2), axis=1)
             missed[name] += 12 - np.unique(nearest).size  # true clusters sharing their nearest start
     assert missed["kmeans"] < missed["seeds"]
+
+
+def test_a_private_run_refuses_the_kmeans_start():
+    import fedica
+
+    rng = np.random.default_rng(0)
+    sites = [rng.standard_normal((40, 2)) for _ in range(3)]
+    with pytest.raises(ValueError, match="local_start='kmeans': a private run starts from its private initialisation"):
+        fedica.FedGEM(covariance_type="identity", dp_epsilon=1.0, dp_clip=3.0, local_start="kmeans").fit(sites, n_local_clusters=2)
