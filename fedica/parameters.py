@@ -304,8 +304,8 @@ FEDGEM_PARAMETERS = Declaration(
     Parameter("upsilon_criterion", (Options(UPSILON_CRITERIA),), "likelihood",
               "How upsilon=auto chooses: the sites' federated ICL, or their local silhouettes."),
     Parameter("same_client_rule", (Options(SAME_CLIENT_RULES),), "strict",
-              "Two components of one site never share a global cluster (strict), or may when the clients holding "
-              "both clusters are a small minority and the sites' ICL agrees (evidence)."),
+              "Two components of one site never share a global cluster (strict), or may when one client or a small "
+              "minority of clients hold both clusters and the sites' ICL agrees (evidence)."),
     Parameter("guard_factor", _real(0, closed="neither"), 1.5,
               "The tuning prefers K_hat <= guard_factor * sqrt(sum K_g)."),
     Parameter("n_init", _integer(1, MAX_SEEDINGS), 3, "k-means++ seedings per site; the best starts the site."),

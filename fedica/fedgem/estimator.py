@@ -66,8 +66,8 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         paper's tuning by the sites' local silhouettes (appendix D.3).
     same_client_rule : {"strict", "evidence"}, default="strict"
         "strict" (the paper's rule): two components of one site never end in one global cluster.
-        "evidence": they may, when the sites holding both clusters are a small minority of those
-        holding either and the sites' federated ICL agrees (docs/ALGORITHMS.md section 2.6.3); a
+        "evidence": they may, when one site holds both clusters or the sites holding both are a small
+        minority of those holding either, and the sites' federated ICL agrees (docs/ALGORITHMS.md section 2.6.3); a
         fixed ``upsilon`` then adds one likelihood exchange. Needs ``upsilon_criterion="likelihood"``
         with ``upsilon="auto"``.
     guard_factor : float, default=1.5

@@ -35,9 +35,9 @@ MAX_PATH_CANDIDATES = 64
 # Centres of all path candidates together (the digits workload's whole path: about 1,900).
 MAX_PATH_CENTRES = 4096
 
-# The evidence rule (docs/ALGORITHMS.md section 2.6.3): two global clusters may merge on the path while the
-# clients holding both are at most this share of the clients holding either (the Jaccard index of their
-# supporting clients). A site's over-split leaves one to a few such clients among tens or hundreds (at most
+# The evidence rule (docs/ALGORITHMS.md section 2.6.3): two global clusters may merge on the path when one client
+# holds both, or the clients holding both are at most this share of the clients holding either (the Jaccard index
+# of their supporting clients). A site's over-split leaves one to a few such clients among tens or hundreds (at most
 # .06 in the G=1,000, K=50 workload); two distinct clusters share the clients that happen to hold both
 # (from .06, median .38 there).
 EVIDENCE_MINORITY = 0.1
@@ -109,9 +109,9 @@ def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray,
     pair first in (row, column) order, and the later cluster joins the earlier. With
     ``minority`` 0 (the strict same-client rule) a pair may merge when it shares no client (a
     client's components are distinct clusters by the model); with ``minority`` above 0 (the
-    evidence rule, docs/ALGORITHMS.md section 2.6.3) also when the clients holding both are at
-    most ``minority`` times the clients holding either (the Jaccard index of their supporting
-    clients). Only the merged
+    evidence rule, docs/ALGORITHMS.md section 2.6.3) also when the clients holding both are one,
+    or at most ``minority`` times the clients holding either (the Jaccard index of their
+    supporting clients). Only the merged
     cluster's costs change in a step, so they are updated in place, and each cluster keeps the
     cheapest partner it may join (a full recomputation would cost ``k^2 (d + clients)`` per step).
 
@@ -128,7 +128,7 @@ def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray,
         and returns them.
     minority : float, default=0.0
         The largest share of the clients holding either cluster of a merge that may hold both
-        (0: none may, the strict rule).
+        (0: none may, the strict rule; above 0, one client may, whatever the share).
     only_shared : bool, default=False
         Merge only pairs that share a client: the joins the strict rule refused (the path of a
         fixed upsilon, whose radii already decided the pairs that share none).
@@ -187,8 +187,9 @@ class _ClientSharing:
 
     Strict (``minority`` 0): a pair that shares a client is blocked, and stays blocked as the
     clusters grow, so a merge ORs the two rows. Evidence (``minority`` > 0, or ``only_shared``):
-    a pair is blocked when the clients holding both outnumber ``minority`` times the clients
-    holding either (their Jaccard index exceeds ``minority``); the counts change with every merge, so each cluster's clients
+    a pair is blocked when two or more clients hold both and they outnumber ``minority`` times the
+    clients holding either (their Jaccard index exceeds ``minority``): one client never blocks a
+    join alone; the counts change with every merge, so each cluster's clients
     are kept (a ``(k, clients)`` 0/1 table) and the merged cluster's row is recounted,
     ``O(k clients)`` a merge.
     """
@@ -208,7 +209,7 @@ class _ClientSharing:
         np.fill_diagonal(self.blocked, True)
 
     def _blocked(self, shared: np.ndarray, supporters: np.ndarray) -> np.ndarray:
-        blocked = shared > self.minority * (supporters + self.supporters - shared)
+        blocked = shared > np.maximum(1.0, self.minority * (supporters + self.supporters - shared))
         return blocked | (shared == 0) if self.only_shared else blocked
 
     def merge(self, a: int, b: int) -> np.ndarray:

@@ -28,7 +28,7 @@ def _recomputed_evidence_path(start, centers, owners, weights, minority, only_sh
         np.add.at(sums, index, centers * weights[:, None])
         centroids = sums / mass[:, None]
         cost = mass[:, None] * mass / (mass[:, None] + mass) * ((centroids[:, None] - centroids) ** 2).sum(axis=2)
-        blocked = shared > minority * either
+        blocked = shared > np.maximum(1, minority * either)
         if only_shared:
             blocked |= shared == 0
         np.fill_diagonal(blocked, True)
@@ -70,6 +70,16 @@ def test_the_strict_path_cannot_join_a_clients_over_split_and_the_evidence_path_
     assert merge_path(start, centers, owners, np.ones(owners.size), min_clusters=1) == []
     joined = merge_path(start, centers, owners, np.ones(owners.size), min_clusters=1, minority=0.1)
     assert [p.k_hat for p in joined] == [1]  # one client of twenty holds both: Jaccard 1/20
+
+
+def test_in_a_small_federation_one_client_never_blocks_a_join_and_two_of_four_do():
+    # Four sites, one true cluster found as two sets; the sites holding both are one, then two (Jaccard 1/4, 2/4).
+    owners = np.array([0, 0, 1, 2, 3])
+    centers = np.array([[0.0, 0.0], [0.2, 0.0], [0.1, 0.1], [0.1, -0.1], [0.3, 0.1]])
+    start = relabel(np.array([0, 1, 0, 1, 1]), centers, np.ones(5))
+    assert [p.k_hat for p in merge_path(start, centers, owners, np.ones(5), min_clusters=1, minority=0.1)] == [1]
+    owners = np.array([0, 0, 1, 1, 3])
+    assert merge_path(start, centers, owners, np.ones(5), min_clusters=1, minority=0.1) == []
 
 
 def test_two_clusters_many_clients_hold_are_never_joined_by_the_evidence_path():
