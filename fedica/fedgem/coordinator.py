@@ -202,8 +202,8 @@ class FedGEMServer(ProtocolState):
         model = {"covariance-type": s.covariance_type}
         if self.privacy is not None:  # the sites add the noise the plan names (fedica.privacy.private_reply)
             model.update(self.privacy.request_values(s.seed))
-        self._initialise((yield Request(GEM_INIT, "init", None, {"n-init": s.n_init, "local-start": s.local_start, "seed": s.seed,
-                                                         **model})))
+        start = {"n-init": s.n_init, "local-start": s.local_start, "seed": s.seed, **model}
+        self._initialise((yield Request(GEM_INIT, "init", None, start)))
         for round_number in range(1, s.rounds + 1):
             payloads = {p: {"centroids": self.models[p].centroids} for p in self._participants(round_number)}
             replies = yield Request(GEM_ROUND, round_number, payloads, {"local-steps": s.local_steps, **model})
