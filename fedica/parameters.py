@@ -35,11 +35,16 @@ from fedica.fedgem.geometry import COVARIANCE_TYPES
 from fedica.rfica.aggregation import BENCHMARK_RULES, CENTERS, CLUSTERINGS
 from fedica.rfica.local import CONTRASTS, CUBE, INITS, LOGCOSH, SOLVERS, WHITENINGS
 
-__all__ = ["Interval", "Options", "PositiveNumbers", "Parameter", "Declaration", "UPSILON_CRITERIA", "DP_UNITS",
+__all__ = ["Interval", "Options", "PositiveNumbers", "Parameter", "Declaration", "UPSILON_CRITERIA", "SAME_CLIENT_RULES", "LOCAL_STARTS", "DP_UNITS",
            "FEDGEM_PARAMETERS", "RFICA_PARAMETERS"]
 
 # How ``upsilon="auto"`` chooses the final partition (fedica.fedgem.coordinator implements both).
 UPSILON_CRITERIA = ("likelihood", "silhouette")
+# How the final partition treats two components of one site: never in one global cluster (the paper's rule), or
+# joined when the federation's evidence says so and the ICL agrees (docs/ALGORITHMS.md section 2.6.3).
+SAME_CLIENT_RULES = ("strict", "evidence")
+# How a site starts: the best of n_init k-means++ seedings (the paper's), or Lloyd's k-means refining each.
+LOCAL_STARTS = ("seeds", "kmeans")
 
 # Upper bounds of the counts that set a run's time or memory, so that a mistyped 1e9 is refused up front
 # instead of running for days or exhausting memory. A FedGEM round is an exchange with every site (milliseconds
@@ -298,9 +303,15 @@ FEDGEM_PARAMETERS = Declaration(
               "The candidates of the upsilon tuning."),
     Parameter("upsilon_criterion", (Options(UPSILON_CRITERIA),), "likelihood",
               "How upsilon=auto chooses: the sites' federated ICL, or their local silhouettes."),
+    Parameter("same_client_rule", (Options(SAME_CLIENT_RULES),), "strict",
+              "Two components of one site never share a global cluster (strict), or may when one client or a small "
+              "minority of clients hold both clusters and the sites' ICL agrees (evidence)."),
     Parameter("guard_factor", _real(0, closed="neither"), 1.5,
               "The tuning prefers K_hat <= guard_factor * sqrt(sum K_g)."),
     Parameter("n_init", _integer(1, MAX_SEEDINGS), 3, "k-means++ seedings per site; the best starts the site."),
+    Parameter("local_start", (Options(LOCAL_STARTS),), "seeds",
+              "How a site starts: the best of its n_init k-means++ seedings (seeds, the paper's), or Lloyd's "
+              "k-means run from each seeding, the best kept (kmeans)."),
     Parameter("silhouette_sample", _integer(10), 1000, "Points per site scored by the tuning's silhouette."),
     Parameter("radius_outlier_factor", _real(1, closed="neither"), 10.0,
               "A ball this many times the median radius takes part in no merge; None: off.", none=True),

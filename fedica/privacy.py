@@ -209,6 +209,8 @@ def uncovered(parameters: Mapping[str, Any]) -> tuple[str, str] | None:
         return "dp_clip", "a private run needs the norm bound of a point, in the data's units"
     if parameters["covariance_type"] != "identity":
         return "covariance_type", "a private run needs 'identity' (a spherical site's variances are not privatised)"
+    if parameters.get("local_start", "seeds") != "seeds":
+        return "local_start", "a private run starts from its private initialisation"
     if parameters["local_steps"] != 1:
         return "local_steps", "a private run needs 1 (every step's sums are a release)"
     if parameters["upsilon"] == "auto" and parameters["upsilon_criterion"] != "likelihood":

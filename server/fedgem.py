@@ -29,7 +29,8 @@ class FedGEMStrategy(ProtocolStrategy):
 
     Parameters
     ----------
-    rounds, local_steps, upsilon, upsilon_grid, upsilon_criterion, guard_factor, n_init, silhouette_sample,
+    rounds, local_steps, upsilon, upsilon_grid, upsilon_criterion, same_client_rule, guard_factor, n_init, local_start,
+    silhouette_sample,
     radius_outlier_factor, count_cap_factor, component_cap_factor, max_hostile_fraction, max_overlap_pairs, participation,
     covariance_type, random_state, dp_epsilon, dp_delta, dp_clip, dp_unit
         As for :class:`fedica.FedGEM`: declared in :data:`fedica.parameters.FEDGEM_PARAMETERS`, and checked
@@ -60,7 +61,9 @@ class FedGEMStrategy(ProtocolStrategy):
     def __init__(self, *, rounds: int = _P["rounds"].default, local_steps: int = _P["local_steps"].default,
                  upsilon: float | str = _P["upsilon"].default, upsilon_grid=_P["upsilon_grid"].default,
                  upsilon_criterion: str = _P["upsilon_criterion"].default,
+                 same_client_rule: str = _P["same_client_rule"].default,
                  guard_factor: float = _P["guard_factor"].default, n_init: int = _P["n_init"].default,
+                 local_start: str = _P["local_start"].default,
                  silhouette_sample: int = _P["silhouette_sample"].default,
                  radius_outlier_factor: float | None = _P["radius_outlier_factor"].default,
                  count_cap_factor: float | None = _P["count_cap_factor"].default,
@@ -73,7 +76,8 @@ class FedGEMStrategy(ProtocolStrategy):
                  dp_clip: float | None = _P["dp_clip"].default, dp_unit: str = _P["dp_unit"].default,
                  evaluate: bool = False, **kwargs: Any):
         parameters = dict(rounds=rounds, local_steps=local_steps, upsilon=upsilon, upsilon_grid=upsilon_grid,
-                          upsilon_criterion=upsilon_criterion, guard_factor=guard_factor, n_init=n_init,
+                          upsilon_criterion=upsilon_criterion, same_client_rule=same_client_rule,
+                          guard_factor=guard_factor, n_init=n_init, local_start=local_start,
                           silhouette_sample=silhouette_sample, radius_outlier_factor=radius_outlier_factor,
                           count_cap_factor=count_cap_factor, component_cap_factor=component_cap_factor,
                           max_hostile_fraction=max_hostile_fraction, max_overlap_pairs=max_overlap_pairs,

@@ -87,7 +87,9 @@ def test_the_option_lists_are_the_implementing_modules_own():
 def test_todays_defaults_are_unchanged():
     assert FEDGEM_PARAMETERS.defaults() == {
         "rounds": 10, "local_steps": 1, "upsilon": "auto", "upsilon_grid": (0.1, 0.5, 1.0, 5.0, 10.0, 50.0),
-        "upsilon_criterion": "likelihood", "guard_factor": 1.5, "n_init": 3, "silhouette_sample": 1000,
+        "upsilon_criterion": "likelihood", "same_client_rule": "strict", "guard_factor": 1.5, "n_init": 3,
+        "local_start": "seeds",
+        "silhouette_sample": 1000,
         "radius_outlier_factor": 10.0, "count_cap_factor": 10.0, "component_cap_factor": 3.0,
         "max_hostile_fraction": 0.25, "max_overlap_pairs": 20_000_000, "participation": 1.0,
         "covariance_type": "spherical", "min_clients": 2, "max_local_clusters": 10, "random_state": 0,

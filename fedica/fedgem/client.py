@@ -18,7 +18,7 @@ import numpy as np
 
 from fedica.evaluation.metrics import adjusted_rand, contingency, mean_silhouettes
 from fedica.fedgem.geometry import Identity, geometry
-from fedica.fedgem.local import assign_labels, kmeanspp_init
+from fedica.fedgem.local import assign_labels, kmeans_init, kmeanspp_init
 from fedica.protocol.messages import GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_ROUND, GEM_SILHOUETTE
 from fedica.protocol.tasks import Handler, Site
 from fedica.seeding import generator
@@ -45,13 +45,16 @@ def model_geometry(values: Mapping[str, Any]) -> Identity:
 
 
 def initialise(X: np.ndarray, n_components: int, values: Mapping[str, Any], partition_id: int) -> tuple[Reply, np.ndarray | None]:
-    """The initial exchange: k-means++ centroids (best of ``n-init``), weights and the client's size.
+    """The initial exchange: the local start's centroids, weights and the client's size.
 
+    The start is ``local-start``: ``seeds``, the best of ``n-init`` k-means++ seedings (the paper's; a server
+    that names none asks for it), or ``kmeans``, Lloyd's k-means refining each seeding, the best kept.
     Also returns the variances the client starts from (None under ``identity``); they stay on the client.
     """
     rng = generator(int(values["seed"]), "client.kmeanspp", partition_id)
     start = time.perf_counter()
-    centroids = kmeanspp_init(X, n_components, n_init=int(values["n-init"]), random_state=rng)
+    local_start = kmeans_init if values.get("local-start", "seeds") == "kmeans" else kmeanspp_init
+    centroids = local_start(X, n_components, n_init=int(values["n-init"]), random_state=rng)
     variances = model_geometry(values).initial_variances(X, centroids)
     seconds = time.perf_counter() - start
     return ({"centroids": centroids, "weights": uniform_weights(n_components)},

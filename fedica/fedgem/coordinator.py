@@ -28,7 +28,7 @@ from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.geometry import geometry
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.overlaps import TooManyOverlaps
-from fedica.fedgem.selection import Candidate, bic, icl, merge_path, path_sizes
+from fedica.fedgem.selection import EVIDENCE_MINORITY, Candidate, bic, evidence_path_sizes, icl, merge_path, path_sizes
 from fedica.fedgem.trust import (
     FederationExtent,
     admit_components,
@@ -99,8 +99,10 @@ class FedGEMSettings:
     upsilon: float | str = _default("upsilon")
     upsilon_grid: Sequence[float] = _default("upsilon_grid")
     upsilon_criterion: str = _default("upsilon_criterion")
+    same_client_rule: str = _default("same_client_rule")
     guard_factor: float = _default("guard_factor")
     n_init: int = _default("n_init")
+    local_start: str = _default("local_start")
     silhouette_sample: int = _default("silhouette_sample")
     radius_outlier_factor: float | None = _default("radius_outlier_factor")
     count_cap_factor: float | None = _default("count_cap_factor")
@@ -163,6 +165,10 @@ class FedGEMServer(ProtocolState):
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        s = self.settings
+        if s.same_client_rule == "evidence" and s.upsilon == "auto" and s.upsilon_criterion != "likelihood":
+            raise ValueError(f"same_client_rule='evidence' with upsilon_criterion={s.upsilon_criterion!r}: the "
+                             "evidence rule's joins are judged by the clients' ICL; use 'likelihood' or a fixed upsilon")
         self.geometry = geometry(self.settings.covariance_type)
         self.dim: int | None = None
         self.final: Components | None = None
@@ -196,7 +202,8 @@ class FedGEMServer(ProtocolState):
         model = {"covariance-type": s.covariance_type}
         if self.privacy is not None:  # the sites add the noise the plan names (fedica.privacy.private_reply)
             model.update(self.privacy.request_values(s.seed))
-        self._initialise((yield Request(GEM_INIT, "init", None, {"n-init": s.n_init, "seed": s.seed, **model})))
+        start = {"n-init": s.n_init, "local-start": s.local_start, "seed": s.seed, **model}
+        self._initialise((yield Request(GEM_INIT, "init", None, start)))
         for round_number in range(1, s.rounds + 1):
             payloads = {p: {"centroids": self.models[p].centroids} for p in self._participants(round_number)}
             replies = yield Request(GEM_ROUND, round_number, payloads, {"local-steps": s.local_steps, **model})
@@ -206,18 +213,15 @@ class FedGEMServer(ProtocolState):
         if s.upsilon != "auto":
             self.upsilon = float(s.upsilon)
             self._aggregate()
+            if s.same_client_rule == "evidence":  # the ICL judges the joins the strict rule refused at this upsilon
+                yield from self._select(self._refused_join_candidates(), model)
         elif s.upsilon_criterion == "silhouette":
             candidates, aggregations = self._tuning_candidates()
             replies = yield Request(GEM_SILHOUETTE, "silhouette", candidates, {"sample": s.silhouette_sample, "seed": s.seed})
             self._choose_upsilon(aggregations, replies)
             self._aggregate()
         else:
-            candidates = self._likelihood_candidates()
-            if self.privacy is None:
-                replies = yield Request(GEM_LIKELIHOOD, "likelihood", self._candidate_payloads(candidates), model)
-                self._choose_by_likelihood(candidates, replies)
-            else:  # no further release: the criterion of the final stage's private sums
-                self._choose_privately(candidates)
+            yield from self._select(self._likelihood_candidates(), model)
         if self.skipped_upsilons:
             self.tuning["skipped"] = {str(u): why for u, why in self.skipped_upsilons.items()}
         if self.evaluate:
@@ -228,6 +232,14 @@ class FedGEMServer(ProtocolState):
                         "rounds (%d in all, at most %d a round; each round's count is its history's "
                         "excluded_components)", len(self.excluded_clients), len(self.models), len(counts),
                         len(self.history), sum(counts), max(counts))
+
+    def _select(self, candidates: list[Candidate], model: dict[str, Any]) -> Protocol:
+        """The final partition among ``candidates``: by the clients' federated ICL, or by a private run's criterion."""
+        if self.privacy is None:
+            replies = yield Request(GEM_LIKELIHOOD, "likelihood", self._candidate_payloads(candidates), model)
+            self._choose_by_likelihood(candidates, replies)
+        else:  # no further release: the criterion of the final stage's private sums
+            self._choose_privately(candidates)
 
     def consensus_payloads(self) -> dict[int, dict[str, np.ndarray]]:
         """Each client's consensus model: the global centroid and global id of each of its components."""
@@ -397,13 +409,34 @@ class FedGEMServer(ProtocolState):
                 candidates.append(Candidate(aggregation, upsilon))
                 if finest is None or aggregation.k_hat > finest[0].aggregation.k_hat:
                     finest = (candidates[-1], excluded)
-            trusted_weights = np.where(finest[1], 0.0, self.final.weights)
-            min_clusters = self._fewest_clusters()
-            start_k = finest[0].aggregation.k_hat
-            path = merge_path(finest[0].aggregation, self.final.centers, self.final.owners, trusted_weights,
-                              min_clusters=min_clusters, sizes=lambda end: path_sizes(start_k, end))
-            candidates += [Candidate(agg, finest[0].upsilon, start_k - agg.k_hat) for agg in path]
+            candidates += self._path_candidates(finest[0], finest[1], only_shared=False)
         return candidates
+
+    def _refused_join_candidates(self) -> list[Candidate]:
+        """A fixed upsilon's aggregation and the merge path from it through the joins the strict rule refused."""
+        with self.server_time():
+            aggregation, excluded, _ = self._final_aggregation(self.upsilon)
+            start = Candidate(aggregation, self.upsilon)
+            return [start] + self._path_candidates(start, excluded, only_shared=True)
+
+    def _path_candidates(self, start: Candidate, excluded: np.ndarray, *, only_shared: bool) -> list[Candidate]:
+        """The merge path's candidates from ``start`` (docs/ALGORITHMS.md sections 2.6.1 and 2.6.3).
+
+        Under the strict rule the path stops at the lower bound on K the clients' K_g give; under
+        the evidence rule a client's K_g bounds nothing (two of its components may join), so the
+        path may run down to one cluster, and its candidates are every count up to the densest
+        window the centre budget allows (:func:`~fedica.fedgem.selection.evidence_path_sizes`).
+        """
+        trusted_weights = np.where(excluded, 0.0, self.final.weights)
+        start_k = start.aggregation.k_hat
+        if self.settings.same_client_rule == "evidence":
+            path = merge_path(start.aggregation, self.final.centers, self.final.owners, trusted_weights, min_clusters=1,
+                              sizes=lambda end: evidence_path_sizes(start_k, end), minority=EVIDENCE_MINORITY,
+                              only_shared=only_shared)
+        else:
+            path = merge_path(start.aggregation, self.final.centers, self.final.owners, trusted_weights,
+                              min_clusters=self._fewest_clusters(), sizes=lambda end: path_sizes(start_k, end))
+        return [Candidate(agg, start.upsilon, start_k - agg.k_hat) for agg in path]
 
     def _fewest_clusters(self) -> int:
         """A lower bound on K: the largest K_g once as many of the largest as hostile clients may be are set aside."""

@@ -64,10 +64,20 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         "likelihood": the federated ICL (a penalised likelihood) over the grid's partitions and
         the merge path from the finest (docs/ALGORITHMS.md section 2.6); "silhouette": the
         paper's tuning by the sites' local silhouettes (appendix D.3).
+    same_client_rule : {"strict", "evidence"}, default="strict"
+        "strict" (the paper's rule): two components of one site never end in one global cluster.
+        "evidence": they may, when one site holds both clusters or the sites holding both are a small
+        minority of those holding either, and the sites' federated ICL agrees (docs/ALGORITHMS.md section 2.6.3); a
+        fixed ``upsilon`` then adds one likelihood exchange. Needs ``upsilon_criterion="likelihood"``
+        with ``upsilon="auto"``.
     guard_factor : float, default=1.5
         The tuning prefers upsilon values whose K_hat is at most ``guard_factor * sqrt(sum K_g)``.
     n_init : int, default=3
         k-means++ seedings per site; the best by local objective starts the site.
+    local_start : {"seeds", "kmeans"}, default="seeds"
+        How a site starts: the best of its ``n_init`` k-means++ seedings ("seeds", the paper's), or
+        Lloyd's k-means run from each seeding, the best by the k-means objective kept ("kmeans").
+        Not with ``dp_epsilon`` (a private site starts from its private initialisation).
     silhouette_sample : int, default=1000
         Points per site scored by the tuning's silhouette.
     radius_outlier_factor : float or None, default=10.0
@@ -156,8 +166,10 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     # The defaults are the declaration's (fedica.parameters), spelt out as scikit-learn's get_params reads them.
     def __init__(self, rounds=_P["rounds"].default, local_steps=_P["local_steps"].default,
                  upsilon=_P["upsilon"].default, upsilon_grid=_P["upsilon_grid"].default,
-                 upsilon_criterion=_P["upsilon_criterion"].default, guard_factor=_P["guard_factor"].default,
-                 n_init=_P["n_init"].default, silhouette_sample=_P["silhouette_sample"].default,
+                 upsilon_criterion=_P["upsilon_criterion"].default, same_client_rule=_P["same_client_rule"].default,
+                 guard_factor=_P["guard_factor"].default,
+                 n_init=_P["n_init"].default, local_start=_P["local_start"].default,
+                 silhouette_sample=_P["silhouette_sample"].default,
                  radius_outlier_factor=_P["radius_outlier_factor"].default,
                  count_cap_factor=_P["count_cap_factor"].default,
                  component_cap_factor=_P["component_cap_factor"].default,
@@ -171,8 +183,10 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.upsilon = upsilon
         self.upsilon_grid = upsilon_grid
         self.upsilon_criterion = upsilon_criterion
+        self.same_client_rule = same_client_rule
         self.guard_factor = guard_factor
         self.n_init = n_init
+        self.local_start = local_start
         self.silhouette_sample = silhouette_sample
         self.radius_outlier_factor = radius_outlier_factor
         self.count_cap_factor = count_cap_factor
@@ -215,8 +229,9 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.n_local_clusters_ = self._local_cluster_counts(data, n_local_clusters, seed)
         settings = FedGEMSettings(
             rounds=self.rounds, local_steps=self.local_steps, upsilon=self.upsilon, upsilon_grid=tuple(self.upsilon_grid),
-            upsilon_criterion=self.upsilon_criterion,
-            guard_factor=self.guard_factor, n_init=self.n_init, silhouette_sample=self.silhouette_sample,
+            upsilon_criterion=self.upsilon_criterion, same_client_rule=self.same_client_rule,
+            guard_factor=self.guard_factor, n_init=self.n_init, local_start=self.local_start,
+            silhouette_sample=self.silhouette_sample,
             radius_outlier_factor=self.radius_outlier_factor, count_cap_factor=self.count_cap_factor,
             component_cap_factor=self.component_cap_factor, max_hostile_fraction=self.max_hostile_fraction,
             max_overlap_pairs=self.max_overlap_pairs,

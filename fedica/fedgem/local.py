@@ -24,11 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.spatial.distance import cdist, pdist
 from scipy.special import xlogy
+from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 
 __all__ = [
     "kmeanspp_init",
+    "kmeans_init",
     "responsibilities",
     "em_step",
     "uncertainty_radius",
@@ -111,6 +113,45 @@ def kmeanspp_init(X, n_components, *, n_init=3, random_state=None):
         The best seeding; its rows are points of ``X``.
     """
     X = _as_points(X)
+    _check_seeding(X, n_components, n_init)
+    seeds, objectives = _kmeanspp_seedings(X, int(n_components), int(n_init), np.random.default_rng(random_state))
+    return seeds[np.argmin(objectives)]
+
+
+def kmeans_init(X, n_components, *, n_init=3, random_state=None):
+    """Lloyd's k-means from each of several greedy k-means++ seedings; the best by the k-means objective.
+
+    The seedings are :func:`kmeanspp_init`'s (the same random stream draws the same ones);
+    each is refined by Lloyd's iterations (:class:`sklearn.cluster.KMeans`, one start each)
+    and the centres with the smallest k-means objective after refining are returned. A seeding
+    that put two seeds in one true cluster and none in another keeps that mistake without
+    Lloyd's steps; with them, the restart that fixes it wins by the objective.
+
+    Parameters
+    ----------
+    X : array-like of shape (n, d)
+    n_components : int
+    n_init : int, default=3
+        Number of seedings, each refined.
+    random_state : int, numpy.random.Generator or None, default=None
+
+    Returns
+    -------
+    centroids : ndarray of shape (n_components, d)
+    """
+    X = _as_points(X)
+    _check_seeding(X, n_components, n_init)
+    seeds, _ = _kmeanspp_seedings(X, int(n_components), int(n_init), np.random.default_rng(random_state))
+    fits = []
+    for start in seeds:
+        with warnings.catch_warnings():  # repeated rows may leave fewer distinct clusters than seeds
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            fits.append(KMeans(n_clusters=int(n_components), init=start, n_init=1, algorithm="lloyd").fit(X))
+    return min(fits, key=lambda fit: fit.inertia_).cluster_centers_
+
+
+def _check_seeding(X, n_components, n_init):
+    """ValueError unless ``1 <= n_components <= len(X)`` and ``n_init >= 1`` are integers."""
     if not isinstance(n_components, (int, np.integer)) or n_components < 1:
         raise ValueError(f"n_components must be an integer >= 1; got {n_components!r}.")
     if X.shape[0] < n_components:
@@ -119,8 +160,6 @@ def kmeanspp_init(X, n_components, *, n_init=3, random_state=None):
         )
     if not isinstance(n_init, (int, np.integer)) or n_init < 1:
         raise ValueError(f"n_init must be an integer >= 1; got {n_init!r}.")
-    seeds, objectives = _kmeanspp_seedings(X, int(n_components), int(n_init), np.random.default_rng(random_state))
-    return seeds[np.argmin(objectives)]
 
 
 def _kmeanspp_seedings(X, k, n_init, rng):

@@ -27,13 +27,20 @@ from scipy import sparse
 
 from fedica.fedgem.merging import FinalAggregation
 
-__all__ = ["Candidate", "merge_path", "path_sizes", "log_likelihoods", "bic", "icl", "relabel"]
+__all__ = ["Candidate", "EVIDENCE_MINORITY", "merge_path", "path_sizes", "evidence_path_sizes", "log_likelihoods", "bic", "icl", "relabel"]
 
 # Merge-path candidates beyond which the path is sampled (path_sizes): the longest paths of the
 # paper's workloads here have 52 merges (digits), a federation of 1,000 clients over 1,400.
 MAX_PATH_CANDIDATES = 64
 # Centres of all path candidates together (the digits workload's whole path: about 1,900).
 MAX_PATH_CENTRES = 4096
+
+# The evidence rule (docs/ALGORITHMS.md section 2.6.3): two global clusters may merge on the path when one client
+# holds both, or the clients holding both are at most this share of the clients holding either (the Jaccard index
+# of their supporting clients). A site's over-split leaves one to a few such clients among tens or hundreds (at most
+# .06 in the G=1,000, K=50 workload); two distinct clusters share the clients that happen to hold both
+# (from .06, median .38 there).
+EVIDENCE_MINORITY = 0.1
 
 # Smallest variance a client's consensus model may have (relative to its data's spread), so
 # that a degenerate candidate cannot claim an infinite likelihood.
@@ -80,16 +87,33 @@ def path_sizes(start_k: int, min_clusters: int, limit: int = MAX_PATH_CANDIDATES
     return set(counts[np.cumsum(counts) <= max_centres].tolist())
 
 
+def evidence_path_sizes(start_k: int, min_clusters: int, max_centres: int = MAX_PATH_CENTRES) -> set[int]:
+    """The cluster counts of an evidence-rule merge path that become candidates (:func:`path_sizes`).
+
+    Such a path may run down to one cluster, far below the truth of a large federation, so the
+    dense window of :func:`path_sizes` is widened: every count from ``min_clusters`` while
+    their centres add up to half of ``max_centres`` (1 to 63 with the default budget), then as
+    many spread geometrically above, within the same budget of centres.
+    """
+    dense = int(np.searchsorted(np.cumsum(np.arange(min_clusters, start_k)), max_centres // 2, side="right"))
+    return path_sizes(start_k, min_clusters, limit=max(2 * dense, MAX_PATH_CANDIDATES), max_centres=max_centres)
+
+
 def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray, weights: np.ndarray,
-               *, min_clusters: int, sizes: set[int] | Callable[[int], set[int]] | None = None) -> list[FinalAggregation]:
+               *, min_clusters: int, sizes: set[int] | Callable[[int], set[int]] | None = None,
+               minority: float = 0.0, only_shared: bool = False) -> list[FinalAggregation]:
     """Greedy merges from ``start`` down to ``min_clusters`` global clusters (or until no pair may merge).
 
     Each step joins the two clusters with the smallest Ward cost
-    ``w_a w_b / (w_a + w_b) ||c_a - c_b||^2`` among the pairs that share no client (a client's
-    components are distinct clusters by the model); of equal costs the pair first in
-    (row, column) order, and the later cluster joins the earlier. Only the merged cluster's
-    costs change in a step, so they are updated in place, and each cluster keeps the cheapest
-    partner it may join (a full recomputation would cost ``k^2 (d + clients)`` per step).
+    ``w_a w_b / (w_a + w_b) ||c_a - c_b||^2`` among the pairs that may merge; of equal costs the
+    pair first in (row, column) order, and the later cluster joins the earlier. With
+    ``minority`` 0 (the strict same-client rule) a pair may merge when it shares no client (a
+    client's components are distinct clusters by the model); with ``minority`` above 0 (the
+    evidence rule, docs/ALGORITHMS.md section 2.6.3) also when the clients holding both are one,
+    or at most ``minority`` times the clients holding either (the Jaccard index of their
+    supporting clients). Only the merged
+    cluster's costs change in a step, so they are updated in place, and each cluster keeps the
+    cheapest partner it may join (a full recomputation would cost ``k^2 (d + clients)`` per step).
 
     Parameters
     ----------
@@ -102,6 +126,12 @@ def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray,
         The cluster counts whose aggregation is returned (default: every step's); a callable
         receives the count the path ended at (``min_clusters`` or where no pair may merge)
         and returns them.
+    minority : float, default=0.0
+        The largest share of the clients holding either cluster of a merge that may hold both
+        (0: none may, the strict rule; above 0, one client may, whatever the share).
+    only_shared : bool, default=False
+        Merge only pairs that share a client: the joins the strict rule refused (the path of a
+        fixed upsilon, whose radii already decided the pairs that share none).
 
     Returns
     -------
@@ -115,11 +145,9 @@ def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray,
     mass = np.bincount(cluster_of, weights=weights, minlength=k)
     sums = np.zeros((k, centers.shape[1]))
     np.add.at(sums, cluster_of, centers * weights[:, None])
-    client_of = np.unique(owners, return_inverse=True)[1].reshape(-1)
-    membership = sparse.csr_matrix((np.ones(cluster_of.size), (cluster_of, client_of)), shape=(k, client_of.max() + 1))
-    shared = (membership @ membership.T).toarray() > 0
+    sharing = _ClientSharing(cluster_of, owners, k, minority, only_shared)
     cost = np.stack([_ward_costs(sums / mass[:, None], mass, row) for row in range(k)]).reshape(k, k)
-    cost[shared] = np.inf
+    cost[sharing.blocked] = np.inf
     partner = np.argmin(cost, axis=1)
     partner_cost = cost[np.arange(k), partner]
     merged_into = np.arange(k)
@@ -132,10 +160,9 @@ def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray,
         mass[a] += mass[b]
         sums[a] += sums[b]
         merged_into[merged_into == b] = a
-        shared[a] |= shared[b]
-        shared[:, a] = shared[a]
+        blocked = sharing.merge(a, b)
         cost[b, :] = cost[:, b] = partner_cost[b] = np.inf
-        row = np.where(shared[a], np.inf, _ward_costs(sums / mass[:, None], mass, a))
+        row = np.where(blocked, np.inf, _ward_costs(sums / mass[:, None], mass, a))
         row[merged_into != np.arange(k)] = np.inf
         cost[a, :] = cost[:, a] = row
         stale = np.flatnonzero((partner == a) | (partner == b))
@@ -153,6 +180,50 @@ def merge_path(start: FinalAggregation, centers: np.ndarray, owners: np.ndarray,
         if wanted is None or k - step in wanted:
             path.append(relabel(ids[merged_into[cluster_of]], centers, weights))
     return path
+
+
+class _ClientSharing:
+    """Which pairs of a merge path's clusters may not merge, by the clients they share.
+
+    Strict (``minority`` 0): a pair that shares a client is blocked, and stays blocked as the
+    clusters grow, so a merge ORs the two rows. Evidence (``minority`` > 0, or ``only_shared``):
+    a pair is blocked when two or more clients hold both and they outnumber ``minority`` times the
+    clients holding either (their Jaccard index exceeds ``minority``): one client never blocks a
+    join alone; the counts change with every merge, so each cluster's clients
+    are kept (a ``(k, clients)`` 0/1 table) and the merged cluster's row is recounted,
+    ``O(k clients)`` a merge.
+    """
+
+    def __init__(self, cluster_of: np.ndarray, owners: np.ndarray, k: int, minority: float, only_shared: bool):
+        client_of = np.unique(owners, return_inverse=True)[1].reshape(-1)
+        membership = sparse.csr_matrix((np.ones(cluster_of.size), (cluster_of, client_of)),
+                                       shape=(k, client_of.max() + 1))
+        self.minority, self.only_shared = minority, only_shared
+        self.clients: np.ndarray | None = None
+        if minority <= 0 and not only_shared:
+            self.blocked = (membership @ membership.T).toarray() > 0
+            return
+        self.clients = (membership.toarray() > 0).astype(np.float32)  # a client with two components counts once
+        self.supporters = self.clients.sum(axis=1)
+        self.blocked = self._blocked(self.clients @ self.clients.T, self.supporters[:, None])
+        np.fill_diagonal(self.blocked, True)
+
+    def _blocked(self, shared: np.ndarray, supporters: np.ndarray) -> np.ndarray:
+        blocked = shared > np.maximum(1.0, self.minority * (supporters + self.supporters - shared))
+        return blocked | (shared == 0) if self.only_shared else blocked
+
+    def merge(self, a: int, b: int) -> np.ndarray:
+        """Cluster ``b`` joins ``a``: the new blocked row of ``a`` (k,)."""
+        if self.clients is None:
+            self.blocked[a] |= self.blocked[b]
+        else:
+            np.maximum(self.clients[a], self.clients[b], out=self.clients[a])
+            self.clients[b] = 0.0
+            self.supporters[a] = self.clients[a].sum()
+            self.blocked[a] = self._blocked(self.clients @ self.clients[a], self.supporters[a])
+            self.blocked[a, a] = True
+        self.blocked[:, a] = self.blocked[a]
+        return self.blocked[a]
 
 
 def _ward_costs(centroids: np.ndarray, mass: np.ndarray, row: int) -> np.ndarray:
