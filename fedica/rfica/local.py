@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 
@@ -11,7 +12,7 @@ import numpy as np
 from picard import picard
 from sklearn.decomposition import FastICA
 from sklearn.exceptions import ConvergenceWarning
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from fedica.seeding import sklearn_seed
 from fedica.validation import as_float_array, check_int
@@ -41,6 +42,19 @@ RETRY_ITERATIONS_FACTOR = 4
 
 # Covariance eigenvalue ratio below which PCA whitening would divide by rounding noise.
 _RANK_DEFICIENT_RATIO = 1e-10
+
+
+@functools.cache
+def _blas_controller() -> ThreadpoolController:
+    # Made once: threadpool_limits inspects every loaded shared library at each call (0.04 s in a process that has
+    # imported scikit-learn, SciPy and Flower), once per site and refinement step; numpy's and SciPy's BLAS are
+    # loaded by this module's imports, before the first call.
+    return ThreadpoolController()
+
+
+def one_blas_thread():
+    """A context in which BLAS runs on one thread (a site's ICA and refinement averages, docs/PERFORMANCE.md)."""
+    return _blas_controller().limit(limits=1, user_api="blas")
 
 
 def normalize_columns(A) -> np.ndarray:
@@ -273,7 +287,7 @@ def local_ica(
     # One BLAS thread: a solver's products are small (r x n by n x r) and OpenBLAS's threads made a 64-channel
     # site's Picard 3 times slower even on an idle machine (docs/PERFORMANCE.md); the results move in their
     # last bits only.
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         if init == "random" and not rank_deficient:
             attempt = _solve_whitening(signals, solver, contrast, sklearn_seed(rng), max_iter, tol)
         else:

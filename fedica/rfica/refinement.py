@@ -30,11 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from fedica.rfica.aggregation import spread_cut, trim_cut
 from fedica.rfica.geometric_median import geometric_median
-from fedica.rfica.local import observation_matrix
+from fedica.rfica.local import observation_matrix, one_blas_thread
 from fedica.validation import as_float_array
 
 __all__ = ["RefinementStatistics", "site_statistics", "refinement_step", "within_one_shot_spread", "fastica_step",
@@ -99,7 +98,7 @@ def site_statistics(Y, whitening, unmixing, contrast="logcosh") -> RefinementSta
                          f"channels and {r} components")
     n = data.shape[1]
     # One BLAS thread, as the local ICA (fedica.rfica.local): the products are r x n by n x r.
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         x = whitening @ (data - data.mean(axis=1, keepdims=True))
         g, slopes = _nonlinearity(contrast, unmixing @ x)
         return RefinementStatistics(x @ x.T / n, x @ g.T / n, slopes, n)
