@@ -9,7 +9,6 @@ from fedica.evaluation.ica import ica_error
 from fedica.protocol import InvalidReply
 from fedica.protocol.messages import validate_refinement_reply
 from fedica.rfica.local import normalize_columns
-from fedica.attacks import steering_moments
 from fedica.rfica.refinement import (
     RefinementStatistics,
     direction_change,
