@@ -388,6 +388,10 @@ RFICA_PARAMETERS = Declaration(
               "The release's privacy budget epsilon, per site; None: no noise, every result as without privacy.",
               none=True),
     Parameter("dp_delta", _real(0, 1, "neither"), 1e-5, "The privacy budget's delta (with dp_epsilon)."),
+    # A library argument: fedica-run's in-process engine has its own (engine.n_jobs).
+    Parameter("n_jobs", (Interval("integer", 1), Interval("integer", None, -1, "right")), None,
+              "Threads on which the sites compute (fedica.concurrency): None one, -1 every core; the result is "
+              "the same for every value.", none=True, in_config=False),
 )
 
 # The declaration of each algorithm of the config's ``algorithm.name``.

@@ -25,4 +25,5 @@ CLIENT_TASKS = ClientTasks(
     handlers={**rfica_client.TASKS, **fedgem_client.TASKS, **ffcm.TASKS, **afcl.TASKS},
     # Privacy first: a hostile site replaces whatever it likes of its private reply.
     transforms=(private_reply, private_mixing_reply, hostile_reply),
+    concurrent=rfica_client.CONCURRENT_TASKS,
 )

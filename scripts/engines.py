@@ -23,6 +23,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedica.config import client_count
+from fedica.protocol import message_type
+from fedica.tasks import CLIENT_TASKS
 from fedica.protocol import Journal
 
 log = logging.getLogger("fedica.server")
@@ -51,7 +53,11 @@ def run_inprocess(cfg: Mapping[str, Any], client_app: ClientApp | None = None,
     from fedica.clients.app import app as default_client_app
 
     os.environ[LOCAL_ENGINE_VARIABLE] = "1"  # the clients are this user's: they read the files the config names
-    grid = InProcessGrid(client_app or default_client_app, node_configs(cfg), seed=int(cfg["seed"]))
+    # fedica's ClientApp answers its registry's concurrent tasks on threads; a given ClientApp, one message at a time.
+    # A config of another engine (a run driven in-process from it) takes conf/engine/inprocess.yaml's every core.
+    concurrent = [] if client_app is not None else [message_type(task) for task in CLIENT_TASKS.concurrent]
+    grid = InProcessGrid(client_app or default_client_app, node_configs(cfg), seed=int(cfg["seed"]),
+                         concurrent_types=concurrent, n_jobs=cfg["engine"].get("n_jobs", -1))
     return run_federation(grid, cfg, bound_partitions=grid.node_partitions, journal=journal)
 
 

@@ -8,7 +8,7 @@ over it exactly as over Flower's own runtimes. ``fedica-run engine=inprocess``
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 from uuid import uuid4
 
@@ -18,6 +18,8 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
+
+from fedica.concurrency import thread_map
 
 
 class InProcessGrid(Grid):
@@ -35,10 +37,18 @@ class InProcessGrid(Grid):
         One node config per node (``partition-id``, ``num-partitions``, ...).
     seed : int
         Seeds the node ids.
+    concurrent_types : collection of str, default=()
+        The message types the ClientApp may answer for several nodes at once, on threads of this
+        process (:mod:`fedica.concurrency`; fedica's are its registry's concurrent tasks).
+    n_jobs : int or None, default=None
+        Threads for those messages (None: one, -1: every core); the replies are the same for every value.
     """
 
-    def __init__(self, client_app: ClientApp, node_configs: list[dict[str, Any]], *, seed: int = 0):
+    def __init__(self, client_app: ClientApp, node_configs: list[dict[str, Any]], *, seed: int = 0,
+                 concurrent_types: Collection[str] = (), n_jobs: int | None = None):
         self._client_app = client_app
+        self._concurrent_types = frozenset(concurrent_types)
+        self._n_jobs = n_jobs
         rng = random.Random(seed)
         self._run = Run.create_empty(run_id=rng.getrandbits(63))
         self._contexts: dict[int, Context] = {}
@@ -72,23 +82,31 @@ class InProcessGrid(Grid):
         return list(self._contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids = []
+        delivered = []
         for message in messages:
             message_id = str(uuid4())
             message.metadata.__dict__["_message_id"] = message_id
             context = self._contexts.get(message.metadata.dst_node_id)
-            if context is None:
-                continue
-            try:
-                reply = self._client_app(message, context)
-            except Exception as err:  # noqa: BLE001 - a SuperNode turns a ClientApp exception into an error reply
-                reply = Message(
-                    Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}"),
-                    reply_to=message,
-                )
+            if context is not None:
+                delivered.append((message_id, message, context))
+        # Several nodes at once only when every message may be answered so (one node's messages stay in order).
+        concurrent = all(m.metadata.message_type in self._concurrent_types for _, m, _ in delivered) and (
+            len({m.metadata.dst_node_id for _, m, _ in delivered}) == len(delivered))
+        replies = thread_map(self._answer, [(m, c) for _, m, c in delivered], self._n_jobs if concurrent else None)
+        for (message_id, _, _), reply in zip(delivered, replies):
             self._replies[message_id] = reply
-            ids.append(message_id)
-        return ids
+        return [message_id for message_id, _, _ in delivered]
+
+    def _answer(self, delivery: tuple[Message, Context]) -> Message:
+        """The ClientApp's reply to one message; an exception becomes an error reply, as a SuperNode sends it."""
+        message, context = delivery
+        try:
+            return self._client_app(message, context)
+        except Exception as err:  # noqa: BLE001 - a SuperNode turns a ClientApp exception into an error reply
+            return Message(
+                Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}"),
+                reply_to=message,
+            )
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(i) for i in message_ids if i in self._replies]

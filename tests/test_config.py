@@ -112,7 +112,7 @@ def test_an_omegaconf_config_becomes_plain_dicts():
         (["algorithm=fedgem", "scenario=files", "+scenario.n_clients=2"], "scenario.n_clients", "scenario 'files' has keys paths,"),
         (["+scenario.extra.deep=1"], "scenario.extra", "scenario 'ica_paper' has keys"),
         (["+engine.client_num_cpu=2"], "engine.client_num_cpu", "engine 'simulation' has keys client_num_cpus"),
-        (["engine=inprocess", "+engine.client_num_cpus=2"], "engine.client_num_cpus", "engine 'inprocess' has no keys besides name"),
+        (["engine=inprocess", "+engine.client_num_cpus=2"], "engine.client_num_cpus", "engine 'inprocess' has keys n_jobs"),
         (["engine=deployment", "+engine.port=8080"], "engine.port", "engine 'deployment' has keys host, superlink_port,"),
         (["+attack.name=none"], "attack.name", "attack has keys kind, fraction"),
         (["+attack.fractions=0.1"], "attack.fractions", "attack has keys kind, fraction"),
@@ -179,9 +179,10 @@ def _fedica_run(tmp_path, *overrides):
          "algoritm: unknown key; the top level has keys seed, min_clients, round_timeout, node_wait_timeout, min_nodes, "
          "baselines, baseline_methods, log_level, resume, algorithm, scenario, engine, attack, plot, workload (did you mean algorithm?)"),
         (["algorithm=fedgem", "+algorithm.kmeans_restarts=3"], "algorithm.kmeans_restarts: unknown key; algorithm 'fedgem' has keys"),
-        (["engine=inprocess", "+engine.host=0.0.0.0"], "engine.host: unknown key; engine 'inprocess' has no keys besides name"),
+        (["engine=inprocess", "+engine.host=0.0.0.0"], "engine.host: unknown key; engine 'inprocess' has keys n_jobs"),
         (["+attack.seed=3"], "attack.seed: unknown key; attack has keys kind, fraction"),
         (["engine=deployment", "engine.superlink_port=-1"], "engine.superlink_port=-1: must be a port number in 1..65535"),
+        (["engine=inprocess", "engine.n_jobs=0"], "engine.n_jobs=0: must be a thread count >= 1, or -1 for every core"),
         (["seed=${nope}"], "Interpolation key 'nope' not found"),
     ],
 )
@@ -259,6 +260,7 @@ def test_test_fraction_zero_is_refused_up_front():
     "overrides, message",
     [
         (["engine=deployment", "engine.superlink_port=-1"], "engine.superlink_port=-1: must be a port number in 1..65535"),
+        (["engine=inprocess", "engine.n_jobs=0"], "engine.n_jobs=0: must be a thread count >= 1, or -1 for every core"),
         (["engine=deployment", "engine.superlink_port=70000"], "engine.superlink_port=70000: must be a port number in 1..65535"),
         (["engine=deployment", "engine.supernode_port=8.5"], "engine.supernode_port=8.5: must be a port number in 1..65535"),
         (["engine=deployment", "engine.supernode_port=65530"],

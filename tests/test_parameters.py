@@ -99,7 +99,7 @@ def test_todays_defaults_are_unchanged():
                                            "kmeans_restarts": 10, "gm_tol": 1e-10, "clustering": "matched",
                                            "center": "trimmed_mean", "refine_rounds": 20,
                                            "min_clients": 2, "random_state": 0,
-                                           "dp_epsilon": None, "dp_delta": 1e-5}
+                                           "dp_epsilon": None, "dp_delta": 1e-5, "n_jobs": None}
 
 
 def test_only_the_measured_improvements_have_a_config_default_apart():

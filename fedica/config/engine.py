@@ -21,7 +21,7 @@ ENGINE_KEYS: dict[str, tuple[str, ...]] = {
         "host", "superlink_port", "supernode_port", "tls", "node_auth", "startup_timeout", "run_timeout",
         "shutdown_grace", "out_dir", "max_reply_mib",
     ),
-    "inprocess": (),
+    "inprocess": ("n_jobs",),
     "simulation": ("client_num_cpus", "ray_address"),
 }
 # In the order of the config's messages.
@@ -52,7 +52,8 @@ def _check_simulation(eng: Checker, n_clients: int | None) -> None:
 
 
 def _check_inprocess(eng: Checker, n_clients: int | None) -> None:
-    pass
+    if eng.integer("n_jobs") == 0:
+        eng.fail("n_jobs", "must be a thread count >= 1, or -1 for every core (-2 all but one, ...)")
 
 
 def _check_deployment(eng: Checker, n_clients: int | None) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping
 
+from fedica.concurrency import thread_map
 from fedica.protocol.journal import Journal, journaled
 from fedica.protocol.messages import (
     InvalidReply,
@@ -67,25 +68,38 @@ class InMemoryFederation:
     rejected : list of dict
         The protocol's books (its ``rejected``): a site's refusal is recorded there as
         ``client error: <Error>: <message>``, and the site is left out of that exchange.
+    n_jobs : int or None, default=None
+        Threads on which the sites answer a task the registry declares concurrent
+        (:mod:`fedica.concurrency`; None: one, -1: every core). The replies are the same for every value.
     """
 
-    def __init__(self, sites: Mapping[int, Site], tasks: ClientTasks, rejected: list[Rejection]):
+    def __init__(self, sites: Mapping[int, Site], tasks: ClientTasks, rejected: list[Rejection],
+                 n_jobs: int | None = None):
         self.sites = dict(sites)
         self.tasks = tasks
         self.rejected = rejected
+        self.n_jobs = n_jobs
 
     def answer(self, request: Request) -> list[Reply]:
         """Every asked site's reply (all sites for a request without payloads), sorted by partition id."""
         targets = sorted(self.sites) if request.payloads is None else sorted(request.payloads)
         values = {**request.values, "server-round": str(request.round_label)}
-        replies = []
-        for partition in targets:
+
+        def site_reply(partition: int) -> Reply | ValueError:
             arrays = {} if request.payloads is None else request.payloads[partition]
             try:
-                replies.append(Reply(partition, *self.tasks.answer(request.task, self.sites[partition], arrays, values)))
+                return Reply(partition, *self.tasks.answer(request.task, self.sites[partition], arrays, values))
             except ValueError as err:
+                return err
+
+        n_jobs = self.n_jobs if request.task in self.tasks.concurrent else None
+        replies = []
+        for partition, outcome in zip(targets, thread_map(site_reply, targets, n_jobs)):
+            if isinstance(outcome, ValueError):
                 record_rejection(self.rejected, partition, request.round_label,
-                                 f"client error: {type(err).__name__}: {client_text(err)}")
+                                 f"client error: {type(outcome).__name__}: {client_text(outcome)}")
+            else:
+                replies.append(outcome)
         return self._within_size(request, replies)
 
     def _within_size(self, request: Request, replies: list[Reply]) -> list[Reply]:

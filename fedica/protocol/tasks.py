@@ -102,10 +102,16 @@ class ClientTasks:
         ``handler(site, arrays, values) -> (arrays, values)``.
     transforms : tuple of callable, default=()
         ``transform(task, site, arrays, values, reply) -> reply``, applied in order.
+    concurrent : frozenset of str, default=frozenset()
+        The tasks that different sites may answer at once on threads of one process
+        (:mod:`fedica.concurrency`): their handlers, and the transforms on them, change nothing
+        process-wide but through a :class:`fedica.concurrency.SharedContext`, and one site's reply does
+        not depend on when another's is computed.
     """
 
     handlers: Mapping[str, Handler]
     transforms: tuple[Transform, ...] = ()
+    concurrent: frozenset[str] = frozenset()
 
     def answer(self, task: str, site: Site, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> ReplyParts:
         """The reply of ``site`` to one request: the task's handler, then every transform in order.
@@ -125,4 +131,4 @@ class ClientTasks:
 
     def with_transforms(self, *transforms: Transform) -> ClientTasks:
         """The same handlers, with ``transforms`` appended to the chain (e.g. a privacy step)."""
-        return ClientTasks(self.handlers, self.transforms + tuple(transforms))
+        return ClientTasks(self.handlers, self.transforms + tuple(transforms), self.concurrent)

@@ -117,3 +117,6 @@ def _refine_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any
 
 
 TASKS: dict[str, Handler] = {RFICA_FIT: _fit_task, RFICA_COVARIANCE: _covariance_task, RFICA_REFINE: _refine_task}
+# Every RF-ICA task may be answered by several sites at once (fedica.concurrency): a site's ICA and averages are
+# numpy's and BLAS's work, each site with its own random stream, its BLAS limit and quiet solvers shared.
+CONCURRENT_TASKS = frozenset(TASKS)

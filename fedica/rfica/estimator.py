@@ -104,6 +104,12 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         accuracy where the sites' own estimates fall short. 0: the paper's one-shot protocol (the
         config's default). Only :meth:`fit` refines (:meth:`aggregate` has no data).
 
+    n_jobs : int or None, default=None
+        Threads on which the sites compute their ICA and refinement averages, as scikit-learn
+        reads it (None: one; -1: every core). A site's work is numpy's and BLAS's, which release
+        Python's lock, so the sites run side by side on the cores; the result is the same, bit for
+        bit, for every value (:mod:`fedica.concurrency`).
+
     Attributes
     ----------
     mixing_ : ndarray of shape (n_features, n_components_)
@@ -152,7 +158,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
                  clustering=_P["clustering"].default, center=_P["center"].default,
                  min_clients=_P["min_clients"].default,
                  random_state=_P["random_state"].default, dp_epsilon=_P["dp_epsilon"].default,
-                 dp_delta=_P["dp_delta"].default, refine_rounds=_P["refine_rounds"].default):
+                 dp_delta=_P["dp_delta"].default, refine_rounds=_P["refine_rounds"].default,
+                 n_jobs=_P["n_jobs"].default):
         self.contrast = contrast
         self.init = init
         self.local_solver = local_solver
@@ -168,6 +175,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.random_state = random_state
         self.dp_epsilon = dp_epsilon
         self.dp_delta = dp_delta
+        self.n_jobs = n_jobs
 
     def fit(self, sites: Sequence, y=None) -> RFICA:
         """Run the local ICA on every site, then the robust aggregation.
@@ -189,7 +197,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
             raise ValueError(f"n_components={self.n_components}: must be at most the {data[0].shape[1]} features")
         state = self._state(data[0].shape[1])
         sites = {g: ArraySite(ClientData(X, None, X[:0], None, 1), g) for g, X in enumerate(data)}
-        InMemoryFederation(sites, CLIENT_TASKS, state.rejected).run(rfica_protocol(state))
+        InMemoryFederation(sites, CLIENT_TASKS, state.rejected, n_jobs=self.n_jobs).run(rfica_protocol(state))
         sizes = np.array([X.shape[0] for X in data], dtype=float)
         self.mean_ = np.average([X.mean(axis=0) for X in data], axis=0, weights=sizes)
         return self._store(state)

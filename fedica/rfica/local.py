@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from sklearn.decomposition import FastICA
 from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import ThreadpoolController
 
+from fedica.concurrency import SharedContext
 from fedica.seeding import sklearn_seed
 from fedica.validation import as_float_array, check_int
 
@@ -52,9 +54,27 @@ def _blas_controller() -> ThreadpoolController:
     return ThreadpoolController()
 
 
-def one_blas_thread():
+# Shared by the sites answered on concurrent threads (fedica.concurrency): the limit is process-wide.
+_ONE_BLAS_THREAD = SharedContext(lambda: _blas_controller().limit(limits=1, user_api="blas"))
+
+
+def one_blas_thread() -> SharedContext:
     """A context in which BLAS runs on one thread (a site's ICA and refinement averages, docs/PERFORMANCE.md)."""
-    return _blas_controller().limit(limits=1, user_api="blas")
+    return _ONE_BLAS_THREAD
+
+
+@contextlib.contextmanager
+def _solvers_unconverged_unsaid():
+    # A site reports its convergence in its reply and the server names the sites that did not converge in one
+    # line (fedica.rfica.coordinator); the solvers' own warning, once per site, would only repeat it.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=ConvergenceWarning)
+        warnings.filterwarnings("ignore", message="Picard did not converge", category=UserWarning)
+        yield
+
+
+# Shared by concurrent sites: the warning filters are process-wide (fedica.concurrency).
+_SOLVERS_QUIET = SharedContext(_solvers_unconverged_unsaid)
 
 
 def normalize_columns(A) -> np.ndarray:
@@ -287,7 +307,7 @@ def local_ica(
     # One BLAS thread: a solver's products are small (r x n by n x r) and OpenBLAS's threads made a 64-channel
     # site's Picard 3 times slower even on an idle machine (docs/PERFORMANCE.md); the results move in their
     # last bits only.
-    with one_blas_thread():
+    with one_blas_thread(), _SOLVERS_QUIET:
         if init == "random" and not rank_deficient:
             attempt = _solve_whitening(signals, solver, contrast, sklearn_seed(rng), max_iter, tol)
         else:
@@ -398,41 +418,38 @@ def _solve_whitening(signals, solver, contrast, seed, max_iter, tol):
     r = signals.shape[0]
     if solver == "fastica":
         ica = FastICA(n_components=r, whiten="unit-variance", random_state=seed, algorithm="parallel", fun=contrast,
-                      max_iter=max_iter, tol=tol)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ConvergenceWarning)
-            ica.fit(signals.T)
-        return ica.mixing_, ica.n_iter_, not _warned(caught, ConvergenceWarning)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        pre_whitening, unmixing, _, n_iter = picard(signals, fun=_PICARD_FUN[contrast], n_components=r, ortho=True,
-                                                    max_iter=max_iter, tol=_PICARD_TOL, random_state=seed,
-                                                    return_n_iter=True)
-    return np.linalg.pinv(unmixing @ pre_whitening), *_picard_outcome(n_iter, caught)
+                      max_iter=max_iter, tol=tol).fit(signals.T)
+        return ica.mixing_, *_fastica_outcome(ica.n_iter_, max_iter)
+    pre_whitening, unmixing, _, n_iter = picard(signals, fun=_PICARD_FUN[contrast], n_components=r, ortho=True,
+                                                max_iter=max_iter, tol=_PICARD_TOL, random_state=seed,
+                                                return_n_iter=True)
+    return np.linalg.pinv(unmixing @ pre_whitening), *_picard_outcome(n_iter, max_iter)
 
 
 def _solve_scaled(centred, solver, contrast, start, max_iter, tol):
     """(mixing (r, r), iterations, converged) of the solver on scalar-whitened signals, started from ``start``."""
     scaled = centred / np.sqrt(np.mean(centred**2))
     if solver == "fastica":
-        ica = FastICA(whiten=False, w_init=start, algorithm="parallel", fun=contrast, max_iter=max_iter, tol=tol)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ConvergenceWarning)
-            ica.fit(scaled.T)
-        return ica.mixing_, ica.n_iter_, not _warned(caught, ConvergenceWarning)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _, unmixing, _, n_iter = picard(scaled, fun=_PICARD_FUN[contrast], ortho=True, whiten=False, w_init=start,
-                                        max_iter=max_iter, tol=_PICARD_TOL, return_n_iter=True)
-    return np.linalg.pinv(unmixing), *_picard_outcome(n_iter, caught)
+        ica = FastICA(whiten=False, w_init=start, algorithm="parallel", fun=contrast, max_iter=max_iter,
+                      tol=tol).fit(scaled.T)
+        return ica.mixing_, *_fastica_outcome(ica.n_iter_, max_iter)
+    _, unmixing, _, n_iter = picard(scaled, fun=_PICARD_FUN[contrast], ortho=True, whiten=False, w_init=start,
+                                    max_iter=max_iter, tol=_PICARD_TOL, return_n_iter=True)
+    return np.linalg.pinv(unmixing), *_picard_outcome(n_iter, max_iter)
 
 
-def _warned(caught, category) -> bool:
-    return any(issubclass(w.category, category) for w in caught)
+# Convergence is read from the iteration counts, not from the solvers' warnings: recording warnings
+# (warnings.catch_warnings) is not thread-safe, and sites may run on concurrent threads (fedica.concurrency).
+# A solver that met its tolerance on its very last allowed iteration is counted as not converged (and retried).
 
 
-def _picard_outcome(n_iter, caught) -> tuple[int, bool]:
-    """(updates, converged) of a Picard run: it reports non-convergence only by a UserWarning, and
-    the index of its last loop pass, which is the update count when it converged and one less when not."""
-    converged = not any("did not converge" in str(w.message) for w in caught)
-    return (n_iter if converged else n_iter + 1), converged
+def _fastica_outcome(n_iter, max_iter) -> tuple[int, bool]:
+    """(iterations, converged) of a FastICA run: it stops early only when it has converged."""
+    return n_iter, n_iter < max_iter
+
+
+def _picard_outcome(n_iter, max_iter) -> tuple[int, bool]:
+    """(updates, converged) of a Picard run from the index of its last loop pass: it stops early (before that
+    pass's update) only when it has converged; otherwise it ran ``max_iter`` updates."""
+    converged = n_iter < max_iter - 1
+    return (n_iter if converged else max_iter), converged
