@@ -412,8 +412,8 @@ def spread_cut(points, *, spread_dims=None, tol=1e-10, scale=None, factor=1.0):
     scale : array-like of shape (n_points,) or None, default=None
         Positive factors on the points' distances (a point whose error is expected smaller is held to a
         tighter bound); None: all 1.
-    factor : float or array-like of shape (n_points,), default=1.0
-        The cut in units of ``c`` (at least 1): one for every point, or each point's own.
+    factor : float, default=1.0
+        The cut in units of ``c`` (at least 1).
 
     Returns
     -------
@@ -424,8 +424,7 @@ def spread_cut(points, *, spread_dims=None, tol=1e-10, scale=None, factor=1.0):
     if points.ndim != 2 or points.shape[0] < 1:
         raise ValueError(f"points must have shape (n_points, n_dims) with n_points >= 1, got {points.shape}")
     dof = points.shape[1] if spread_dims is None else check_int(spread_dims, "spread_dims", minimum=1)
-    factor = np.asarray(factor, dtype=np.float64)
-    if np.any(factor < 1):
+    if factor < 1:
         raise ValueError(f"factor must be at least 1, got {factor}")
     center = geometric_median(points, tol=tol)
     distances = np.linalg.norm(points - center, axis=1) * (1.0 if scale is None else np.asarray(scale, float))

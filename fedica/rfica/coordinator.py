@@ -42,7 +42,6 @@ from fedica.rfica.local import components_for_share
 from fedica.rfica.privacy import check_covered, rfica_plan
 from fedica.rfica.refinement import (
     REFINEMENT_TOLERANCE,
-    TRUSTED_TRIMMED_SHARE,
     RefinementStatistics,
     direction_change,
     refinement_step,
@@ -198,7 +197,6 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
         round_label += 1
     one_shot = state.aggregate.rf_ica
     unmixing = np.linalg.pinv(whitening @ one_shot)
-    sound = _sound_estimates(state)
     for step in range(state.refine_rounds):
         payload = {"whitening": whitening, "unmixing": unmixing}
         replies = yield Request(RFICA_REFINE, round_label, {g: payload for g in participants},
@@ -209,8 +207,7 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
                                  step + 1, len(statistics), state.min_clients)
             break
         with state.server_time():
-            updated, kept = refinement_step(statistics, unmixing, trusted=[g in sound for g in partitions],
-                                            gm_tol=state.gm_tol)
+            updated, kept = refinement_step(statistics, unmixing, gm_tol=state.gm_tol)
             change = direction_change(unmixing, updated)
         state.refinement.append({"round": round_label, "change": change,
                                  "sites": [g for g, k in zip(partitions, kept) if k],
@@ -243,14 +240,6 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
     if set_aside:
         state.logger.warning("RF-ICA: the refinement set aside the averages of site(s) %s, far beyond the "
                              "others'", ", ".join(map(str, set_aside)))
-
-
-def _sound_estimates(state: RFICAState) -> set[int]:
-    """The sites whose one-shot estimate converged and lost at most ``TRUSTED_TRIMMED_SHARE`` of its columns to
-    the aggregation's trimming (held to the refinement's wider cut, :func:`~fedica.rfica.refinement.refinement_step`)."""
-    trimmed = state.aggregate.trimmed
-    return {g for k, (g, converged) in enumerate(zip(state.partitions, state.converged))
-            if converged is True and (trimmed is None or trimmed[k].mean() <= TRUSTED_TRIMMED_SHARE)}
 
 
 def _one_shot_clusters(state: RFICAState) -> list[np.ndarray]:

@@ -9,10 +9,7 @@ from fedica.evaluation.ica import ica_error
 from fedica.protocol import InvalidReply
 from fedica.protocol.messages import validate_refinement_reply
 from fedica.rfica.local import normalize_columns
-from fedica.rfica.aggregation import trim_cut
 from fedica.rfica.refinement import (
-    TRUSTED_CUT_FACTOR,
-    WIDE_CUT_FACTOR,
     RefinementStatistics,
     direction_change,
     fastica_step,
@@ -61,25 +58,6 @@ def test_a_site_far_beyond_the_others_is_set_aside_and_never_more_than_half():
     assert refinement_step(statistics, unmixing)[1].tolist() == [False, True, True, True, True, True]
     garbage = [RefinementStatistics(s.covariance * 1e6, s.moments + 1e3, s.slopes, s.n_samples) for s in statistics[:3]]
     assert refinement_step([*garbage, *statistics[3:]], unmixing)[1].sum() >= 3
-
-
-def test_a_site_whose_own_estimate_was_sound_is_held_to_the_wider_cut():
-    mixing, sites = _laplace_sites(5, [2000] * 6)
-    unmixing = np.linalg.inv(mixing)
-    statistics = [site_statistics(Y, np.eye(4), unmixing) for Y in sites]
-    # Site 0 moved 3.5 cuts from the others' median: beyond WIDE_CUT_FACTOR's, within TRUSTED_CUT_FACTOR's.
-    vectors = np.stack([np.concatenate([s.covariance.ravel(), s.moments.ravel(), s.slopes]) for s in statistics])
-    median = np.median(vectors, axis=0)
-    spread = np.median(np.linalg.norm(vectors - median, axis=1))
-    cut = trim_cut(4 * 5 // 2, 6) * spread
-    direction = np.zeros(4)
-    direction[0] = 1.0
-    shifted = median[:16].reshape(4, 4) + np.outer(direction, direction) * 3.5 * cut
-    moved = [RefinementStatistics(shifted, statistics[0].moments, statistics[0].slopes, 2000), *statistics[1:]]
-    assert WIDE_CUT_FACTOR < 3.5 < TRUSTED_CUT_FACTOR
-    assert not refinement_step(moved, unmixing)[1][0]
-    assert not refinement_step(moved, unmixing, trusted=[False] * 6)[1][0]
-    assert refinement_step(moved, unmixing, trusted=[True] + [False] * 5)[1][0]
 
 
 def test_a_claimed_count_buys_no_weight_beyond_the_median():
