@@ -299,8 +299,10 @@ benchmarks (--only):
   rfica              one client's FastICA, the RF-ICA server aggregation at K=100 and
                      K=1000, and the whole RF-ICA simulation at K=100
   scale              thousands of clients (only when named): FedGEM with G=1,000 in-process
-                     and through Flower's simulation, its server step at 1,000,000
-                     components, RF-ICA with K=10,000 sites (aggregation and whole run)
+                     (upsilon fixed and auto) and through Flower's simulation, each beside
+                     scikit-learn's spherical GaussianMixture told K on the pooled points (a
+                     whole process too: the ratio is the headline), its server step at
+                     1,000,000 components, RF-ICA with K=10,000 sites (aggregation and whole run)
   recordings         accuracy (only when named): RF-ICA, pooled FastICA and pooled Picard on
                      EEG-like recordings (4 to 64 channels; clean, one noisy site, a dead and a
                      saturated channel), error and Amari index, all sites and clean sites;

@@ -167,5 +167,18 @@ def test_a_child_run_reports_its_wall_time_peak_memory_and_result():
     assert ("scale: fedgem_G1000_inprocess, wall time", run["wall_s"], "s") in rows
 
 
+def test_the_central_gmm_yardstick_runs_as_a_whole_process_on_the_scenario_s_points():
+    from fedica.scripts.bench_scale import central_gmm_run, scale_headline
+
+    run = central_gmm_run(["algorithm=fedgem", "scenario=blobs", "scenario.n_clients=3", "scenario.n_train=600"])
+    assert run["exit_status"] == 0 and run["wall_s"] > run["fit_s"] > 0
+    assert run["k"] == 6 and run["points"] == 600 and 1 <= run["iterations"] <= 10
+    failed = central_gmm_run(["scenario.n_clients=0"])
+    assert failed["exit_status"] != 0 and failed["error"]
+    fedgem = {"wall_s": 2.5 * run["wall_s"]}
+    rows = scale_headline({"central_gmm_G1000": run, "fedgem_G1000_inprocess_fixed": fedgem})
+    assert ("scale: fedgem_G1000_inprocess_fixed / central GMM, wall", fedgem["wall_s"] / run["wall_s"], "x") in rows
+
+
 def test_the_scale_benchmark_runs_only_when_named():
     assert "scale" in bench.BENCHMARKS and "scale" not in bench.DEFAULT_BENCHMARKS
