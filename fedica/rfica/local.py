@@ -64,7 +64,7 @@ def one_blas_thread() -> SharedContext:
 
 
 @contextlib.contextmanager
-def _solvers_unconverged_unsaid():
+def _silenced_solver_warnings():
     # A site reports its convergence in its reply and the server names the sites that did not converge in one
     # line (fedica.rfica.coordinator); the solvers' own warning, once per site, would only repeat it.
     with warnings.catch_warnings():
@@ -74,7 +74,7 @@ def _solvers_unconverged_unsaid():
 
 
 # Shared by concurrent sites: the warning filters are process-wide (fedica.concurrency).
-_SOLVERS_QUIET = SharedContext(_solvers_unconverged_unsaid)
+_SOLVERS_QUIET = SharedContext(_silenced_solver_warnings)
 
 
 def normalize_columns(A) -> np.ndarray:
