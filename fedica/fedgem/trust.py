@@ -40,6 +40,13 @@ SUPPORT_MASS_SHARE = 0.1
 # cluster but a plant between true ones (colluders' components midway between the closest pair).
 EMBEDDED_SHARE = 0.5
 
+# ... and it is no plant but an over-split fragment of a supported cluster when it lies within this many times the
+# median distance of that cluster's own members from its centroid: the same-client rule kept a client's second
+# component of the cluster apart, and mapped into the cluster it changes nothing. G=1,000 blobs (K=50, 500 points
+# a site): fragments lie within 0.2-1.4 of their cluster, whose members lie a median 0.74-0.82 from it; a component
+# over two true clusters lies 2.5-3.0 from either. Without it, 472 honest clients of 1,000 were caught planting.
+FRAGMENT_REACH = 2.0
+
 # A component is far from the federation when its distance to the federation's centre (the
 # coordinate-wise median of the centroids declared at initialisation) exceeds this many times the median
 # centroid's distance to it: no honest data put a cluster there, and its squared distances to
@@ -233,6 +240,25 @@ def planted_clusters(labels: np.ndarray, owners: np.ndarray, quorum: int, centro
     return embedded_clusters(centroids, ~few) & (supporters >= 2) & few
 
 
+def fragment_clusters(labels: np.ndarray, centers: np.ndarray, centroids: np.ndarray, backed: np.ndarray) -> np.ndarray:
+    """Which clusters (k_hat,) not ``backed`` lie within a backed cluster's own spread: over-split fragments of it.
+
+    A cluster is a fragment of the backed cluster nearest its centroid when it lies no further from it than
+    :data:`FRAGMENT_REACH` times the median distance of that cluster's member components (``centers`` with
+    ``labels``) from its centroid. The median is robust while fewer than half of its members are hostile.
+    """
+    fragments = np.zeros(backed.shape, dtype=bool)
+    anchors = np.flatnonzero(backed)
+    if anchors.size == 0:
+        return fragments
+    spreads = np.array([np.median(scale_free_distances(centers[labels == a], centroids[a])) for a in anchors])
+    for cluster in np.flatnonzero(~backed):
+        distances = scale_free_distances(centroids[anchors], centroids[cluster])
+        nearest = int(np.argmin(distances))
+        fragments[cluster] = distances[nearest] <= FRAGMENT_REACH * spreads[nearest]
+    return fragments
+
+
 def embedded_clusters(centroids: np.ndarray | None, backed: np.ndarray) -> np.ndarray:
     """Which clusters lie no further from a ``backed`` cluster than :data:`EMBEDDED_SHARE` of the backed clusters' median nearest-neighbour distance.
 
@@ -358,7 +384,11 @@ def trusted_final_aggregation(
                                     support.typical_mass, trusted.global_centroids)
         if not weak.any() or weak.all():
             break
-        planted = np.flatnonzero(planted_clusters(trusted.labels, owners, support.quorum, trusted.global_centroids))
+        planted = planted_clusters(trusted.labels, owners, support.quorum, trusted.global_centroids)
+        if planted.any():  # a plant within a supported cluster's own spread is its over-split fragment: no one is caught
+            backed = cluster_supporters(trusted.labels, owners, trusted.k_hat) >= support.quorum
+            planted &= ~fragment_clusters(trusted.labels, final.centers[keep], trusted.global_centroids, backed)
+        planted = np.flatnonzero(planted)
         caught: set[int] = set()
         # The most supported plant first; a plant that shares a client caught here is judged again without it
         # (colluders' other fragments may draw an honest component in: blobs G=20 K=10, seed 0).

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedica.fedgem.components import Components, Support
-from fedica.fedgem.trust import planted_clusters, trusted_final_aggregation
+from fedica.fedgem.trust import fragment_clusters, planted_clusters, trusted_final_aggregation
 
 # Four true clusters; the closest pair, (0, 0) and (8, 0), has its midpoint at (4, 0).
 TRUE_CENTRES = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
@@ -71,6 +71,39 @@ def test_a_plant_needs_two_clients_and_fewer_than_the_quorum():
     assert not planted_clusters(labels, owners, 2, centroids).any()  # two clients are a quorum of 2
     assert not planted_clusters(labels, np.r_[owners[:-1], 3], 3, centroids).any()  # one client: a misfit
     assert not planted_clusters(labels, owners, 3, None).any()  # no centroids: nothing is embedded
+
+
+def test_an_over_split_fragment_inside_a_supported_cluster_is_mapped_into_it_and_costs_no_client_its_trust():
+    # Six honest clients hold every true cluster; two of them also split cluster 0 (the same-client rule keeps each
+    # one's second component out of it): the two fragments form a cluster of two clients, fewer than the quorum and
+    # embedded, which is what a plant looks like, but it lies within cluster 0's own spread.
+    rng = np.random.default_rng(1)
+    centers, owners = [], []
+    for client in range(6):
+        rows = TRUE_CENTRES + 0.1 * rng.standard_normal(TRUE_CENTRES.shape)
+        if client in (4, 5):
+            rows = np.vstack([rows, TRUE_CENTRES[0] + [0.15, 0.1] + 0.01 * rng.standard_normal(2)])
+        centers.append(rows)
+        owners += [client] * rows.shape[0]
+    owners = np.array(owners)
+    final = Components(list(range(6)), np.vstack(centers), np.zeros(owners.size), owners, np.full(owners.size, 25.0))
+    support = Support(quorum=3, typical_mass=2.5, masses=final.weights)
+    aggregation, excluded, planters = trusted_final_aggregation(final, np.full(owners.size, 0.5), 10.0, support)
+    assert planters == {}
+    assert aggregation.k_hat == 4
+    fragments = np.flatnonzero(excluded)
+    assert fragments.size == 2 and set(owners[fragments]) == {4, 5}
+    assert set(aggregation.labels[fragments]) == {aggregation.labels[0]}  # mapped into cluster 0
+
+
+def test_a_fragment_lies_within_reach_of_its_nearest_supported_cluster():
+    # Cluster 0's members lie a median 0.5 from its centroid: a cluster 0.9 away is its fragment, one 1.1 away is not.
+    centers = np.array([[0.5, 0.0], [-0.5, 0.0], [0.0, 0.5], [0.0, -0.5], [10.0, 0.0], [10.0, 0.0], [0.9, 0.0], [0.0, 1.1]])
+    labels = np.array([0, 0, 0, 0, 1, 1, 2, 3])
+    centroids = np.array([[0.0, 0.0], [10.0, 0.0], [0.9, 0.0], [0.0, 1.1]])
+    backed = np.array([True, True, False, False])
+    assert fragment_clusters(labels, centers, centroids, backed).tolist() == [False, False, True, False]
+    assert not fragment_clusters(labels, centers, centroids, np.zeros(4, dtype=bool)).any()
 
 
 # The issue's workload: blobs with G=20 clients, K=10, d=2, R_min=4. On seed 2 the colluders' own fits made an
