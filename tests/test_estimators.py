@@ -88,7 +88,11 @@ def test_fedgem_tunes_over_the_upsilons_within_the_pair_budget_and_stops_beyond_
     assert skipped and all("more than max_overlap_pairs=40" in why for why in skipped.values())
     assert set(map(float, skipped)) | set(model.tuning_["grid"]) == set(model.upsilon_grid)
     assert set(map(float, skipped)).isdisjoint(model.tuning_["grid"])
-    assert fedica.FedGEM(random_state=0).fit(sites, 3).n_clusters_ == model.n_clusters_ == 6
+    # The candidates the budget leaves out do not win without it: the same partition (the library's evidence rule
+    # joins one site's over-split here, K_hat 5 and a training ARI of .715; the strict rule's 6 scores .543).
+    unbudgeted = fedica.FedGEM(random_state=0).fit(sites, 3)
+    assert unbudgeted.n_clusters_ == model.n_clusters_ == 5
+    assert all(np.array_equal(a, b) for a, b in zip(unbudgeted.labels_, model.labels_))
     with pytest.raises(OverBudget, match="FedGEM round 1: about .* more than max_overlap_pairs=5"):
         fedica.FedGEM(max_overlap_pairs=5, random_state=0).fit(sites, 3)
 

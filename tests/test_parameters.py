@@ -87,7 +87,7 @@ def test_the_option_lists_are_the_implementing_modules_own():
 def test_todays_defaults_are_unchanged():
     assert FEDGEM_PARAMETERS.defaults() == {
         "rounds": 10, "local_steps": 1, "upsilon": "auto", "upsilon_grid": (0.1, 0.5, 1.0, 5.0, 10.0, 50.0),
-        "upsilon_criterion": "likelihood", "same_client_rule": "strict", "guard_factor": 1.5, "n_init": 3,
+        "upsilon_criterion": "likelihood", "same_client_rule": "evidence", "guard_factor": 1.5, "n_init": 3,
         "local_start": "seeds",
         "silhouette_sample": 1000,
         "radius_outlier_factor": 10.0, "count_cap_factor": 10.0, "component_cap_factor": 3.0,
@@ -104,10 +104,11 @@ def test_todays_defaults_are_unchanged():
 
 def test_only_the_measured_improvements_have_a_config_default_apart():
     # The library defaults to the measured improvements (learned variances: results independent of the data's
-    # units; one column per site per cluster; the trimmed mean; Picard with logcosh); the config, which runs the
-    # paper's experiments, keeps the paper's identity covariance, k-means, geometric median, FastICA and cube, so
-    # the paper's numbers stay as they were.
-    expected = {"fedgem": {"covariance_type": ("spherical", "identity")},
+    # units; a site's over-split joined on the federation's evidence; one column per site per cluster; the trimmed
+    # mean; Picard with logcosh); the config, which runs the paper's experiments, keeps the paper's identity
+    # covariance, strict same-client rule, k-means, geometric median, FastICA and cube, so the paper's numbers stay
+    # as they were.
+    expected = {"fedgem": {"covariance_type": ("spherical", "identity"), "same_client_rule": ("evidence", "strict")},
                 "rfica": {"clustering": ("matched", "kmeans"), "center": ("trimmed_mean", "geometric_median"),
                           "contrast": ("logcosh", "cube"), "local_solver": ("picard", "fastica"),
                           "refine_rounds": (20, 0)}}
@@ -157,9 +158,14 @@ def test_the_server_settings_and_the_strategies_take_the_declared_defaults():
 
 @pytest.mark.parametrize("name, declaration", [("fedgem", FEDGEM_PARAMETERS), ("rfica", RFICA_PARAMETERS)])
 def test_the_algorithm_yaml_holds_exactly_the_declared_keys_and_defaults(name, declaration):
+    from omegaconf import OmegaConf
+
     conf = yaml.safe_load((CONF_DIR / "algorithm" / f"{name}.yaml").read_text())
     values = {k: v for k, v in conf.items() if k not in ("defaults", "name")}
     assert list(values) == list(declaration.config_keys)
+    # A key may take the scenario's value where the scenario names one (scenario=files: the library's model);
+    # a scenario that names none gives the config default.
+    values = OmegaConf.to_container(OmegaConf.create({"scenario": {}, "algorithm": values}), resolve=True)["algorithm"]
     assert values == {k: list(v) if isinstance(v, tuple) else v for k, v in declaration.config_defaults().items()}
     for key, value in values.items():
         default = declaration[key].run_default
@@ -268,3 +274,13 @@ def test_rfica_fit_and_aggregate_refuse_a_bad_parameter_before_any_work(no_work,
 def test_rfica_aggregate_names_a_wrong_count_of_sample_sizes(no_work):
     with pytest.raises(ValueError, match=r"^n_samples=\[10, 10\]: must be one positive integer count per site \(3 sites\)$"):
         fedica.RFICA().aggregate(np.stack([np.eye(2)] * 3), [10, 10])
+
+
+def test_scenario_files_takes_the_librarys_fedgem_model():
+    # A user's files come in their own units: scenario=files names the library's covariance (learned variances)
+    # and same-client rule, which the FedGEM config takes unless algorithm.<key> is given.
+    files = yaml.safe_load((CONF_DIR / "scenario" / "files.yaml").read_text())
+    for key in ("covariance_type", "same_client_rule"):
+        assert files[key] == FEDGEM_PARAMETERS[key].default != FEDGEM_PARAMETERS[key].run_default
+        assert yaml.safe_load((CONF_DIR / "algorithm" / "fedgem.yaml").read_text())[key] == (
+            f"${{oc.select:scenario.{key},{FEDGEM_PARAMETERS[key].run_default}}}")

@@ -163,7 +163,7 @@ def check_client_table(path, X: np.ndarray, y: np.ndarray | None, *, n_component
     Raises
     ------
     DataFileError
-        For no labels to count K_g from, fewer than 2 components, fewer points than components, or too few
+        For no labels to count K_g from, no component, fewer points than components, or too few
         training points after the split.
     """
     if test_fraction is None:
@@ -177,8 +177,8 @@ def check_client_table(path, X: np.ndarray, y: np.ndarray | None, *, n_component
         if y is None:
             raise DataFileError(path, "n_components is not given and the file has no labels to count it from")
         n_components = int(np.unique(y).size)
-    if n_components < 2:
-        raise DataFileError(path, f"needs at least 2 components (clusters), got n_components={n_components}")
+    if n_components < 1:
+        raise DataFileError(path, f"needs at least 1 component (cluster), got n_components={n_components}")
     if X.shape[0] < n_components:
         raise DataFileError(path, f"has {X.shape[0]} points, fewer than n_components={n_components}")
     # train_test_split holds out ceil(test_fraction * n) points.

@@ -51,6 +51,8 @@ from fedica.data.recordings import (
     recordings_true_mixing,
 )
 from fedica.data.signals import signals_client_data, signals_roles, signals_true_mixing
+from fedica.fedgem.geometry import COVARIANCE_TYPES
+from fedica.parameters import SAME_CLIENT_RULES
 from fedica.validation import check_partition, check_seed
 
 if TYPE_CHECKING:  # the config's checker of one section; fedica.config imports this module, not the reverse
@@ -197,8 +199,9 @@ def _check_n_components(sc: Checker) -> None:
     paths = sc.get("paths")
     if _is_list(n_components) and _is_list(paths) and len(values) != len(paths):
         sc.fail("n_components", f"must have one entry per path ({len(paths)})")
-    if not all(v == AUTO_COMPONENTS or (isinstance(v, Integral) and not isinstance(v, bool) and v >= 2) for v in values):
-        sc.fail("n_components", f"every K_g must be an integer >= 2 or {AUTO_COMPONENTS}")
+    # A site of one cluster takes part (docs/ALGORITHMS.md section 2.11: its final radius borrows the federation's scale).
+    if not all(v == AUTO_COMPONENTS or (isinstance(v, Integral) and not isinstance(v, bool) and v >= 1) for v in values):
+        sc.fail("n_components", f"every K_g must be an integer >= 1 or {AUTO_COMPONENTS}")
 
 
 def _check_write_sources_off(sc: Checker) -> None:
@@ -210,7 +213,8 @@ def _check_files(sc: Checker) -> None:
     # null: held out only when there are labels to score it against (load_client_file's test_fraction).
     sc.each(lambda: _check_file_list(sc), lambda: _check_write_sources_off(sc),
             lambda: sc.get("test_fraction") is None or sc.number("test_fraction", low=0, high=1, high_open=True),
-            lambda: _check_n_components(sc))
+            lambda: _check_n_components(sc), lambda: sc.choice("covariance_type", COVARIANCE_TYPES),
+            lambda: sc.choice("same_client_rule", SAME_CLIENT_RULES))
 
 
 def _check_sklearn_real(sc: Checker) -> None:
@@ -353,7 +357,8 @@ def _labelled(name: str, keys: tuple[str, ...], make: Callable[..., ClientData],
 # How many copies of its points a blobs run holds at its peak (see its entry's data_values).
 BLOBS_COPIES = 3
 _CLASS_KEYS = ("n_clients", "test_fraction", "k_min", "k_max")
-_FILE_KEYS = ("paths", "label_column", "n_components", "test_fraction", "write_sources")
+_FILE_KEYS = ("paths", "label_column", "n_components", "test_fraction", "write_sources", "covariance_type",
+              "same_client_rule")
 
 # In the order of the scenario names in the config's messages (RF-ICA's first, then FedGEM's).
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (

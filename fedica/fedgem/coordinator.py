@@ -168,7 +168,8 @@ class FedGEMServer(ProtocolState):
         s = self.settings
         if s.same_client_rule == "evidence" and s.upsilon == "auto" and s.upsilon_criterion != "likelihood":
             raise ValueError(f"same_client_rule='evidence' with upsilon_criterion={s.upsilon_criterion!r}: the "
-                             "evidence rule's joins are judged by the clients' ICL; use 'likelihood' or a fixed upsilon")
+                             "evidence rule's joins are judged by the clients' ICL; use 'likelihood', a fixed upsilon or "
+                             "same_client_rule='strict'")
         self.geometry = geometry(self.settings.covariance_type)
         self.dim: int | None = None
         self.final: Components | None = None

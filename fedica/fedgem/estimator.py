@@ -64,12 +64,13 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         "likelihood": the federated ICL (a penalised likelihood) over the grid's partitions and
         the merge path from the finest (docs/ALGORITHMS.md section 2.6); "silhouette": the
         paper's tuning by the sites' local silhouettes (appendix D.3).
-    same_client_rule : {"strict", "evidence"}, default="strict"
-        "strict" (the paper's rule): two components of one site never end in one global cluster.
-        "evidence": they may, when one site holds both clusters or the sites holding both are a small
-        minority of those holding either, and the sites' federated ICL agrees (docs/ALGORITHMS.md section 2.6.3); a
-        fixed ``upsilon`` then adds one likelihood exchange. Needs ``upsilon_criterion="likelihood"``
-        with ``upsilon="auto"``.
+    same_client_rule : {"evidence", "strict"}, default="evidence"
+        "evidence": two components of one site may end in one global cluster when one site holds both
+        clusters or the sites holding both are a small minority of those holding either, and the sites'
+        federated ICL agrees (docs/ALGORITHMS.md section 2.6.3); a fixed ``upsilon`` then adds one
+        likelihood exchange. With ``upsilon="auto"`` it needs ``upsilon_criterion="likelihood"``.
+        "strict" (the paper's rule, the default of ``fedica-run``'s config): they never do, so a site
+        whose local fit split a cluster in two keeps K_hat above the true count.
     guard_factor : float, default=1.5
         The tuning prefers upsilon values whose K_hat is at most ``guard_factor * sqrt(sum K_g)``.
     n_init : int, default=3

@@ -335,7 +335,6 @@ BAD_FILES = [
     ("inf.csv", "1,2,0\n3,4,1\n5,-inf,0\n", ["inf.csv", "line 3", "column 1", "not finite"]),
     ("few.csv", "1,2,0\n3,4,1\n5,6,2\n", ["few.csv", "3 points", "n_components=4"]),
     ("ragged.csv", "1,2,0\n3,4\n", ["ragged.csv", "line 2", "cells"]),
-    ("onelabel.csv", "1,2,0\n3,4,0\n5,6,0\n", ["onelabel.csv", "at least 2 components"]),
     ("fraction.csv", "1,2,0\n3,4,1.5\n5,6,0\n", ["fraction.csv", "line 2", "column 2", "not an integer"]),
 ]
 
@@ -506,3 +505,38 @@ def test_the_central_gmm_on_unlabelled_files_takes_fedgems_k(tmp_path):
     assert gmm["k_source"] == "fedgem" and "k_true" not in gmm
     assert gmm["k_hat"] == result["metrics"]["fedgem"]["super_clusters"] == 3
     assert gmm["silhouette"] > 0.8
+
+
+def _wine_sites(tmp_path, unit: float) -> list[str]:
+    """wine, as a user writes it: four CSV files with a header, in its own units times ``unit``; site 0 holds
+    one class (K_g = 1), the others two or three."""
+    from sklearn.datasets import load_wine
+
+    data = load_wine(as_frame=True)
+    frame = data.frame
+    frame[data.feature_names] = frame[data.feature_names] * unit
+    rng = np.random.default_rng(0)
+    classes = [{0}, {0, 1}, {1, 2}, {0, 1, 2}]
+    site = np.array([rng.choice([g for g, held in enumerate(classes) if label in held]) for label in frame["target"]])
+    paths = []
+    for g in range(4):
+        path = tmp_path / f"{unit:g}" / f"site{g}.csv"
+        path.parent.mkdir(exist_ok=True)
+        frame[site == g].to_csv(path, index=False, float_format="%.17g")
+        paths.append(str(path))
+    return paths
+
+
+def test_a_fedgem_files_run_learns_the_variances_so_the_data_s_units_change_nothing(tmp_path):
+    # Before, scenario=files ran the paper's identity covariance (a variance of 1 in the data's units) with the
+    # strict same-client rule, and a site whose labels hold one class was refused ("at least 2 components").
+    first = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target")
+    thousands = _fedgem_files(_wine_sites(tmp_path, 1000.0), "scenario.label_column=target")
+    assert first["config"]["algorithm"]["covariance_type"] == "spherical"
+    assert first["config"]["algorithm"]["same_client_rule"] == "evidence"
+    assert first["fedgem"]["local_clusters"] == {"0": 1, "1": 2, "2": 2, "3": 3}
+    assert first["metrics"]["fedgem"] == thousands["metrics"]["fedgem"]
+    assert first["fedgem"]["client_mapping"] == thousands["fedgem"]["client_mapping"]
+    identity = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target",
+                             "algorithm.covariance_type=identity")
+    assert identity["config"]["algorithm"]["covariance_type"] == "identity"

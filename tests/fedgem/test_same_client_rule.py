@@ -140,14 +140,15 @@ def test_a_federation_where_sites_over_split_a_cluster_finds_k_under_the_evidenc
     assert np.unique(pooled).size == 3
 
 
-def test_the_strict_rule_is_the_default_and_gives_the_same_fit_as_before():
+def test_the_evidence_rule_is_the_librarys_default_and_the_strict_rule_asks_no_likelihood():
     sites, k_local, _ = _sites(1, over_split_sites={0})
     default = fedica.FedGEM(covariance_type="identity", upsilon=1.0, max_hostile_fraction=0.0,
                             random_state=0).fit(sites, n_local_clusters=k_local)
-    strict = _fit("strict", sites, k_local, 1.0)
-    assert default.same_client_rule == "strict"
-    np.testing.assert_array_equal(default.means_, strict.means_)
-    assert default.tuning_ is None  # a fixed upsilon under the strict rule asks the sites no likelihood
+    evidence = _fit("evidence", sites, k_local, 1.0)
+    assert default.same_client_rule == "evidence"
+    np.testing.assert_array_equal(default.means_, evidence.means_)
+    assert default.tuning_["criterion"] == "likelihood"  # the ICL judges the joins the strict rule refused
+    assert _fit("strict", sites, k_local, 1.0).tuning_ is None  # a fixed upsilon asks the sites no likelihood
 
 
 def test_two_distinct_clusters_the_share_admits_are_kept_apart_by_the_icl():
