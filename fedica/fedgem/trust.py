@@ -8,7 +8,8 @@ global cluster, and neither does a cluster that too few clients and too little m
 that several such clients plant among the others). A component far from every other by the
 federation's own scale is untrusted, with distances computed scale-free; the tuning's scores weigh at
 most what a typical client's do, and an evaluation table at most its client's test share. A client
-caught planting a cluster is trusted in nothing more, and a table that lowers the pooled ARI of the
+caught planting a cluster is trusted in nothing more (a cluster within a supported cluster's own spread
+is that cluster's over-split fragment, not a plant), and a table that lowers the pooled ARI of the
 others beyond an honest client's is not counted.
 """
 
@@ -356,7 +357,7 @@ def trusted_final_aggregation(
     global centroid of the others, so that it can neither merge every cluster into one nor add
     clusters of its own. With a ``support`` rule, the members of a cluster it does not count are
     treated the same way (repeatedly, until every remaining cluster is supported), and the clients
-    with a member in a planted cluster (:func:`planted_clusters`) are reported: the server
+    with a member in a planted cluster (:func:`planted_clusters`; not one of :func:`fragment_clusters`) are reported: the server
     distrusts the ones caught at enough upsilons (a client caught planting one cluster is not
     believed of its others). ``max_pairs`` is the memory budget on overlapping pairs
     (:func:`fedica.fedgem.merging.final_aggregation`).
