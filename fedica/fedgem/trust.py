@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedica.data.common import apportion
-from fedica.evaluation.metrics import ari_from_contingency
+from fedica.evaluation.metrics import leave_one_out_aris
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.geometry import Identity, separation
 from fedica.fedgem.merging import FinalAggregation, final_aggregation, server_step
@@ -616,18 +616,13 @@ def table_influences(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], co
     -------
     influences : ndarray of shape (n_clients,)
     """
-    scaled = [(t, p, capped_table(c, size)) for (t, p, c), size in zip(tables, sizes)]
-
-    def pooled(members):
-        return ari_from_contingency(*(np.concatenate([scaled[g][i] for g in members]) for i in range(3)))
-
     influences = np.full(len(tables), np.nan)
-    members = np.flatnonzero(counted).tolist()
-    if len(members) < 2:
+    members = np.flatnonzero(counted)
+    if members.shape[0] < 2:
         return influences
-    everyone = pooled(members)
-    for client in members:
-        influences[client] = everyone - pooled([g for g in members if g != client])
+    everyone, without = leave_one_out_aris([(tables[g][0], tables[g][1], capped_table(tables[g][2], sizes[g]))
+                                            for g in members.tolist()])
+    influences[members] = everyone - without
     return influences
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from fedica.evaluation.metrics import adjusted_rand, ari_from_contingency, contingency
+from fedica.evaluation.metrics import adjusted_rand, ari_from_contingency, contingency, leave_one_out_aris
 
 
 def _labelings(seed: int, count: int):
@@ -46,3 +46,31 @@ def test_forged_counts_beyond_int64_squares_give_a_finite_ari_in_range():
     assert -1.0 <= value <= 1.0 and np.isfinite(value)
     small = ari_from_contingency([0, 0, 1, 1], [0, 1, 0, 1], [10**6, 3, 7, 10**6])
     assert value == pytest.approx(1.0, abs=1e-9) and small < value
+
+
+def _pooled_without(tables, left_out):
+    kept = [table for g, table in enumerate(tables) if g != left_out]
+    if not kept:
+        return 1.0
+    return ari_from_contingency(*(np.concatenate([np.asarray(table[i]) for table in kept]) for i in range(3)))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_leave_one_out_aris_equal_the_pooled_ari_recomputed_without_each_table_bit_for_bit(seed):
+    rng = np.random.default_rng(seed)
+    tables = [contingency(true, pred) for true, pred in _labelings(seed, 25)]
+    # A forged table repeating a pair, and an empty one.
+    tables.append((np.array([0, 0, 1]), np.array([2, 2, 5]), np.array([4, 9, 0])))
+    tables.append((np.empty(0, dtype=int), np.empty(0, dtype=int), np.empty(0, dtype=np.int64)))
+    rng.shuffle(tables)
+    pooled, without = leave_one_out_aris(tables)
+    assert pooled == _pooled_without(tables, -1)
+    assert without.tolist() == [_pooled_without(tables, g) for g in range(len(tables))]
+
+
+def test_leave_one_out_aris_of_huge_forged_counts_stay_exact():
+    tables = [([0, 0], [0, 1], [10**18, 3]), ([1, 1], [0, 1], [7, 10**18]), ([0, 1], [0, 0], [5, 5])]
+    pooled, without = leave_one_out_aris(tables)
+    assert pooled == _pooled_without(tables, -1)
+    assert without.tolist() == [_pooled_without(tables, g) for g in range(3)]
+    assert leave_one_out_aris([tables[2]])[1].tolist() == [1.0]
