@@ -5,9 +5,9 @@ increasing overlap ratio. Once the pairs up to some ratio ``t`` are taken, a lat
 change the sets when its two ends lie in distinct sets that share no owner: a pair inside one set
 would find one root, and a pair between sets sharing an owner would be skipped (sets only grow,
 so both stay so). The pairs are therefore taken in levels of ratio, ``t_1 < t_2 < ... < 1``, and a
-level lists only the pairs that can still matter at its start: those with an end in a small set
-(fewer than ``_SMALL_SET`` members), and those between two large sets that share no owner and
-whose bounding balls come within reach. The pairs inside large sets, which are most of them when
+level lists only the pairs that can still matter at its start: those between two small sets
+(fewer than ``_SMALL_SET`` members), and those between a large set and a set that shares no owner
+with it, when their bounding balls come within reach. The pairs inside large sets, which are most of them when
 every ball of a true cluster meets every other (``K (G/2)^2`` with ``G`` clients), are never
 listed. The result is the same partition as the full list's, pair order and ties included.
 """
@@ -137,46 +137,74 @@ def levelled_labels(centers, radii, owner_code, levels, *, sample=None, max_pair
 
 def _sampled_listings(sample, previous, threshold, roots, union):
     """How many of the sampled overlapping pairs a level would list: ratio in the level, in
-    distinct sets, and one end in a small set or the two sets joinable."""
+    distinct sets, and both ends in small sets or the two sets joinable."""
     in_level = (sample.ratio > previous) & (sample.ratio <= threshold)
     first, second = roots[sample.first[in_level]], roots[sample.second[in_level]]
     sizes = np.bincount(roots, minlength=roots.shape[0])
     distinct = first != second
     first, second = first[distinct], second[distinct]
-    small_end = (sizes[first] < _SMALL_SET) | (sizes[second] < _SMALL_SET)
-    joinable = [union.joinable(a, b) for a, b in zip(first[~small_end].tolist(), second[~small_end].tolist())]
-    return int(small_end.sum()) + int(np.count_nonzero(joinable))
+    both_small = (sizes[first] < _SMALL_SET) & (sizes[second] < _SMALL_SET)
+    joinable = [union.joinable(a, b) for a, b in zip(first[~both_small].tolist(), second[~both_small].tolist())]
+    return int(both_small.sum()) + int(np.count_nonzero(joinable))
 
 
 def _live_candidates(centers, reach, classes, roots, union):
     """Candidate pairs (index arrays, in the given row order) within ``reach`` that may still
-    join two sets: one end in a small set, or ends in two joinable large sets near each other."""
+    join two sets: both ends in small sets, a small end and a large set it may join, or ends in
+    two joinable large sets near each other."""
     sizes = np.bincount(roots, minlength=roots.shape[0])
-    in_small = sizes[roots] < _SMALL_SET
-    small, large = np.flatnonzero(in_small), np.flatnonzero(~in_small)
-    # Every pair with a small end, from its larger end: a small one looks among everyone, a
-    # large one among the small.
-    found = [
-        larger_end_lookups(centers, reach, classes, small, np.arange(centers.shape[0])),
-        larger_end_lookups(centers, reach, classes, large, small),
-    ]
+    small = np.flatnonzero(sizes[roots] < _SMALL_SET)
+    # Pairs of two small ends, from their larger end.
+    found = [larger_end_lookups(centers, reach, classes, small, small)]
     large_roots = np.flatnonzero(sizes >= _SMALL_SET)
-    if large_roots.size > 1:
-        found.extend(_large_set_candidates(centers, reach, classes, roots, large_roots, union))
+    if large_roots.size:
+        members, middle, extent = _bounding_balls(centers, reach, roots, large_roots)
+        found.extend(_small_to_large_candidates(centers, reach, classes, roots, small, large_roots, members, middle, extent, union))
+        if large_roots.size > 1:
+            found.extend(_large_set_candidates(centers, reach, classes, large_roots, members, middle, extent, union))
     return np.concatenate([f for f, _ in found]), np.concatenate([s for _, s in found])
 
 
-def _large_set_candidates(centers, reach, classes, roots, large_roots, union):
-    """Candidate pairs between two joinable large sets whose bounding balls come within reach."""
+def _bounding_balls(centers, reach, roots, large_roots):
+    """Each large set's members (row arrays), middle (its centres' mean) and extent: no member's
+    reach goes further than the extent from the middle."""
     in_large = np.flatnonzero(np.isin(roots, large_roots))
     by_set = in_large[np.argsort(roots[in_large], kind="stable")]
     members = np.split(by_set, np.cumsum(np.bincount(roots[by_set])[large_roots])[:-1])
     middle = np.array([centers[rows].mean(axis=0) for rows in members])
-    # A pair of the two sets is at most this far beyond each set's middle.
     extent = np.array([
         np.linalg.norm(centers[rows] - centre, axis=1).max() + reach[rows].max()
         for rows, centre in zip(members, middle)
     ])
+    return members, middle, extent
+
+
+def _small_to_large_candidates(centers, reach, classes, roots, small, large_roots, members, middle, extent, union):
+    """Candidate pairs of a small-set member and a large set's member, for the large sets within the
+    small member's reach that its set may join: a small set inside a large one of a shared owner
+    (a client's second component in a cluster that holds its first) meets hundreds of members,
+    none of which can ever join it (sets only grow, so they keep sharing the owner)."""
+    if not small.size:
+        return []
+    tree = cKDTree(centers[small])
+    near = tree.query_ball_point(middle, extent + reach[small].max(), return_sorted=False)
+    found = []
+    for set_index, hits in enumerate(near):
+        rows = small[np.asarray(hits, dtype=np.int64)]
+        rows = rows[np.linalg.norm(centers[rows] - middle[set_index], axis=1) <= extent[set_index] + reach[rows]]
+        if not rows.size:
+            continue
+        large_root = int(large_roots[set_index])
+        allowed = {root: union.joinable(root, large_root) for root in np.unique(roots[rows]).tolist()}
+        rows = rows[[allowed[root] for root in roots[rows].tolist()]]
+        if rows.size:
+            found.append(larger_end_lookups(centers, reach, classes, rows, members[set_index]))
+            found.append(larger_end_lookups(centers, reach, classes, members[set_index], rows))
+    return found
+
+
+def _large_set_candidates(centers, reach, classes, large_roots, members, middle, extent, union):
+    """Candidate pairs between two joinable large sets whose bounding balls come within reach."""
     near = cKDTree(middle).query_pairs(2 * extent.max(), output_type="ndarray")
     near = near[np.linalg.norm(middle[near[:, 0]] - middle[near[:, 1]], axis=1) <= extent[near[:, 0]] + extent[near[:, 1]]]
     found = []
