@@ -12,6 +12,7 @@ Flower side (``fedica.server.records``) only converts it to and from Flower's re
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -394,11 +395,17 @@ def reply_size_limits(sent: Mapping[Any, int], received: Mapping[Any, int]) -> d
         By the clients of ``received``. A client's own reply never raises its own limit: the median is
         of the others' (the lower median, so that with two clients a bloated one does not set the other's).
     """
-    sizes = list(received.items())
+    ordered = sorted(received.values())
+    # The others' lower median is the whole list's element at that index, or the next one when the
+    # client's own size (its first occurrence: removing any equal size leaves the same others) lies at or
+    # below it: one sort for all clients instead of one each.
+    middle = (len(ordered) - 2) // 2
     limits = {}
-    for client, _ in sizes:
-        others = sorted(size for other, size in sizes if other != client)
-        typical = others[(len(others) - 1) // 2] if others else 0
+    for client, size in received.items():
+        if len(ordered) < 2:
+            typical = 0
+        else:
+            typical = ordered[middle + 1] if bisect.bisect_left(ordered, size) <= middle else ordered[middle]
         limits[client] = REPLY_SIZE_FACTOR * max(sent.get(client, 0), typical) + REPLY_SIZE_FLOOR
     return limits
 

@@ -37,6 +37,18 @@ def test_with_two_clients_a_bloated_reply_does_not_raise_the_other_ones_limit_no
     assert reply_size_limits({0: 10**6}, {0: 5}) == {0: REPLY_SIZE_FACTOR * 10**6 + REPLY_SIZE_FLOOR}
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_each_limit_is_the_others_lower_median_ties_included(seed):
+    rng = np.random.default_rng(seed)
+    n_clients = int(rng.integers(1, 40))
+    received = {f"c{i}": int(size) for i, size in enumerate(rng.integers(0, 6, n_clients) * 1_000)}
+    sent = {client: int(rng.integers(0, 3)) * 500 for client in received}
+    for client, limit in reply_size_limits(sent, received).items():
+        others = sorted(size for other, size in received.items() if other != client)
+        typical = others[(len(others) - 1) // 2] if others else 0
+        assert limit == REPLY_SIZE_FACTOR * max(sent[client], typical) + REPLY_SIZE_FLOOR
+
+
 def test_a_clients_text_is_cut_and_the_cut_said():
     assert client_text("bad data") == "bad data"
     cut = client_text("x" * 20_000_000)
