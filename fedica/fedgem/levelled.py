@@ -20,6 +20,7 @@ from scipy.spatial import cKDTree
 from fedica.fedgem.overlaps import (
     TooManyOverlaps,
     larger_end_lookups,
+    lookups_within,
     pair_distances,
     radius_classes,
     sampled_overlaps,
@@ -159,7 +160,7 @@ def _live_candidates(centers, reach, classes, roots, union):
     large_roots = np.flatnonzero(sizes >= _SMALL_SET)
     if large_roots.size:
         members, middle, extent = _bounding_balls(centers, reach, roots, large_roots)
-        found.extend(_small_to_large_candidates(centers, reach, classes, roots, small, large_roots, members, middle, extent, union))
+        found.extend(_small_to_large_candidates(centers, reach, roots, small, large_roots, members, middle, extent, union))
         if large_roots.size > 1:
             found.extend(_large_set_candidates(centers, reach, classes, large_roots, members, middle, extent, union))
     return np.concatenate([f for f, _ in found]), np.concatenate([s for _, s in found])
@@ -179,7 +180,7 @@ def _bounding_balls(centers, reach, roots, large_roots):
     return members, middle, extent
 
 
-def _small_to_large_candidates(centers, reach, classes, roots, small, large_roots, members, middle, extent, union):
+def _small_to_large_candidates(centers, reach, roots, small, large_roots, members, middle, extent, union):
     """Candidate pairs of a small-set member and a large set's member, for the large sets within the
     small member's reach that its set may join: a small set inside a large one of a shared owner
     (a client's second component in a cluster that holds its first) meets hundreds of members,
@@ -198,8 +199,9 @@ def _small_to_large_candidates(centers, reach, classes, roots, small, large_root
         allowed = {root: union.joinable(root, large_root) for root in np.unique(roots[rows]).tolist()}
         rows = rows[[allowed[root] for root in roots[rows].tolist()]]
         if rows.size:
-            found.append(larger_end_lookups(centers, reach, classes, rows, members[set_index]))
-            found.append(larger_end_lookups(centers, reach, classes, members[set_index], rows))
+            # A pair within reach is within the row's reach plus the set's largest: one lookup per
+            # set (its radii differ little), not two per radius class from the pairs' larger ends.
+            found.append(lookups_within(centers, rows, members[set_index], reach[rows] + reach[members[set_index]].max()))
     return found
 
 

@@ -156,6 +156,18 @@ def _flatten_neighbours(neighbour_lists):
     return np.repeat(np.arange(len(neighbour_lists)), counts), neighbours
 
 
+def lookups_within(centers, queries, targets, radius):
+    """Pairs (query, target), index arrays, of every target within ``radius`` (one per query, a
+    little wider: ``_QUERY_SLACK``) of a query: one KD-tree of the targets, for a few queries
+    against a set whose radii differ little (no radius classes to build)."""
+    hits = cKDTree(centers[targets], leafsize=_LEAF_SIZE).query_ball_point(
+        centers[queries], radius * (1 + _QUERY_SLACK), return_sorted=False,
+        workers=-1 if queries.size >= _PARALLEL_QUERIES else 1,
+    )
+    query_index, neighbour = _flatten_neighbours(hits)
+    return queries[query_index], targets[neighbour]
+
+
 def larger_end_lookups(centers, radii, classes, queries, targets):
     """Candidate pairs (query, target), index arrays, holding every overlapping pair of a
     query and a target whose radius is at most the query's (the pair's larger end).
