@@ -115,8 +115,42 @@ def final_aggregation(centers, eps_final, owners, weights, *, max_pairs=None):
     m = centers.shape[0]
     radii = np.sqrt(as_vector(eps_final, m, "eps_final"))
     weights = as_vector(weights, m, "weights", positive=True)
-    labels = super_clusters(centers, radii, owners, max_pairs=max_pairs)
-    k_hat = int(labels.max()) + 1 if m else 0
+    return _averaged(centers, super_clusters(centers, radii, owners, max_pairs=max_pairs), weights)
+
+
+def without_clusters(aggregation, centers, weights, dropped):
+    """The final aggregation of the components outside the ``dropped`` clusters, without a new union-find.
+
+    Equal to :func:`final_aggregation` on those components, bit for bit. A dropped cluster is a
+    whole final set of the constrained union-find: every pair between it and another set was
+    skipped (its ends stayed apart), and every set of the others only ever held the others, so
+    each pair among them meets the same two sets, with the same owners, whether the dropped
+    components are there or not. The others' partition is the same, and so are their labels,
+    numbered by first appearance (the kept clusters keep their order).
+
+    Parameters
+    ----------
+    aggregation : FinalAggregation
+        Of every component (``centers`` and ``weights`` are its inputs).
+    centers : array-like of shape (m, d)
+    weights : array-like of shape (m,)
+    dropped : ndarray of shape (k_hat,), dtype bool
+        The clusters to leave out.
+
+    Returns
+    -------
+    FinalAggregation
+        Of the components whose cluster is kept, in their order.
+    """
+    kept = ~dropped[aggregation.labels]
+    renumbered = np.cumsum(~dropped) - 1
+    return _averaged(as_centers(centers)[kept], renumbered[aggregation.labels[kept]],
+                     np.asarray(weights, dtype=float)[kept])
+
+
+def _averaged(centers, labels, weights):
+    """The weighted mean of each label's members, as a FinalAggregation."""
+    k_hat = int(labels.max()) + 1 if labels.shape[0] else 0
     global_centroids = (
         segment_sum(centers, labels, k_hat, weights)
         / np.bincount(labels, weights=weights, minlength=k_hat)[:, None]

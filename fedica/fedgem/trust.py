@@ -28,7 +28,7 @@ from fedica.data.common import apportion
 from fedica.evaluation.metrics import leave_one_out_aris
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.geometry import Identity, separation
-from fedica.fedgem.merging import FinalAggregation, final_aggregation, server_step
+from fedica.fedgem.merging import FinalAggregation, final_aggregation, server_step, without_clusters
 
 log = logging.getLogger("fedica.server")
 
@@ -374,10 +374,10 @@ def trusted_final_aggregation(
     excluded = outlying_radii(radii, factor, scale) | (outlying_radii(final.eps, factor, scale) & (final.eps > radii))
     excluded |= np.isin(final.owners, list(distrusted))
     planters: dict[int, str] = {}
+    keep = ~excluded
+    trusted = final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep],
+                                max_pairs=max_pairs)
     while True:
-        keep = ~excluded
-        trusted = final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep],
-                                    max_pairs=max_pairs)
         if support is None:
             break
         owners = final.owners[keep]
@@ -404,6 +404,9 @@ def trusted_final_aggregation(
             for owner in sorted(members):
                 planters.setdefault(int(owner), reason)
         excluded[np.flatnonzero(keep)[weak[trusted.labels]]] = True
+        # Whole clusters leave: the others' super-clusters stay as they are (merging.without_clusters).
+        trusted = without_clusters(trusted, final.centers[keep], final.weights[keep], weak)
+        keep = ~excluded
     labels = np.empty(final.centers.shape[0], dtype=np.int64)
     labels[keep] = trusted.labels
     if excluded.any():

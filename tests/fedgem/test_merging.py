@@ -11,7 +11,7 @@ from fedica.fedgem.consensus import (
     _project_onto_balls,
     consensus_centers,
 )
-from fedica.fedgem.merging import final_aggregation, server_step
+from fedica.fedgem.merging import final_aggregation, server_step, without_clusters
 from fedica.fedgem.overlaps import candidate_pairs
 from fedica.fedgem.superclusters import (
     _constrained_union_find,
@@ -485,3 +485,28 @@ def test_select_upsilon_skips_nan_and_rejects_all_nan():
         select_upsilon([np.nan, np.nan], [2, 3], guard=5)
     with pytest.raises(ValueError, match="k_hats"):
         select_upsilon([0.1, 0.2], [2], guard=5)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1), st.booleans())
+def test_dropping_whole_clusters_equals_aggregating_the_rest_again(seed, dense):
+    """The constrained union-find of the components outside some final clusters is the same partition:
+    many owner conflicts (few owners), ties on a grid, and above 1,000 components the levelled path."""
+    rng = np.random.default_rng(seed)
+    m = 1_500 if dense else int(rng.integers(5, 200))
+    if dense:
+        centers = rng.normal(scale=6.0, size=(12, 4))[rng.integers(0, 12, m)] + rng.normal(scale=0.3, size=(m, 4))
+        radii = rng.uniform(0.3, 1.0, m)
+    else:
+        centers = rng.integers(-4, 5, size=(m, 2)).astype(float)
+        radii = rng.integers(0, 5, size=m) / 2
+    owners = rng.integers(0, int(rng.integers(2, 40)) if not dense else 300, size=m)
+    weights = rng.uniform(0.5, 3.0, m)
+    whole = final_aggregation(centers, radii ** 2, owners, weights)
+    dropped = rng.random(whole.k_hat) < rng.uniform(0.1, 0.9)
+    kept = ~dropped[whole.labels]
+    derived = without_clusters(whole, centers, weights, dropped)
+    again = final_aggregation(centers[kept], radii[kept] ** 2, owners[kept], weights[kept])
+    np.testing.assert_array_equal(derived.labels, again.labels)
+    assert derived.k_hat == again.k_hat
+    np.testing.assert_array_equal(derived.global_centroids, again.global_centroids)
