@@ -246,12 +246,12 @@ def leave_one_out_aris(tables) -> tuple[float, np.ndarray]:
     true_values, pred_values, counts = (np.concatenate([np.asarray(table[i]) for table in tables]) for i in range(3))
     if counts.size and (np.any(counts < 0) or np.any(counts != np.round(counts))):
         raise ValueError("counts must be non-negative integers")
-    counts = counts.astype(np.int64)
-    n_samples = int(counts.sum(dtype=object)) if counts.size else 0
-    # Pooled counts reach n and the removed terms 2 A a reach 2 n^2: int64 while that fits.
-    exact = np.int64 if n_samples < 2_000_000_000 else object
     if counts.size == 0:
         return 1.0, np.ones(n_tables)
+    counts = counts.astype(np.int64)
+    n_samples = int(counts.sum(dtype=object))
+    # Pooled counts reach n and the removed terms 2 A a reach 2 n^2: int64 while that fits.
+    exact = np.int64 if n_samples < 2_000_000_000 else object
     _, rows = np.unique(true_values, return_inverse=True)
     _, cols = np.unique(pred_values, return_inverse=True)
     rows, cols = rows.ravel(), cols.ravel()
