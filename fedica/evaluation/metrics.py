@@ -252,6 +252,7 @@ def leave_one_out_aris(tables) -> tuple[float, np.ndarray]:
     n_samples = int(counts.sum(dtype=object))
     # Pooled counts reach n and the removed terms 2 A a reach 2 n^2: int64 while that fits.
     exact = np.int64 if n_samples < 2_000_000_000 else object
+    counts = counts.astype(exact)
     _, rows = np.unique(true_values, return_inverse=True)
     _, cols = np.unique(pred_values, return_inverse=True)
     rows, cols = rows.ravel(), cols.ravel()
@@ -260,18 +261,18 @@ def leave_one_out_aris(tables) -> tuple[float, np.ndarray]:
         _, group = np.unique(keys, return_inverse=True)
         group = group.ravel()
         pooled = np.zeros(int(group.max()) + 1, dtype=exact)
-        np.add.at(pooled, group, counts.astype(exact))
+        np.add.at(pooled, group, counts)
         square_sums.append(int((pooled * pooled).sum()))
         # Each table's own count per group (a table may repeat a pair), and the square sum it takes away.
         own_keys, own_group = np.unique(owner * pooled.shape[0] + group, return_inverse=True)
         own = np.zeros(own_keys.shape[0], dtype=exact)
-        np.add.at(own, own_group.ravel(), counts.astype(exact))
+        np.add.at(own, own_group.ravel(), counts)
         whole = pooled[own_keys % pooled.shape[0]]
         taken = np.zeros(n_tables, dtype=exact)
         np.add.at(taken, own_keys // pooled.shape[0], 2 * whole * own - own * own)
         removed.append(taken)
     table_sizes = np.zeros(n_tables, dtype=exact)
-    np.add.at(table_sizes, owner, counts.astype(exact))
+    np.add.at(table_sizes, owner, counts)
     pooled_ari = _ari_from_square_sums(n_samples, *square_sums)
     without = np.array([
         _ari_from_square_sums(n_samples - int(table_sizes[g]), *(total - int(taken[g]) for total, taken in zip(square_sums, removed)))
