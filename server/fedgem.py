@@ -32,7 +32,7 @@ class FedGEMStrategy(ProtocolStrategy):
     rounds, local_steps, upsilon, upsilon_grid, upsilon_criterion, same_client_rule, guard_factor, n_init, local_start,
     silhouette_sample,
     radius_outlier_factor, count_cap_factor, component_cap_factor, max_hostile_fraction, max_overlap_pairs, participation,
-    covariance_type, random_state, dp_epsilon, dp_delta, dp_clip, dp_unit
+    covariance_type, labelling, random_state, dp_epsilon, dp_delta, dp_clip, dp_unit
         As for :class:`fedica.FedGEM`: declared in :data:`fedica.parameters.FEDGEM_PARAMETERS`, and checked
         against it here (``ValueError`` or ``TypeError`` naming the parameter).
     evaluate : bool, default=False
@@ -71,7 +71,8 @@ class FedGEMStrategy(ProtocolStrategy):
                  max_hostile_fraction: float = _P["max_hostile_fraction"].default,
                  max_overlap_pairs: int | None = _P["max_overlap_pairs"].default,
                  participation: float = _P["participation"].default,
-                 covariance_type: str = _P["covariance_type"].default, random_state: int = _P["random_state"].default,
+                 covariance_type: str = _P["covariance_type"].default, labelling: str = _P["labelling"].default,
+                 random_state: int = _P["random_state"].default,
                  dp_epsilon: float | None = _P["dp_epsilon"].default, dp_delta: float = _P["dp_delta"].default,
                  dp_clip: float | None = _P["dp_clip"].default, dp_unit: str = _P["dp_unit"].default,
                  evaluate: bool = False, **kwargs: Any):
@@ -81,7 +82,8 @@ class FedGEMStrategy(ProtocolStrategy):
                           silhouette_sample=silhouette_sample, radius_outlier_factor=radius_outlier_factor,
                           count_cap_factor=count_cap_factor, component_cap_factor=component_cap_factor,
                           max_hostile_fraction=max_hostile_fraction, max_overlap_pairs=max_overlap_pairs,
-                          participation=participation, covariance_type=covariance_type, random_state=random_state,
+                          participation=participation, covariance_type=covariance_type, labelling=labelling,
+                          random_state=random_state,
                           dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_unit=dp_unit)
         _P.check(parameters)  # at construction: a bad value is one line now, not a failure after the rounds
         super().__init__(**kwargs)

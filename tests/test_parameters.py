@@ -82,6 +82,7 @@ def test_the_option_lists_are_the_implementing_modules_own():
     assert RFICA_PARAMETERS["clustering"].constraints[0].values is aggregation.CLUSTERINGS
     assert RFICA_PARAMETERS["center"].constraints[0].values is aggregation.CENTERS
     assert FEDGEM_PARAMETERS["upsilon_criterion"].constraints[0].values is UPSILON_CRITERIA
+    assert FEDGEM_PARAMETERS["labelling"].constraints[0].values is geometry.LABELLINGS
 
 
 def test_todays_defaults_are_unchanged():
@@ -92,7 +93,8 @@ def test_todays_defaults_are_unchanged():
         "silhouette_sample": 1000,
         "radius_outlier_factor": 10.0, "count_cap_factor": 10.0, "component_cap_factor": 3.0,
         "max_hostile_fraction": 0.25, "max_overlap_pairs": 20_000_000, "participation": 1.0,
-        "covariance_type": "spherical", "min_clients": 2, "max_local_clusters": 10, "random_state": 0,
+        "covariance_type": "spherical", "labelling": "adapted", "min_clients": 2, "max_local_clusters": 10,
+        "random_state": 0,
         "dp_epsilon": None, "dp_delta": 1e-5, "dp_clip": None, "dp_unit": "record"}
     assert RFICA_PARAMETERS.defaults() == {"contrast": "logcosh", "init": "random", "local_solver": "picard",
                                            "n_components": None, "whitening": None, "benchmark": "medoid",
@@ -104,11 +106,12 @@ def test_todays_defaults_are_unchanged():
 
 def test_only_the_measured_improvements_have_a_config_default_apart():
     # The library defaults to the measured improvements (learned variances: results independent of the data's
-    # units; a site's over-split joined on the federation's evidence; one column per site per cluster; the trimmed
-    # mean; Picard with logcosh); the config, which runs the paper's experiments, keeps the paper's identity
-    # covariance, strict same-client rule, k-means, geometric median, FastICA and cube, so the paper's numbers stay
-    # as they were.
-    expected = {"fedgem": {"covariance_type": ("spherical", "identity"), "same_client_rule": ("evidence", "strict")},
+    # units; a site's over-split joined on the federation's evidence; a site's points labelled by its own mixture;
+    # one column per site per cluster; the trimmed mean; Picard with logcosh); the config, which runs the paper's
+    # experiments, keeps the paper's identity covariance, strict same-client rule, consensus labels, k-means,
+    # geometric median, FastICA and cube, so the paper's numbers stay as they were.
+    expected = {"fedgem": {"covariance_type": ("spherical", "identity"), "same_client_rule": ("evidence", "strict"),
+                           "labelling": ("adapted", "consensus")},
                 "rfica": {"clustering": ("matched", "kmeans"), "center": ("trimmed_mean", "geometric_median"),
                           "contrast": ("logcosh", "cube"), "local_solver": ("picard", "fastica"),
                           "refine_rounds": (20, 0)}}

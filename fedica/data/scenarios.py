@@ -51,7 +51,7 @@ from fedica.data.recordings import (
     recordings_true_mixing,
 )
 from fedica.data.signals import signals_client_data, signals_roles, signals_true_mixing
-from fedica.fedgem.geometry import COVARIANCE_TYPES
+from fedica.fedgem.geometry import COVARIANCE_TYPES, LABELLINGS
 from fedica.parameters import SAME_CLIENT_RULES
 from fedica.validation import check_partition, check_seed
 
@@ -214,7 +214,7 @@ def _check_files(sc: Checker) -> None:
     sc.each(lambda: _check_file_list(sc), lambda: _check_write_sources_off(sc),
             lambda: sc.get("test_fraction") is None or sc.number("test_fraction", low=0, high=1, high_open=True),
             lambda: _check_n_components(sc), lambda: sc.choice("covariance_type", COVARIANCE_TYPES),
-            lambda: sc.choice("same_client_rule", SAME_CLIENT_RULES))
+            lambda: sc.choice("same_client_rule", SAME_CLIENT_RULES), lambda: sc.choice("labelling", LABELLINGS))
 
 
 def _check_sklearn_real(sc: Checker) -> None:
@@ -358,7 +358,7 @@ def _labelled(name: str, keys: tuple[str, ...], make: Callable[..., ClientData],
 BLOBS_COPIES = 3
 _CLASS_KEYS = ("n_clients", "test_fraction", "k_min", "k_max")
 _FILE_KEYS = ("paths", "label_column", "n_components", "test_fraction", "write_sources", "covariance_type",
-              "same_client_rule")
+              "same_client_rule", "labelling")
 
 # In the order of the scenario names in the config's messages (RF-ICA's first, then FedGEM's).
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (

@@ -119,15 +119,37 @@ def likelihoods(X: np.ndarray, centroids: Any, sizes: Any, values: Mapping[str, 
             {"n-points": X.shape[0], "fit-seconds": time.perf_counter() - start})
 
 
-def evaluate(X_test: np.ndarray, y_test: np.ndarray | None, centroids: np.ndarray, global_ids: Any, n_points: int) -> Reply:
-    """Label the test points with the consensus model; contingency counts and the local ARI.
-
-    Only counts of (true label, global id) pairs leave the client, never a point or a label.
-    """
+def consensus_labels(X: np.ndarray, centroids: np.ndarray, global_ids: Any) -> np.ndarray:
+    """Global ids of the rows of ``X`` under the consensus model: the nearest of the site's own clusters' centres."""
     global_ids = np.asarray(global_ids).astype(np.int64)
     if global_ids.shape != (centroids.shape[0],):
         raise ValueError(f"global-ids of shape {global_ids.shape}; this client has {centroids.shape[0]} components")
-    predicted = global_ids[assign_labels(X_test, centroids)]
+    return global_ids[assign_labels(X, centroids)]
+
+
+def adapted_labels(X_fit: np.ndarray, X: np.ndarray, centres: Any, global_ids: Any, model: Identity) -> np.ndarray:
+    """Global ids of the rows of ``X`` under the site's own mixture over every global centre (``labelling: adapted``).
+
+    The mixture's weights (and variance) are fitted to the site's training points ``X_fit``
+    (:meth:`fedica.fedgem.geometry.Identity.site_mixture`); ``centres`` (K_hat, d) are the global
+    centres the server sent, ``global_ids`` (K_hat,) their ids.
+    """
+    centres = np.asarray(centres, dtype=np.float64)
+    global_ids = np.asarray(global_ids)
+    if (centres.ndim != 2 or centres.shape[0] < 1 or centres.shape[1] != X_fit.shape[1]
+            or not np.all(np.isfinite(centres))):
+        raise ValueError(f"the server sent global centres of shape {centres.shape}; this client's points have d={X_fit.shape[1]}")
+    if global_ids.shape != (centres.shape[0],) or global_ids.dtype.kind not in "iu":
+        raise ValueError(f"global-ids of shape {global_ids.shape} do not name the {centres.shape[0]} global centres")
+    weights, variance = model.site_mixture(X_fit, centres)
+    return global_ids.astype(np.int64)[model.site_labels(X, centres, weights, variance)]
+
+
+def evaluate(y_test: np.ndarray | None, predicted: np.ndarray, n_points: int) -> Reply:
+    """Contingency counts and the local ARI of the test points' global ids ``predicted``.
+
+    Only counts of (true label, global id) pairs leave the client, never a point or a label.
+    """
     values: dict[str, Any] = {"n-points": n_points, "has-labels": y_test is not None}
     if y_test is None:
         true_values, pred_values, counts = contingency(np.zeros_like(predicted), predicted)
@@ -204,12 +226,16 @@ def _likelihood_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str,
 
 def _evaluate_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
-    centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
-    if data.X_test.shape[0] == 0 and data.y_test is None:
-        # No held-out share (a user's unlabelled files keep every row for training): the evaluation
-        # labels the training rows, so that K_hat still counts the clusters the site's points reach.
-        return evaluate(data.X_train, None, centroids, arrays["global-ids"], data.X_train.shape[0])
-    return evaluate(data.X_test, data.y_test, centroids, arrays["global-ids"], data.X_train.shape[0])
+    # No held-out share (a user's unlabelled files keep every row for training): the evaluation
+    # labels the training rows, so that K_hat still counts the clusters the site's points reach.
+    unlabelled = data.X_test.shape[0] == 0 and data.y_test is None
+    X, y = (data.X_train, None) if unlabelled else (data.X_test, data.y_test)
+    if values.get("labelling", "consensus") == "adapted":
+        predicted = adapted_labels(data.X_train, X, arrays["centroids"], arrays["global-ids"], model_geometry(values))
+    else:
+        centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
+        predicted = consensus_labels(X, centroids, arrays["global-ids"])
+    return evaluate(y, predicted, data.X_train.shape[0])
 
 
 TASKS: dict[str, Handler] = {

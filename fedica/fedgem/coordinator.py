@@ -111,6 +111,7 @@ class FedGEMSettings:
     max_overlap_pairs: int | None = _default("max_overlap_pairs")
     participation: float = _default("participation")
     covariance_type: str = _default("covariance_type")
+    labelling: str = _default("labelling")
     min_clients: int = _default("min_clients")
     seed: int = _default("random_state")
     dp_epsilon: float | None = _default("dp_epsilon")
@@ -226,7 +227,10 @@ class FedGEMServer(ProtocolState):
         if self.skipped_upsilons:
             self.tuning["skipped"] = {str(u): why for u, why in self.skipped_upsilons.items()}
         if self.evaluate:
-            self._evaluate((yield Request(GEM_EVALUATE, "evaluate", self.consensus_payloads())))
+            payloads = self.evaluation_payloads()
+            replies = yield Request(GEM_EVALUATE, "evaluate", payloads,
+                                    {"labelling": s.labelling, "covariance-type": s.covariance_type})
+            self._evaluate(replies, payloads)
         counts = [entry["excluded_components"] for entry in self.history if entry["excluded_components"]]
         if counts:
             log.warning("FedGEM: components of %d of %d clients with outlying radii took part in no merge in %d of %d "
@@ -247,6 +251,19 @@ class FedGEMServer(ProtocolState):
         agg = self.aggregation
         return {p: {"centroids": agg.global_centroids[agg.labels[part]], "global-ids": agg.labels[part]}
                 for p, part in self.final.slices().items()}
+
+    def evaluation_payloads(self) -> dict[int, dict[str, np.ndarray]]:
+        """What each client labels its test points with (``labelling``): its consensus model, or every global centre.
+
+        Under ``adapted`` every client of the final stage gets the global centres of all K_hat
+        clusters and their ids (K_hat x d numbers), and fits its own weights to them
+        (:func:`fedica.fedgem.client.adapted_labels`).
+        """
+        if self.settings.labelling == "consensus":
+            return self.consensus_payloads()
+        agg = self.aggregation
+        every = {"centroids": agg.global_centroids, "global-ids": np.arange(agg.global_centroids.shape[0])}
+        return {p: every for p in self.final.slices()}
 
     # ------------------------------------------------------------------ stages
 
@@ -535,12 +552,12 @@ class FedGEMServer(ProtocolState):
             raise OverBudget("no upsilon of upsilon_grid fits max_overlap_pairs: lower upsilon_grid or raise max_overlap_pairs")
         return done
 
-    def _evaluate(self, replies: list[Reply]) -> None:
+    def _evaluate(self, replies: list[Reply], payloads: dict[int, dict[str, np.ndarray]]) -> None:
         """Local ARI (N_g-weighted), pooled global ARI and K_hat from the clients' contingency counts."""
-        self.evaluated, rows = {}, self.final.slices()  # once: it is O(components), per reply O(G m)
+        self.evaluated = {}
         for reply in replies:
             try:
-                self.evaluated[reply.partition_id] = self._evaluation_reply(reply, rows)
+                self.evaluated[reply.partition_id] = self._evaluation_reply(reply, payloads[reply.partition_id]["global-ids"])
             except InvalidReply as err:
                 self.reject(reply.partition_id, "evaluate", f"invalid reply: {err}")
         for partition in sorted(set(self.evaluated) & set(self.distrusted)):
@@ -605,7 +622,7 @@ class FedGEMServer(ProtocolState):
 
     # ------------------------------------------------------------------ replies
 
-    def _evaluation_reply(self, reply: Reply, rows: dict[int, slice]) -> ClientEvaluation:
+    def _evaluation_reply(self, reply: Reply, sent_ids: np.ndarray) -> ClientEvaluation:
         """A client's contingency counts and local ARI, checked against what the server knows of it.
 
         The counts must be whole numbers, at most :data:`MAX_TEST_PER_TRAINING_POINT` times the
@@ -623,8 +640,7 @@ class FedGEMServer(ProtocolState):
         if counts.sum() > MAX_TEST_PER_TRAINING_POINT * model.declared_points:
             raise InvalidReply(f"'counts' add up to {int(counts.sum())} test points, more than "
                                f"{MAX_TEST_PER_TRAINING_POINT} x the {model.declared_points} training points this client declared")
-        sent_ids = set(self.aggregation.labels[rows[reply.partition_id]].tolist())
-        if not set(pred_values.astype(np.int64).tolist()) <= sent_ids:
+        if not set(pred_values.astype(np.int64).tolist()) <= set(sent_ids.tolist()):
             raise InvalidReply("'pred-values' name global clusters this client was not sent")
         local = reply.values.get("local-ari")
         if isinstance(local, bool) or not isinstance(local, (int, float)) or not -1.0 <= local <= 1.0:

@@ -17,6 +17,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from fedica.data.common import ClientData
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
+from fedica.fedgem.geometry import geometry
 from fedica.fedgem.local import assign_labels, estimate_n_components, local_bound
 from fedica.fedgem.selection import VARIANCE_FLOOR
 from fedica.parameters import FEDGEM_PARAMETERS
@@ -104,6 +105,13 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         site (never merged), which makes the result independent of the data's units; "identity":
         the paper's unit covariance (the default of ``fedica-run``'s config, for the paper's
         experiments). docs/ALGORITHMS.md section 2.11.
+    labelling : {"adapted", "consensus"}, default="adapted"
+        How a site's points get their global ids (``labels_``, ``predict(X, site)``). "adapted": by
+        the site's own mixture over every global centre, its weights (and, under "spherical", one
+        variance) fitted by EM to its points with the centres fixed, so a site whose local fit put two
+        clusters in one component labels their points apart; "consensus" (the paper's, the default of
+        ``fedica-run``'s config): the nearest global centre of the site's own components.
+        docs/ALGORITHMS.md section 2.8.
     min_clients : int, default=2
         Fewest valid sites a round needs.
     max_local_clusters : int, default=10
@@ -130,11 +138,17 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     means_ : ndarray of shape (n_clusters_, n_features)
         The global centres.
     labels_ : list of ndarray of shape (n_samples_g,)
-        Each site's points labelled with global cluster ids, by the site's consensus model.
+        Each site's points labelled with global cluster ids (``labelling``: by the site's own mixture,
+        or by its consensus model).
     site_mapping_ : list of ndarray of shape (K_g,)
         The global id of each of a site's local components.
     site_means_ : list of ndarray of shape (K_g, n_features)
         Each site's consensus model: the global centre of each of its components.
+    site_weights_ : list of ndarray of shape (n_clusters_,)
+        Under ``labelling="adapted"``: each site's own mixture weights over ``means_`` (None for a
+        site left out of the final stage; the list is None under "consensus").
+    site_variances_ : list of float
+        Under ``labelling="adapted"``: each site's mixture variance (1 under "identity").
     n_local_clusters_ : ndarray of shape (n_sites,)
         K_g of each site (given, or estimated).
     local_clusters_at_bound_ : ndarray of shape (n_sites,), bool
@@ -176,7 +190,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
                  component_cap_factor=_P["component_cap_factor"].default,
                  max_hostile_fraction=_P["max_hostile_fraction"].default,
                  max_overlap_pairs=_P["max_overlap_pairs"].default, participation=_P["participation"].default,
-                 covariance_type=_P["covariance_type"].default, min_clients=_P["min_clients"].default, max_local_clusters=_P["max_local_clusters"].default,
+                 covariance_type=_P["covariance_type"].default, labelling=_P["labelling"].default, min_clients=_P["min_clients"].default, max_local_clusters=_P["max_local_clusters"].default,
                  random_state=_P["random_state"].default, dp_epsilon=_P["dp_epsilon"].default,
                  dp_delta=_P["dp_delta"].default, dp_clip=_P["dp_clip"].default, dp_unit=_P["dp_unit"].default):
         self.rounds = rounds
@@ -196,6 +210,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.max_overlap_pairs = max_overlap_pairs
         self.participation = participation
         self.covariance_type = covariance_type
+        self.labelling = labelling
         self.min_clients = min_clients
         self.max_local_clusters = max_local_clusters
         self.random_state = random_state
@@ -236,7 +251,8 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
             radius_outlier_factor=self.radius_outlier_factor, count_cap_factor=self.count_cap_factor,
             component_cap_factor=self.component_cap_factor, max_hostile_fraction=self.max_hostile_fraction,
             max_overlap_pairs=self.max_overlap_pairs,
-            participation=self.participation, covariance_type=self.covariance_type, min_clients=self.min_clients, seed=seed,
+            participation=self.participation, covariance_type=self.covariance_type, labelling=self.labelling,
+            min_clients=self.min_clients, seed=seed,
             dp_epsilon=self.dp_epsilon, dp_delta=self.dp_delta, dp_clip=self.dp_clip, dp_unit=self.dp_unit)
         server = FedGEMServer(settings, evaluate=False)
         sites = {g: ArraySite(ClientData(X, None, X[:0], None, int(k)), g)
@@ -267,9 +283,10 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         aggregation) and ``site_means_``, ``n_local_clusters_`` (``local_clusters``; 0 for a site
         that never answered), ``upsilon_``, ``tuning_`` (``upsilon_tuning``, as the JSON holds it:
         lists where a fit has arrays), and ``history_`` and ``rejected_`` from the result's
-        ``history`` and ``clients``. The sites' points never left them: ``labels_``, ``weights_``
-        and ``covariance_`` are None, so ``predict`` (with or without ``site``) works, while
-        ``predict_proba``, ``score_samples`` and ``score`` raise ``NotFittedError``.
+        ``history`` and ``clients``. The sites' points never left them: ``labels_``, ``weights_``,
+        ``covariance_`` and the sites' own mixtures (``site_weights_``) are None, so ``predict``
+        works (with ``site`` only under ``labelling="consensus"``), while ``predict_proba``,
+        ``score_samples`` and ``score`` raise ``NotFittedError``.
 
         Parameters
         ----------
@@ -302,6 +319,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         model.history_ = result["history"]
         model.rejected_ = result["clients"]["rejected"]
         model.labels_ = model.weights_ = model.covariance_ = None
+        model.site_weights_ = model.site_variances_ = None
         return model
 
     def predict(self, X, site: int | None = None) -> np.ndarray:
@@ -311,8 +329,8 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         ----------
         X : array-like of shape (n_samples, n_features)
         site : int or None, default=None
-            Label with this site's consensus model (as the site itself would); None: the
-            nearest global centre.
+            Label as this site itself does (``labelling``: with its own mixture over every global
+            centre, or with its consensus model); None: the nearest global centre.
 
         Returns
         -------
@@ -327,7 +345,14 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
             listed = (f"0..{len(valid) - 1}" if valid == list(range(len(valid))) else ", ".join(map(str, valid)))
             kind = ValueError if isinstance(site, Integral) and not isinstance(site, bool) else TypeError
             raise kind(f"site={site!r}: must be None or a site of the fit with a consensus model: {listed}")
-        return self.site_mapping_[site][assign_labels(X, self.site_means_[site])]
+        if self.labelling == "consensus":
+            return self.site_mapping_[site][assign_labels(X, self.site_means_[site])]
+        if getattr(self, "site_weights_", None) is None:
+            raise NotFittedError(f"site={site}: labelling='adapted' needs the site's own mixture, which this estimator "
+                                 "does not hold (rebuilt from a result.json, or saved by an older fedica); predict "
+                                 "without site, or set_params(labelling='consensus')")
+        model = geometry(self.covariance_type)
+        return model.site_labels(X, self.means_, self.site_weights_[site], self.site_variances_[site])
 
     def predict_proba(self, X) -> np.ndarray:
         """Posterior probability of each global cluster for each row of ``X``, under the global mixture.
@@ -417,8 +442,18 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.means_ = agg.global_centroids
         self.site_mapping_ = [agg.labels[slices[g]] if g in slices else None for g in range(len(data))]
         self.site_means_ = [None if m is None else self.means_[m] for m in self.site_mapping_]
-        self.labels_ = [None if m is None else m[assign_labels(X, c)]
-                        for X, m, c in zip(data, self.site_mapping_, self.site_means_)]
+        if self.labelling == "consensus":
+            self.site_weights_ = self.site_variances_ = None
+            self.labels_ = [None if m is None else m[assign_labels(X, c)]
+                            for X, m, c in zip(data, self.site_mapping_, self.site_means_)]
+        else:
+            model = geometry(self.covariance_type)
+            mixtures = [None if m is None else model.site_mixture(X, self.means_)
+                        for X, m in zip(data, self.site_mapping_)]
+            self.site_weights_ = [None if mix is None else mix[0] for mix in mixtures]
+            self.site_variances_ = [None if mix is None else mix[1] for mix in mixtures]
+            self.labels_ = [None if mix is None else model.site_labels(X, self.means_, *mix)
+                            for X, mix in zip(data, mixtures)]
         self.weights_, self.covariance_ = _global_mixture(data, self.labels_, self.means_)
         self.upsilon_ = server.upsilon
         self.tuning_ = server.tuning

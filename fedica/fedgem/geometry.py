@@ -29,10 +29,20 @@ from scipy.spatial.distance import cdist
 from fedica.fedgem import local
 from fedica.fedgem.selection import log_likelihoods
 
-__all__ = ["COVARIANCE_TYPES", "VARIANCE_FLOOR", "Identity", "Spherical", "geometry", "separation"]
+__all__ = ["COVARIANCE_TYPES", "LABELLINGS", "VARIANCE_FLOOR", "Identity", "Spherical", "geometry", "separation"]
 
 # The values of the parameter covariance_type (fedica.parameters declares it with this tuple).
 COVARIANCE_TYPES = ("identity", "spherical")
+
+# The values of the parameter labelling: how a site labels its points with the global model (docs/ALGORITHMS.md
+# section 2.8): the nearest centre of its own components' clusters (consensus, the paper's), or the posterior of
+# its own mixture over every global centre (adapted, :meth:`Identity.site_mixture`).
+LABELLINGS = ("consensus", "adapted")
+
+# The EM of a site's own mixture over the global centres stops when the mean log-likelihood per point gains
+# less than this, or after SITE_MIXTURE_MAX_ITER steps (each step is one pass over a (K_hat, n) matrix).
+SITE_MIXTURE_TOL = 1e-8
+SITE_MIXTURE_MAX_ITER = 200
 
 # Smallest variance a spherical component may learn, relative to its site's mean per-feature
 # variance: a component on duplicated rows would otherwise shrink to 0 and claim every tie.
@@ -144,6 +154,29 @@ class Identity:
         """
         return log_likelihoods(X, candidates)
 
+    def site_mixture(self, X: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, float]:
+        """A site's own mixture over the global ``centres`` (K_hat, d): its weights (K_hat,) and variance.
+
+        The centres stay fixed; EM fits the site's weights (and, under ``spherical``, one variance
+        shared by its components; under ``identity`` the variance is 1) to its points ``X``, from the
+        model the federated ICL scores the site with (2.6.1: the shares of its points nearest each
+        centre, the variance around them). A global cluster the site does not hold ends with a weight
+        near 0, and a site whose own fit put two clusters in one component labels their points apart
+        (docs/ALGORITHMS.md section 2.8, ``labelling: adapted``).
+        """
+        return _site_mixture(X, centres, None if self.learns_variance else 1.0, self._floor(X))
+
+    @staticmethod
+    def _floor(X: np.ndarray) -> float:
+        return VARIANCE_FLOOR * max(float(X.var(axis=0).mean()), np.finfo(float).tiny)
+
+    def site_labels(self, X: np.ndarray, centres: np.ndarray, weights: np.ndarray, variance: float) -> np.ndarray:
+        """Row indices into ``centres`` of the most probable component of each row of ``X`` under the site's mixture."""
+        log_joint = cdist(centres, X, "sqeuclidean")
+        log_joint *= -0.5 / variance
+        log_joint += _log(weights)[:, None]
+        return log_joint.argmax(axis=0)
+
     def n_parameters(self, k_hats: np.ndarray, dim: int) -> np.ndarray:
         """Global parameters of each candidate (L,): its ``K_hat d`` means.
 
@@ -158,10 +191,6 @@ class Spherical(Identity):
 
     name = "spherical"
     learns_variance = True
-
-    @staticmethod
-    def _floor(X: np.ndarray) -> float:
-        return VARIANCE_FLOOR * max(float(X.var(axis=0).mean()), np.finfo(float).tiny)
 
     def initial_variances(self, X: np.ndarray, seeds: np.ndarray) -> np.ndarray:
         """Every component starts at the site's pooled variance around its seeds (K_g,).
@@ -197,8 +226,7 @@ class Spherical(Identity):
         if variances is None:
             raise ValueError("a spherical component needs its variance: the site was not initialised")
         n, d = X.shape
-        # log 0 = -inf: a component of weight 0 takes no responsibility.
-        log_weights = np.log(weights, out=np.full(weights.shape, -np.inf), where=weights > 0)
+        log_weights = _log(weights)
         floor = self._floor(X)
         current = centroids
         for _ in range(n_steps):
@@ -222,6 +250,44 @@ class Spherical(Identity):
         if variances is None or variances.shape != (n_components,):
             raise ValueError("the spherical final radius needs each component's variance")
         return np.sqrt(variances)
+
+
+def _log(weights: np.ndarray) -> np.ndarray:
+    """``log weights`` with ``log 0 = -inf``: a component of weight 0 takes no responsibility."""
+    return np.log(weights, out=np.full(weights.shape, -np.inf), where=weights > 0)
+
+
+def _site_mixture(X: np.ndarray, centres: np.ndarray, variance: float | None, floor: float) -> tuple[np.ndarray, float]:
+    """EM of a mixture's weights (and one shared variance, when ``variance`` is None) with its ``centres`` fixed.
+
+    Written here rather than with scikit-learn's ``GaussianMixture``, which cannot hold its means
+    fixed. The log-likelihood is concave in the weights, so with a fixed variance the EM climbs to
+    their one maximum; the start is the ICL's site model, which makes the result deterministic.
+    """
+    n, d = X.shape
+    distances = cdist(centres, X, "sqeuclidean")  # (K, n): the reductions over k run along contiguous rows
+    counts = np.maximum(np.bincount(distances.argmin(axis=0), minlength=centres.shape[0]), 1)
+    weights = counts / counts.sum()
+    learns = variance is None
+    if learns:
+        variance = max(float(distances.min(axis=0).mean()) / d, floor)
+    previous = -np.inf
+    for _ in range(SITE_MIXTURE_MAX_ITER):
+        joint = distances * (-0.5 / variance)
+        joint += _log(weights)[:, None]
+        peak = joint.max(axis=0)
+        joint -= peak
+        np.exp(joint, out=joint)
+        totals = joint.sum(axis=0)
+        mean_log_likelihood = float((peak + np.log(totals)).mean()) - 0.5 * d * np.log(variance)
+        joint /= totals
+        weights = joint.sum(axis=1) / n
+        if learns:
+            variance = max(float(np.einsum("kn,kn->", joint, distances)) / (n * d), floor)
+        if mean_log_likelihood - previous < SITE_MIXTURE_TOL:
+            break
+        previous = mean_log_likelihood
+    return weights, float(variance)
 
 
 _GEOMETRIES = {"identity": Identity(), "spherical": Spherical()}

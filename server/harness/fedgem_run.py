@@ -19,7 +19,8 @@ from fedica.server.harness.comparators import flower_driver
 
 from fedica.data.scenarios import scenario_client_data, true_n_clusters
 from fedica.evaluation.baselines import evaluate_clustering, run_baselines
-from fedica.fedgem.local import assign_labels
+from fedica.fedgem.client import adapted_labels, consensus_labels
+from fedica.fedgem.geometry import geometry
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 
 log = logging.getLogger("fedica.server")
@@ -104,13 +105,19 @@ def scenario_silhouettes(cfg: Mapping[str, Any], server: FedGEMServer) -> dict[s
     """FedGEM's silhouettes (pooled and per client), scored exactly as the comparators'.
 
     A silhouette needs the points, which never leave a client: for a simulated scenario the
-    server regenerates the clients' test data (as for the comparators) and labels it with each
-    client's consensus model, as the client itself does in the evaluation stage.
+    server regenerates the clients' test data (as for the comparators) and labels it as the client
+    itself does in the evaluation stage (``labelling``: its consensus model, or its own mixture over
+    every global centre).
     """
-    payloads = server.consensus_payloads()
+    payloads = server.evaluation_payloads()
     partitions = sorted(payloads)
     clients = [scenario_client_data(cfg["scenario"], p, int(cfg["seed"])) for p in partitions]
-    labels = [payloads[p]["global-ids"][assign_labels(c.X_test, payloads[p]["centroids"])]
-              for p, c in zip(partitions, clients)]
+    if server.settings.labelling == "adapted":
+        model = geometry(server.settings.covariance_type)
+        labels = [adapted_labels(c.X_train, c.X_test, payloads[p]["centroids"], payloads[p]["global-ids"], model)
+                  for p, c in zip(partitions, clients)]
+    else:
+        labels = [consensus_labels(c.X_test, payloads[p]["centroids"], payloads[p]["global-ids"])
+                  for p, c in zip(partitions, clients)]
     scores = evaluate_clustering(clients, labels)
     return {key: scores[key] for key in ("silhouette", "local_silhouette")}
