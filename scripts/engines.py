@@ -18,6 +18,7 @@ from fedica.scripts.nodes import node_configs
 from fedica.server.app import configure_logging
 from fedica.server.harness.runner import run_federation
 from fedica.server.inprocess import InProcessGrid
+from fedica.server.simulation_state import node_filtered_message_lookup
 from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
@@ -86,7 +87,7 @@ def run_simulation_engine(cfg: Mapping[str, Any]) -> dict[str, Any]:
     level = flwr_log.level
     # run_simulation announces its own deprecation at WARNING on every call; the engine is deliberate.
     flwr_log.setLevel(logging.ERROR)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), node_filtered_message_lookup():
         warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning))
         run_simulation(
             server_app=server_app,

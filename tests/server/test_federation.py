@@ -458,6 +458,45 @@ def test_a_paced_stage_keeps_few_messages_in_flight_and_sends_them_all():
     assert grid.most == 100
 
 
+def test_a_paced_stage_takes_its_rate_from_the_first_reply_not_from_the_actors_start_up(monkeypatch):
+    # A simulation's first stage waits seconds for its actors; once they answer, the stage ramps up as any other.
+    from types import SimpleNamespace
+
+    from fedica.server import federation as books
+
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(books, "time", SimpleNamespace(monotonic=lambda: clock.now,
+                                                     sleep=lambda seconds: setattr(clock, "now", clock.now + seconds)))
+
+    class StartingGrid:
+        """Answers nothing for its first 5 s (the actors starting), then every stored message at each pull."""
+
+        pull_interval = 0.1
+
+        def __init__(self):
+            self.stored, self.pulls_answered = [], 0
+
+        def push_messages(self, messages):
+            ids = [str(id(m)) for m in messages]
+            self.stored += ids
+            return ids
+
+        def pull_messages(self, ids):
+            if clock.now < 5.0:
+                return []
+            self.pulls_answered += 1
+            answered, self.stored = [i for i in self.stored if i in ids], []
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in answered]
+
+    grid = StartingGrid()
+    federation = books.Federation(grid=grid, expected=1000)
+    federation.paced = True
+    assert len(federation.send_and_receive([object() for _ in range(1000)], "fedgem_init init", timeout=600.0)) == 1000
+    # 16 in flight, then the replies so far, doubling: 7 pulls. A rate counted from the stage's start
+    # (16 replies in 5 s) holds the stage at 16 in flight at first: 37 pulls.
+    assert grid.pulls_answered <= 8
+
+
 @pytest.mark.parametrize("n_train", [1000, 4000])
 def test_what_a_client_sends_per_round_does_not_grow_with_its_data(n_train):
     result = run_inprocess(compose_config(SEPARATED_BLOBS + [f"scenario.n_train={n_train}", "baselines=false"]))
