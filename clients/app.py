@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequenc
 from typing import Any
 
 import numpy as np
-from fedica.server.records import CLIENT_ERROR_CODE, pack, unpack
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord
+from fedica.server.records import CLIENT_ERROR_CODE, decode_array, encode_array, pack, unpack
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord
 from flwr.clientapp import ClientApp
 
 from fedica.data.common import ClientData
@@ -130,7 +130,10 @@ class ContextState(MutableMapping):
     """A site's state between messages (its FedGEM centroids), kept in the Flower context's ``state``.
 
     The arrays live in one ArrayRecord under :data:`STATE_KEY`, so they persist as long as Flower
-    keeps the context (a simulation's actor, a SuperNode's run).
+    keeps the context (a simulation's actor, a SuperNode's run). They go in and out through the
+    records codec's :func:`~fedica.server.records.encode_array` and ``decode_array`` (np.save's
+    bytes and np.load's arrays, without parsing a .npy header per array: a site stores its state
+    at every message).
     """
 
     def __init__(self, context: Context):
@@ -143,11 +146,11 @@ class ContextState(MutableMapping):
         record = self._record()
         if key not in record:
             raise KeyError(key)
-        return record[key].numpy()
+        return decode_array(record[key])
 
     def __setitem__(self, key: str, value: np.ndarray) -> None:
         arrays = {name: array for name, array in self._record().items() if name != key}
-        self.context.state[STATE_KEY] = ArrayRecord({**arrays, key: Array(np.ascontiguousarray(value))})
+        self.context.state[STATE_KEY] = ArrayRecord({**arrays, key: encode_array(value)})
 
     def __delitem__(self, key: str) -> None:
         arrays = {name: array for name, array in self._record().items() if name != key}
