@@ -229,12 +229,13 @@ class Federation:
         online = set(self.grid.get_node_ids())
         common = {**self.common_values, **request.values, "server-round": str(request.round_label)}
         messages = []
+        encoded: dict = {}  # a payload array that several clients receive is encoded once (see pack)
         for node, arrays in targets.items():
             if node not in online:
                 # A node the SuperLink has marked offline is not asked (it would only cost the round its timeout).
                 self.reject_node(node, request.round_label, "the node is offline (lost by the SuperLink)")
                 continue
-            messages.append(Message(pack(arrays, common), dst_node_id=node, message_type=message_type(request.task),
+            messages.append(Message(pack(arrays, common, encoded=encoded), dst_node_id=node, message_type=message_type(request.task),
                                     group_id=str(request.round_label)))
         return messages
 

@@ -31,7 +31,8 @@ class MalformedMessage(ValueError):
     """A message lacks a record or holds one of the wrong type."""
 
 
-def pack(arrays: Mapping[str, np.ndarray] | None = None, values: Mapping[str, Any] | None = None) -> RecordDict:
+def pack(arrays: Mapping[str, np.ndarray] | None = None, values: Mapping[str, Any] | None = None, *,
+         encoded: dict[int, tuple[Any, Array]] | None = None) -> RecordDict:
     """Build a message content from numpy arrays and scalar values.
 
     Parameters
@@ -39,10 +40,27 @@ def pack(arrays: Mapping[str, np.ndarray] | None = None, values: Mapping[str, An
     arrays : mapping of str to ndarray, optional
     values : mapping of str to int, float, bool or str, optional
         numpy scalars are converted to Python scalars (Flower's records reject them).
+    encoded : dict, optional
+        The encodings made so far for the messages of one request, by array object: an array that
+        another message of the request already carries is not encoded again, and the messages
+        share its (immutable) bytes. A request that sends every client the same array (FedGEM's
+        candidate models: 6,000 centres, 0.5 MB, to each of 10,000 clients) then holds it once
+        instead of once per client. Arrays must not change while the dict is in use.
     """
-    record_arrays = ArrayRecord({k: encode_array(v) for k, v in (arrays or {}).items()})
+    record_arrays = ArrayRecord({k: _encoded_once(v, encoded) for k, v in (arrays or {}).items()})
     record_values = ConfigRecord({k: _python_scalar(v) for k, v in (values or {}).items()})
     return RecordDict({ARRAYS: record_arrays, VALUES: record_values})
+
+
+def _encoded_once(values: Any, encoded: dict[int, tuple[Any, Array]] | None) -> Array:
+    """:func:`encode_array` of ``values``, or the Array ``encoded`` already holds for this very object."""
+    if encoded is None:
+        return encode_array(values)
+    # The entry keeps the array itself, so that its id cannot pass to another object while the dict lives.
+    known = encoded.get(id(values))
+    if known is None:
+        known = encoded[id(values)] = (values, encode_array(values))
+    return known[1]
 
 
 def unpack(content: RecordDict) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -79,3 +79,20 @@ def test_pack_and_unpack_round_trip():
     arrays, values = unpack(pack({"a": ARRAYS[0], "b": ARRAYS[6]}, {"n-points": np.int64(3), "task": "x"}))
     assert np.array_equal(arrays["a"], ARRAYS[0]) and np.array_equal(arrays["b"], ARRAYS[6])
     assert values == {"n-points": 3, "task": "x"} and type(values["n-points"]) is int
+
+
+def test_a_request_encodes_an_array_it_sends_to_many_clients_once():
+    shared, own = np.arange(12.0).reshape(4, 3), [np.full(2, float(i)) for i in range(3)]
+    encoded: dict = {}
+    contents = [pack({"candidates": shared, "own": own[i]}, {"k": i}, encoded=encoded) for i in range(3)]
+    data = [content["arrays"]["candidates"].data for content in contents]
+    assert data[0] is data[1] is data[2]  # one copy of the bytes for every client
+    assert len({id(content["arrays"]["own"].data) for content in contents}) == 3
+    for i, content in enumerate(contents):  # and each message decodes as if packed alone
+        arrays, values = unpack(content)
+        alone, _ = unpack(pack({"candidates": shared, "own": own[i]}, {"k": i}))
+        assert values == {"k": i} and arrays.keys() == alone.keys()
+        assert all(np.array_equal(arrays[key], alone[key]) for key in alone)
+    # An equal array that is another object is encoded on its own (only the very object is shared).
+    copy = pack({"candidates": shared.copy()}, encoded=encoded)["arrays"]["candidates"]
+    assert copy.data is not data[0] and copy.data == data[0]
