@@ -423,31 +423,35 @@ def test_a_waiting_stage_says_how_many_replies_are_in(monkeypatch, caplog):
     assert lines[0].startswith("fedgem_round 4: 0 of 3 replies after") and lines[-1].startswith("fedgem_round 4: 2 of 3 replies after")
 
 
+class _AnsweringGrid:
+    """A Grid stand-in that answers every stored message at each pull once ``ready()`` (from the start if
+    not given); it remembers the most messages ever stored at once and how many pulls answered."""
+
+    def __init__(self, pull_interval, ready=None):
+        self.pull_interval, self.ready = pull_interval, ready or (lambda: True)
+        self.stored, self.most, self.pulls_answered = [], 0, 0
+
+    def push_messages(self, messages):
+        ids = [str(id(m)) for m in messages]
+        self.stored += ids
+        self.most = max(self.most, len(self.stored))
+        return ids
+
+    def pull_messages(self, ids):
+        from types import SimpleNamespace
+
+        if not self.ready():
+            return []
+        self.pulls_answered += 1
+        answered, self.stored = [i for i in self.stored if i in ids], []
+        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in answered]
+
+
 def test_a_paced_stage_keeps_few_messages_in_flight_and_sends_them_all():
     # Under Flower's simulation every stored message costs a scan per node and pass; pacing bounds them.
-    from types import SimpleNamespace
-
     from fedica.server import federation as books
 
-    class CountingGrid:
-        """Answers every message at the next pull; remembers the most messages ever stored at once."""
-
-        pull_interval = 0.0
-
-        def __init__(self):
-            self.stored, self.most = [], 0
-
-        def push_messages(self, messages):
-            ids = [str(id(m)) for m in messages]
-            self.stored += ids
-            self.most = max(self.most, len(self.stored))
-            return ids
-
-        def pull_messages(self, ids):
-            answered, self.stored = [i for i in self.stored if i in ids], []
-            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in answered]
-
-    grid = CountingGrid()
+    grid = _AnsweringGrid(pull_interval=0.0)
     federation = books.Federation(grid=grid, expected=100)
     federation.paced = True
     messages = [object() for _ in range(100)]
@@ -467,28 +471,7 @@ def test_a_paced_stage_takes_its_rate_from_the_first_reply_not_from_the_actors_s
     clock = SimpleNamespace(now=0.0)
     monkeypatch.setattr(books, "time", SimpleNamespace(monotonic=lambda: clock.now,
                                                      sleep=lambda seconds: setattr(clock, "now", clock.now + seconds)))
-
-    class StartingGrid:
-        """Answers nothing for its first 5 s (the actors starting), then every stored message at each pull."""
-
-        pull_interval = 0.1
-
-        def __init__(self):
-            self.stored, self.pulls_answered = [], 0
-
-        def push_messages(self, messages):
-            ids = [str(id(m)) for m in messages]
-            self.stored += ids
-            return ids
-
-        def pull_messages(self, ids):
-            if clock.now < 5.0:
-                return []
-            self.pulls_answered += 1
-            answered, self.stored = [i for i in self.stored if i in ids], []
-            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in answered]
-
-    grid = StartingGrid()
+    grid = _AnsweringGrid(pull_interval=0.1, ready=lambda: clock.now >= 5.0)  # the actors start for 5 s
     federation = books.Federation(grid=grid, expected=1000)
     federation.paced = True
     assert len(federation.send_and_receive([object() for _ in range(1000)], "fedgem_init init", timeout=600.0)) == 1000
