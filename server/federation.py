@@ -51,9 +51,10 @@ SIMULATION_SETTLE_SECONDS = 1.0
 # node's next message; even with the lookup per node (fedica.server.simulation_state), every ask reads every
 # stored message's destination (about 0.3 us per node and message), and the loop holds the server process's
 # interpreter meanwhile. With a stage's 1,000 messages stored at once, a pass takes 0.3 s: at G=1,000 a round
-# took 4.2 to 6.3 s and the first stage 36 s, against 3.6 to 4.5 s and 12 s paced. So, there only, a stage keeps in flight what the actors take in about IN_FLIGHT_SECONDS
-# (from the replies' rate since the first reply), and at least MIN_IN_FLIGHT: a few per local CPU, so that
-# stages of slow messages still keep every actor of this machine's Ray busy.
+# took 4.2 to 6.3 s and the first stage 36 s, against 3.6 to 4.5 s and 12 s paced. So, there only, a stage
+# keeps in flight what the actors take in about IN_FLIGHT_SECONDS (from the replies' rate since the first
+# reply), and at least MIN_IN_FLIGHT: a few per local CPU, so that stages of slow messages still keep every
+# actor of this machine's Ray busy.
 MIN_IN_FLIGHT = max(16, 4 * (os.cpu_count() or 1))
 IN_FLIGHT_SECONDS = 0.5
 

@@ -37,10 +37,10 @@ def node_filtered_get_message_ins(self: InMemoryLinkState, node_id: int, limit: 
     found: list[Message] = []
     with self.lock:
         for message_id, message in list(self.message_ins_store.items()):
-            if message.metadata.dst_node_id != node_id:
+            metadata = message.metadata
+            if metadata.dst_node_id != node_id:
                 continue
             self._check_stored_messages({message_id})  # may delete it (expired, or a node left the federation)
-            metadata = message.metadata
             if (message_id in self.message_ins_store and (run_id is None or metadata.run_id == run_id)
                     and metadata.delivered_at == ""):
                 found.append(message)
