@@ -122,6 +122,11 @@ def format_summary(result: Mapping[str, Any]) -> str:
         lines.append(f"  rejected client {item['client']} (round {item['round']}): {item['reason']}")
     if len(rejected) > 10:
         lines.append(f"  ... and {len(rejected) - 10} more (see result.json)")
+    # The library's own warnings about the result (UserWarning: a site at its K_g bound, features in different
+    # units), not the expected ones of ordinary runs (an EM start at its iteration limit), which result.json counts.
+    for warning, count in result.get("warnings", {}).items():
+        if warning.startswith("UserWarning: "):
+            lines.append(f"warning: {warning.removeprefix('UserWarning: ')}" + (f" ({count} times)" if count > 1 else ""))
     privacy = result.get("privacy")
     if privacy:
         # A result written before the noise's seed was recorded has no "noise".

@@ -53,6 +53,9 @@ class FedGEMStrategy(ProtocolStrategy):
         A private run's ``epsilon`` and ``delta`` spent, in total and per exchange, and whose seed
         the sites' noise came from (``noise``: secret at each site, or the run's under fedica's
         local engines); None without ``dp_epsilon``.
+    feature_scale_spread_ : float or None
+        How far the sites' feature scales are apart (as ``fedica.FedGEM.feature_scale_spread_``; over 10
+        the run warned); None for a private run.
     server : FedGEMServer
         The protocol's state (everything the run computed).
     """
@@ -137,6 +140,10 @@ class FedGEMStrategy(ProtocolStrategy):
     @property
     def history_(self) -> list[dict[str, Any]]:
         return self.server.history
+
+    @property
+    def feature_scale_spread_(self) -> float | None:
+        return self.server.feature_scale_spread
 
     @property
     def privacy_(self) -> dict[str, Any] | None:

@@ -17,9 +17,11 @@ from typing import Any
 import numpy as np
 
 from fedica.evaluation.metrics import adjusted_rand, contingency, mean_silhouettes
-from fedica.fedgem.geometry import Identity, geometry
+from fedica.fedgem.geometry import Identity, feature_scale_spread, geometry
 from fedica.fedgem.local import assign_labels, kmeans_init, kmeanspp_init
-from fedica.protocol.messages import GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_ROUND, GEM_SILHOUETTE
+from fedica.protocol.messages import (
+    GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_ROUND, GEM_SILHOUETTE, REPORT_SCALE_SPREAD_KEY, SCALE_SPREAD_KEY,
+)
 from fedica.protocol.tasks import Handler, Site
 from fedica.seeding import generator
 
@@ -50,6 +52,8 @@ def initialise(X: np.ndarray, n_components: int, values: Mapping[str, Any], part
     The start is ``local-start``: ``seeds``, the best of ``n-init`` k-means++ seedings (the paper's; a server
     that names none asks for it), or ``kmeans``, Lloyd's k-means refining each seeding, the best kept.
     Also returns the variances the client starts from (None under ``identity``); they stay on the client.
+    A server that asks (``report-scale-spread``) also gets the site's ``feature-scale-spread``, one number: how
+    far its columns' standard deviations are apart (:func:`fedica.fedgem.geometry.feature_scale_spread`).
     """
     rng = generator(int(values["seed"]), "client.kmeanspp", partition_id)
     start = time.perf_counter()
@@ -57,8 +61,10 @@ def initialise(X: np.ndarray, n_components: int, values: Mapping[str, Any], part
     centroids = local_start(X, n_components, n_init=int(values["n-init"]), random_state=rng)
     variances = model_geometry(values).initial_variances(X, centroids)
     seconds = time.perf_counter() - start
-    return ({"centroids": centroids, "weights": uniform_weights(n_components)},
-            {"n-points": X.shape[0], "fit-seconds": seconds}), variances
+    reply_values = {"n-points": X.shape[0], "fit-seconds": seconds}
+    if values.get(REPORT_SCALE_SPREAD_KEY, False):
+        reply_values[SCALE_SPREAD_KEY] = feature_scale_spread(X)
+    return ({"centroids": centroids, "weights": uniform_weights(n_components)}, reply_values), variances
 
 
 def collaborative_round(X: np.ndarray, centroids: np.ndarray, values: Mapping[str, Any],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -25,7 +26,7 @@ from fedica.evaluation.metrics import (
     weighted_local_ari,
 )
 from fedica.fedgem.components import ClientModel, Components, Support
-from fedica.fedgem.geometry import geometry
+from fedica.fedgem.geometry import FEATURE_SCALE_SPREAD_LIMIT, geometry
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.overlaps import TooManyOverlaps
 from fedica.fedgem.selection import EVIDENCE_MINORITY, Candidate, bic, evidence_path_sizes, icl, merge_path, path_sizes
@@ -56,11 +57,14 @@ from fedica.protocol import (
     GEM_ROUND,
     GEM_SILHOUETTE,
     InvalidReply,
+    REPORT_SCALE_SPREAD_KEY,
+    SCALE_SPREAD_KEY,
     OverBudget,
     ProtocolState,
     Reply,
     Request,
     majority_width,
+    optional_float,
     reported_seconds,
     require_array,
     require_int,
@@ -190,6 +194,8 @@ class FedGEMServer(ProtocolState):
         self.final_variances: np.ndarray | None = None  # and their maximisers' noise variances
         self.distrusted: dict[int, str] = {}  # clients caught planting a cluster, and why: trusted no more
         self.aggregated: dict[float, tuple[FinalAggregation, np.ndarray, dict[int, str]]] = {}  # by upsilon, for the distrusted above
+        # The median site's feature_scale_spread (None when no site reported one: a private run never asks).
+        self.feature_scale_spread: float | None = None
 
     @property
     def min_clients(self) -> int:
@@ -205,6 +211,8 @@ class FedGEMServer(ProtocolState):
         if self.privacy is not None:  # the sites add the noise the plan names (fedica.privacy.private_reply)
             model.update(self.privacy.request_values(s.seed))
         start = {"n-init": s.n_init, "local-start": s.local_start, "seed": s.seed, **model}
+        if self.privacy is None:  # one number of each site's data, which a private run's noise would not cover
+            start[REPORT_SCALE_SPREAD_KEY] = True
         self._initialise((yield Request(GEM_INIT, "init", None, start)))
         for round_number in range(1, s.rounds + 1):
             payloads = {p: {"centroids": self.models[p].centroids} for p in self._participants(round_number)}
@@ -269,16 +277,20 @@ class FedGEMServer(ProtocolState):
 
     def _initialise(self, replies: list[Reply]) -> None:
         self.dim = majority_width(replies, "centroids")
+        spreads: dict[int, float] = {}
         for reply in replies:
             try:
                 centroids = validate_gem_components(reply.arrays, "centroids", dim=self.dim, n_components=None)
                 weights = validate_weights(reply.arrays, "weights", centroids.shape[0])
                 n_points = require_int(reply.values, "n-points", minimum=centroids.shape[0])
+                spread = optional_float(reply.values, SCALE_SPREAD_KEY, minimum=1.0)
             except InvalidReply as err:
                 self.reject(reply.partition_id, "init", f"invalid reply: {err}")
                 continue
             self.models[reply.partition_id] = ClientModel(n_points, weights, centroids, n_points)
             self.client_seconds += reported_seconds(reply)
+            if spread is not None:
+                spreads[reply.partition_id] = spread
         for partition, reason in refuse_far_components(self.models):
             self.reject(partition, "init", reason)
         if self.models:
@@ -289,6 +301,22 @@ class FedGEMServer(ProtocolState):
             self.reject(partition, "init", reason)
         self.require(len(self.models), "FedGEM initialisation")
         cap_counts(self.models, self.settings.count_cap_factor)
+        self._check_feature_scales([spreads[p] for p in self.models if p in spreads])
+
+    def _check_feature_scales(self, spreads: list[float]) -> None:
+        """Warn when the sites' features are in units the isotropic model cannot weigh alike (ALGORITHMS.md 2.11.1).
+
+        The median over the admitted sites, so that no minority of clients can raise or silence the warning.
+        """
+        if not spreads:
+            return
+        self.feature_scale_spread = float(np.median(spreads))
+        if self.feature_scale_spread > FEATURE_SCALE_SPREAD_LIMIT:
+            warnings.warn(
+                f"FedGEM: the features' scales differ {self.feature_scale_spread:.3g}-fold (largest column standard "
+                f"deviation over the median column's, median of {len(spreads)} sites; over {FEATURE_SCALE_SPREAD_LIMIT:g}, "
+                "the model's one variance per component weighs the features by their units): K_hat and the labels are "
+                "not to be trusted; standardise each feature by one scale shared by all sites", UserWarning, stacklevel=2)
 
     def _participants(self, round_number: int) -> list[int]:
         """The clients asked in a round: all, or a seeded random share (at least ``min_clients``)."""

@@ -161,6 +161,12 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     privacy_ : dict or None
         A private fit's ``epsilon`` and ``delta`` spent, in total and per exchange
         (:meth:`fedica.privacy.PrivacyPlan.record`); None without ``dp_epsilon``.
+    feature_scale_spread_ : float or None
+        The median site's largest column standard deviation over its median column's
+        (:func:`fedica.fedgem.geometry.feature_scale_spread`); above
+        :data:`~fedica.fedgem.geometry.FEATURE_SCALE_SPREAD_LIMIT` (10) the fit warned that the features'
+        units weigh them and its result is not to be trusted: standardise the features. None for a
+        private fit, whose sites report no such number.
     history_ : list of dict
         Per round: ``super_clusters``, ``mean_radius``, ``centroid_shift``, ...
     rejected_ : list of dict
@@ -458,6 +464,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.upsilon_ = server.upsilon
         self.tuning_ = server.tuning
         self.privacy_ = None if server.privacy is None else server.privacy.record()
+        self.feature_scale_spread_ = server.feature_scale_spread
         self.history_ = server.history
         self.rejected_ = server.rejected
 

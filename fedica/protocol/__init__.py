@@ -32,8 +32,10 @@ from fedica.protocol.messages import (
     GEM_ROUND,
     GEM_SILHOUETTE,
     RAY_NODE_KEY,
+    REPORT_SCALE_SPREAD_KEY,
     REPLY_SIZE_FLOOR,
     RFICA_FIT,
+    SCALE_SPREAD_KEY,
     TRAIN,
     InvalidReply,
     NotEnoughClients,
@@ -45,6 +47,7 @@ from fedica.protocol.messages import (
     client_text,
     majority_width,
     message_type,
+    optional_float,
     payload_bytes,
     reply_size_limits,
     reported_ray_node,
@@ -60,13 +63,14 @@ from fedica.protocol.tasks import ArraySite, ClientTasks, Handler, Site, Transfo
 
 __all__ = [
     "AFCL_INIT", "AFCL_ROUND", "CATEGORY", "ERROR_KEY", "EVALUATE", "FFCM_INIT", "FFCM_ROUND", "GEM_EVALUATE",
-    "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_ROUND", "GEM_SILHOUETTE", "RAY_NODE_KEY", "RFICA_FIT", "TRAIN",
+    "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_ROUND", "GEM_SILHOUETTE", "RAY_NODE_KEY", "REPORT_SCALE_SPREAD_KEY",
+    "RFICA_FIT", "SCALE_SPREAD_KEY", "TRAIN",
     "ArraySite", "ClientTasks", "Handler", "InMemoryFederation", "InvalidReply", "Journal", "JournalError",
     "NotEnoughClients", "OverBudget",
     "ProtocolDriver", "ProtocolRun", "ProtocolState", "Rejection", "Reply", "Request", "RunStopped", "Site",
-    "Transform", "drive", "journaled", "majority_width", "message_type", "record_rejection", "reported_ray_node",
-    "reported_seconds", "require_array", "require_int", "validate_gem_components", "validate_ica_reply",
-    "validate_weights",
+    "Transform", "drive", "journaled", "majority_width", "message_type", "optional_float", "record_rejection",
+    "reported_ray_node", "reported_seconds", "require_array", "require_int", "validate_gem_components",
+    "validate_ica_reply", "validate_weights",
     # the size of a reply
     "REPLY_SIZE_FLOOR", "check_reply_size", "client_text", "payload_bytes", "reply_size_limits",
 ]

@@ -35,6 +35,10 @@ GEM_FINAL = "fedgem_final"
 GEM_SILHOUETTE = "fedgem_silhouette"
 GEM_LIKELIHOOD = "fedgem_likelihood"
 GEM_EVALUATE = "fedgem_evaluate"
+# FedGEM's init request asks for (a true value), and its reply then carries, one number of the site's data: how
+# far its columns' standard deviations are apart (fedica.fedgem.geometry.feature_scale_spread).
+REPORT_SCALE_SPREAD_KEY = "report-scale-spread"
+SCALE_SPREAD_KEY = "feature-scale-spread"
 # The FFCM and AFCL comparators (fedica.evaluation.ffcm, fedica.evaluation.afcl).
 FFCM_INIT = "ffcm_init"
 FFCM_ROUND = "ffcm_round"
@@ -185,6 +189,18 @@ def require_int(values: Mapping[str, Any], key: str, *, minimum: int, maximum: i
         bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
         raise InvalidReply(f"{key!r}={value} must be {bound}")
     return int(value)
+
+
+def optional_float(values: Mapping[str, Any], key: str, *, minimum: float) -> float | None:
+    """Fetch an optional real value ``>= minimum`` from a reply: None when the client sent none."""
+    if key not in values:
+        return None
+    value = values[key]
+    if isinstance(value, bool) or not isinstance(value, (Integral, float)):
+        raise InvalidReply(f"{key!r}={value!r} is not a number")
+    if not (np.isfinite(value) and value >= minimum):
+        raise InvalidReply(f"{key!r}={value!r} must be a finite number >= {minimum:g}")
+    return float(value)
 
 
 def validate_ica_reply(arrays: Mapping[str, Any], values: Mapping[str, Any], *, r: int,

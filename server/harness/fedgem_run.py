@@ -95,6 +95,7 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
             "local_clusters": {str(p): m.n_components for p, m in sorted(server.models.items())},
             "upsilon": server.upsilon,
             "upsilon_tuning": server.tuning,
+            "feature_scale_spread": server.feature_scale_spread,
             "participation": federation.participation,
             "hostile_clients": books.hostile_partitions,
         },
