@@ -75,6 +75,9 @@ def _site_scenario(cfg: Mapping[str, Any], partition_id: int, context: Context) 
     if scenario["name"] != "files":
         return scenario
     if "data-path" in context.node_config:
+        if scenario.get("standardize") == "pool":
+            raise ValueError("scenario.standardize=pool needs every site's file on one machine; a SuperNode reads only "
+                             "its own data-path (give standardize=site)")
         scenario["paths"] = list(scenario["paths"])
         while len(scenario["paths"]) <= partition_id:
             scenario["paths"].append("")

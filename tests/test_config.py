@@ -238,6 +238,8 @@ def test_fedica_run_refuses_in_a_sweep(tmp_path):
         (["algorithm=fedgem", "scenario=waveform", "scenario.test_fraction=1"], "scenario.test_fraction"),
         (["algorithm=fedgem", "scenario=files", "scenario.paths=[a.csv]", "scenario.n_components=2",
           "scenario.test_fraction=1"], "scenario.test_fraction"),
+        (["algorithm=fedgem", "scenario=files", "scenario.paths=[a.csv]", "scenario.n_components=2",
+          "scenario.standardize=zscore"], "scenario.standardize"),
         (["algorithm=fedgem", "attack.kind=scaled_junk", "attack.fraction=0.1"], "attack.kind"),
         (["algorithm=fedgem", "attack.kind=inflated_radius", "attack.fraction=1.0"], "attack.fraction"),
         (["+experiment=rfica_fig1_k", "plot.x=scenario.n_client"], "plot.x"),
@@ -290,6 +292,9 @@ def test_test_fraction_zero_is_refused_up_front():
         (["algorithm=fedgem", "scenario=files", "scenario.paths=[a.csv,b.csv]", "scenario.label_column=-1",
           "engine.ray_address=auto"],
          "engine.ray_address='auto': scenario=files runs on this machine's own Ray only"),
+        (["algorithm=fedgem", "scenario=files", "scenario.paths=[/a.csv,/b.csv]", "scenario.n_components=2",
+          "scenario.standardize=pool", "engine=deployment"],
+         "scenario.standardize=pool: the pooled scale needs every site's file on this machine"),
     ],
 )
 def test_engine_mistakes_are_one_line(overrides, message):

@@ -85,6 +85,12 @@ def resolve_k_range(n_clusters: int, k_min: int, k_max: int | None) -> tuple[int
     return int(k_min), int(k_max)
 
 
+def column_scale(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation (d,) of ``X``'s columns; a constant column's deviation is 1 (it keeps its scale)."""
+    std = X.std(axis=0)
+    return X.mean(axis=0), np.where(std > 0, std, 1.0)
+
+
 def mark_readonly(*arrays: np.ndarray) -> None:
     """Cached arrays are shared between calls; make accidental in-place edits fail loudly."""
     for array in arrays:

@@ -32,7 +32,7 @@ from sklearn.datasets import load_breast_cancer, load_digits, load_iris, load_wi
 from sklearn.model_selection import train_test_split
 
 from fedica.data.blobs import client_cluster_sets
-from fedica.data.common import ClientData, apportion, mark_readonly
+from fedica.data.common import ClientData, apportion, column_scale, mark_readonly
 from fedica.fedgem.local import choose_n_components
 from fedica.seeding import generator, sklearn_seed
 from fedica.validation import check_partition, check_seed, check_test_fraction
@@ -124,13 +124,7 @@ def _partition(dataset: str, split: str, n_clients: int, test_fraction: float, s
 def _pool_scale(dataset: str, split: str, n_clients: int, test_fraction: float, seed: int):
     X, _ = real_dataset(dataset)
     train_idx = _partition(dataset, split, n_clients, test_fraction, seed)[0]
-    return _scale(X[train_idx])
-
-
-def _scale(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and standard deviation (d,) of ``X``'s columns; a constant column's deviation is 1."""
-    std = X.std(axis=0)
-    return X.mean(axis=0), np.where(std > 0, std, 1.0)
+    return column_scale(X[train_idx])
 
 
 def real_client_data(partition_id: int, *, dataset: str = "iris", split: str = "classes",
@@ -169,7 +163,7 @@ def real_client_data(partition_id: int, *, dataset: str = "iris", split: str = "
     if standardize == "pool":
         mean, std = _pool_scale(dataset, split, int(n_clients), test_fraction, seed)
     else:
-        mean, std = _scale(X[train])
+        mean, std = column_scale(X[train])
     X_train, X_test = (X[train] - mean) / std, (X[test] - mean) / std
     if n_components == "given":
         k = int(np.unique(y[train]).size)

@@ -26,7 +26,7 @@ import numpy as np
 
 from fedica.data.blobs import SETTINGS, blobs_client_data
 from fedica.data.classes import digits_client_data, waveform_client_data
-from fedica.data.common import ClientData
+from fedica.data.common import ClientData, column_scale
 from fedica.data.files import (
     AUTO_COMPONENTS,
     Recording,
@@ -214,7 +214,8 @@ def _check_files(sc: Checker) -> None:
     sc.each(lambda: _check_file_list(sc), lambda: _check_write_sources_off(sc),
             lambda: sc.get("test_fraction") is None or sc.number("test_fraction", low=0, high=1, high_open=True),
             lambda: _check_n_components(sc), lambda: sc.choice("covariance_type", COVARIANCE_TYPES),
-            lambda: sc.choice("same_client_rule", SAME_CLIENT_RULES), lambda: sc.choice("labelling", LABELLINGS))
+            lambda: sc.choice("same_client_rule", SAME_CLIENT_RULES), lambda: sc.choice("labelling", LABELLINGS),
+            lambda: sc.get("standardize") is None or sc.choice("standardize", FILE_STANDARDIZE))
 
 
 def _check_sklearn_real(sc: Checker) -> None:
@@ -259,8 +260,26 @@ def _load_client_file(params: dict, partition_id: int, seed: int) -> ClientData:
         n_components = n_components[partition_id]
     path = paths[partition_id]
     X, y = file_table(path, params.get("label_column"))
+    standardize = params.get("standardize")
+    if standardize is not None:  # before the split and the site's K_g choice, which see the standardised points
+        mean, std = column_scale(X) if standardize == "site" else pooled_file_scale(paths, params.get("label_column"))
+        X = (X - mean) / std
     return client_data_from_table(path, X, y, n_components=n_components, test_fraction=params.get("test_fraction"),
                                   seed=seed)
+
+
+def pooled_file_scale(paths: Sequence[str], label_column: int | str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Every feature's mean and standard deviation over every row of every file (``standardize: pool``).
+
+    Held out rows included: no label is used, and the held-out share of each file is drawn after. Files of
+    different widths are refused with one line.
+    """
+    tables = [file_table(path, label_column)[0] for path in paths]
+    widths = sorted({X.shape[1] for X in tables})
+    if len(widths) > 1:
+        raise ValueError(f"scenario 'files': standardize=pool needs every file to have the same columns; they "
+                         f"have {', '.join(map(str, widths))}")
+    return column_scale(np.vstack(tables))
 
 
 def _load_ica_file(params: dict, partition_id: int, seed: int) -> np.ndarray:
@@ -358,7 +377,11 @@ def _labelled(name: str, keys: tuple[str, ...], make: Callable[..., ClientData],
 BLOBS_COPIES = 3
 _CLASS_KEYS = ("n_clients", "test_fraction", "k_min", "k_max")
 _FILE_KEYS = ("paths", "label_column", "n_components", "test_fraction", "write_sources", "covariance_type",
-              "same_client_rule", "labelling")
+              "same_client_rule", "labelling", "standardize")
+# scenario=files' standardize (FedGEM only; null: the files' own units): every column by the mean and standard
+# deviation of every row of every file (pool; the local engines only, which read every file on this machine),
+# or each file by its own (site).
+FILE_STANDARDIZE = ("pool", "site")
 
 # In the order of the scenario names in the config's messages (RF-ICA's first, then FedGEM's).
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -453,8 +476,11 @@ def scenario_client_data(scenario: Mapping, partition_id: int, seed: int) -> Cli
     name, items = _scenario_key(scenario)
     stamp = None
     if name == "files":
-        paths = dict(items).get("paths", ())
-        if 0 <= partition_id < len(paths):
+        params = dict(items)
+        paths = params.get("paths", ())
+        if params.get("standardize") == "pool":  # every file's rows set the scale
+            stamp = tuple(_file_stamp(path) for path in paths)
+        elif 0 <= partition_id < len(paths):
             stamp = _file_stamp(paths[partition_id])
     data = _cached_client_data(name, items, int(partition_id), check_seed(seed), stamp)
     return dataclasses.replace(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +21,7 @@ from fedica.server.harness.comparators import flower_driver
 from fedica.data.scenarios import scenario_client_data, true_n_clusters
 from fedica.evaluation.baselines import evaluate_clustering, run_baselines
 from fedica.fedgem.client import adapted_labels, consensus_labels
-from fedica.fedgem.geometry import geometry
+from fedica.fedgem.geometry import FEATURE_SCALE_SPREAD_LIMIT, geometry
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 
 log = logging.getLogger("fedica.server")
@@ -54,6 +55,11 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
         if strategy.server is not None:
             books.history.extend(strategy.server.history)
     server = strategy.server
+    spread = server.feature_scale_spread
+    if cfg["scenario"]["name"] == "files" and spread is not None and spread > FEATURE_SCALE_SPREAD_LIMIT:
+        # After the library's warning, in the run's warnings and its summary: what the files' user can set.
+        warnings.warn("scenario=files: scenario.standardize=pool standardises every feature over every file's rows "
+                      "(inprocess, simulation); standardize=site, each file on its own rows", UserWarning, stacklevel=2)
     fedgem_metrics = {**server.evaluation, "super_clusters": server.aggregation.k_hat, "upsilon": server.upsilon,
                       "rounds": alg["rounds"]}
     if books.hostile_partitions:

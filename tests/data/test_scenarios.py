@@ -507,9 +507,9 @@ def test_the_central_gmm_on_unlabelled_files_takes_fedgems_k(tmp_path):
     assert gmm["silhouette"] > 0.8
 
 
-def _wine_sites(tmp_path, unit: float) -> list[str]:
-    """wine, as a user writes it: four CSV files with a header, in its own units times ``unit``; site 0 holds
-    one class (K_g = 1), the others two or three."""
+def _wine_sites(tmp_path, unit, folder: str | None = None) -> list[str]:
+    """wine, as a user writes it: four CSV files with a header, in its own units times ``unit`` (one factor, or one
+    per feature); site 0 holds one class (K_g = 1), the others two or three."""
     from sklearn.datasets import load_wine
 
     data = load_wine(as_frame=True)
@@ -520,7 +520,7 @@ def _wine_sites(tmp_path, unit: float) -> list[str]:
     site = np.array([rng.choice([g for g, held in enumerate(classes) if label in held]) for label in frame["target"]])
     paths = []
     for g in range(4):
-        path = tmp_path / f"{unit:g}" / f"site{g}.csv"
+        path = tmp_path / (folder or f"{unit:g}") / f"site{g}.csv"
         path.parent.mkdir(exist_ok=True)
         frame[site == g].to_csv(path, index=False, float_format="%.17g")
         paths.append(str(path))
@@ -540,3 +540,40 @@ def test_a_fedgem_files_run_learns_the_variances_so_the_data_s_units_change_noth
     identity = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target",
                              "algorithm.covariance_type=identity")
     assert identity["config"]["algorithm"]["covariance_type"] == "identity"
+
+
+def test_standardised_files_are_free_of_each_feature_s_unit_and_the_scale_warning_says_when_they_are_not(tmp_path):
+    # wine as shipped: proline (standard deviation 315) beside hue (0.23); FedGEM weighs features by their units.
+    shipped = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target")
+    assert shipped["fedgem"]["feature_scale_spread"] > 100
+    assert any("the features' scales differ" in warning for warning in shipped["warnings"])
+    # Every feature in a unit of its own (1e-3 to 1e3): standardize=pool gives the same clusters, without a warning.
+    units = np.logspace(-3, 3, 13)[np.random.default_rng(1).permutation(13)]
+    pooled = [_fedgem_files(_wine_sites(tmp_path, unit, folder), "scenario.label_column=target",
+                            "scenario.standardize=pool")
+              for unit, folder in ((1.0, None), (units, "per-feature"))]
+    for result in pooled:
+        assert result["fedgem"]["feature_scale_spread"] < 2
+        assert not any("scales differ" in warning for warning in result["warnings"])
+    assert pooled[0]["metrics"]["fedgem"] == pooled[1]["metrics"]["fedgem"]
+    assert pooled[0]["fedgem"]["client_mapping"] == pooled[1]["fedgem"]["client_mapping"]
+    assert pooled[0]["metrics"]["fedgem"]["global_ari"] > shipped["metrics"]["fedgem"]["global_ari"] + 0.3
+
+
+def test_standardize_pool_uses_every_file_s_rows_and_site_each_file_s_own(tmp_path):
+    from fedica.data.scenarios import pooled_file_scale
+
+    paths = _wine_sites(tmp_path, 1.0)
+    tables = [np.loadtxt(path, delimiter=",", skiprows=1)[:, :-1] for path in paths]
+    scenario = {"name": "files", "paths": paths, "label_column": "target", "n_components": None, "test_fraction": 0.0}
+    pooled = np.vstack(tables)
+    mean, std = pooled_file_scale(paths, "target")
+    np.testing.assert_allclose(mean, pooled.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(std, pooled.std(axis=0), rtol=1e-12)
+    for g, table in enumerate(tables):
+        as_pool = scenario_client_data({**scenario, "standardize": "pool"}, g, 0).X_train
+        as_site = scenario_client_data({**scenario, "standardize": "site"}, g, 0).X_train
+        # Nothing is held out (test_fraction 0); the split still shuffles the rows: compare them as sets.
+        np.testing.assert_allclose(np.sort(as_pool, axis=0), np.sort((table - mean) / std, axis=0), atol=1e-12)
+        np.testing.assert_allclose(np.sort(as_site, axis=0),
+                                   np.sort((table - table.mean(axis=0)) / table.std(axis=0), axis=0), atol=1e-12)

@@ -314,6 +314,12 @@ def test_a_supernode_reads_only_its_own_data_path(monkeypatch, tmp_path):
         _site_scenario(cfg, 1, Context(1, 2, {"partition-id": 1, "num-partitions": 2}, RecordDict(), {}))
     own = _site_scenario(cfg, 1, Context(1, 2, {"partition-id": 1, "data-path": "/site/b.csv"}, RecordDict(), {}))
     assert own["paths"][1] == "/site/b.csv"
+    # A pooled scale would read the other sites' paths: a SuperNode refuses it, and standardises its own file.
+    pooled = {"scenario": {**cfg["scenario"], "standardize": "pool"}}
+    with pytest.raises(ValueError, match="standardize=pool needs every site's file on one machine"):
+        _site_scenario(pooled, 1, Context(1, 2, {"partition-id": 1, "data-path": "/site/b.csv"}, RecordDict(), {}))
+    by_site = {"scenario": {**cfg["scenario"], "standardize": "site"}}
+    assert _site_scenario(by_site, 1, Context(1, 2, {"data-path": "/site/b.csv"}, RecordDict(), {}))["standardize"] == "site"
     monkeypatch.setenv(LOCAL_ENGINE_VARIABLE, "1")  # fedica's own local engines
     assert _site_scenario(cfg, 1, Context(1, 2, {"partition-id": 1}, RecordDict(), {}))["paths"][1] == "/etc/passwd"
 
