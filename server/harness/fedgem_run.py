@@ -57,9 +57,12 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
     server = strategy.server
     spread = server.feature_scale_spread
     if cfg["scenario"]["name"] == "files" and spread is not None and spread > FEATURE_SCALE_SPREAD_LIMIT:
-        # After the library's warning, in the run's warnings and its summary: what the files' user can set.
-        warnings.warn("scenario=files: scenario.standardize=pool standardises every feature over every file's rows "
-                      "(inprocess, simulation); standardize=site, each file on its own rows", UserWarning, stacklevel=2)
+        # After the library's warning, in the run's warnings and its summary: what the files' user can set here.
+        pooled = ("standardize=pool is for the engines that read every file on one machine; "
+                  if cfg["engine"]["name"] == "deployment" else
+                  "scenario.standardize=pool standardises every feature over every file's rows; ")
+        warnings.warn(f"scenario=files: {pooled}standardize=site, each site's file on its own rows", UserWarning,
+                      stacklevel=2)
     fedgem_metrics = {**server.evaluation, "super_clusters": server.aggregation.k_hat, "upsilon": server.upsilon,
                       "rounds": alg["rounds"]}
     if books.hostile_partitions:

@@ -547,6 +547,7 @@ def test_standardised_files_are_free_of_each_feature_s_unit_and_the_scale_warnin
     shipped = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target")
     assert shipped["fedgem"]["feature_scale_spread"] > 100
     assert any("the features' scales differ" in warning for warning in shipped["warnings"])
+    assert any("scenario.standardize=pool" in warning for warning in shipped["warnings"])  # what the user can set
     # Every feature in a unit of its own (1e-3 to 1e3): standardize=pool gives the same clusters, without a warning.
     units = np.logspace(-3, 3, 13)[np.random.default_rng(1).permutation(13)]
     pooled = [_fedgem_files(_wine_sites(tmp_path, unit, folder), "scenario.label_column=target",
