@@ -60,6 +60,70 @@ _MATCHED_MAX_ITER = 100
 _ASSIGNMENT_RTOL = 1e-12
 
 
+# The server compares the sites' columns in channel space, where a channel in a unit 1,000 times another's
+# (millivolts beside microvolts) makes every column point along it: the sites' estimates then look degenerate
+# (near-parallel columns) and the run stops. When the median site's largest row norm (a channel's scale in
+# its estimates) is more than this many times the median row's, the server compares the columns with each
+# channel divided by its scale (docs/ALGORITHMS.md section 1.4.3). Measured: 1.0 on the paper's simulation
+# and the signals scenario, 1.15-2.01 on the recordings scenario (16 and 64 channels), 1,000 and more for a
+# channel in another unit.
+CHANNEL_SCALE_SPREAD_LIMIT = 10.0
+# channel_scales' balancing: at most this many steps, stopping when no scale moves by more than _BALANCE_TOL; a
+# channel whose median row norm is below _FLAT_CHANNEL of the median channel's is flat (dead) and keeps its scale.
+_BALANCE_MAX_STEPS = 100
+_BALANCE_TOL = 1e-9
+_FLAT_CHANNEL = 1e-9
+
+
+def channel_scales(estimates) -> np.ndarray:
+    """Each channel's scale in the sites' estimates (p,), relative to the median channel's.
+
+    A row of a mixing matrix is a channel's gain on the unit-variance sources, so its norm is the
+    channel's scale in its own unit; but the sites send unit-norm columns, which squeeze the rows' norms
+    (a channel 30 times the others' shows as 9 times). So the scales are balanced to their fixed point:
+    divide every channel by its scale, make the columns unit-norm again, and multiply each scale by the
+    median over the sites of its row's norm, relative to the median channel's, until no scale moves by
+    more than 1e-9. At the fixed point, multiplying a channel by ``c`` at every site multiplies its scale
+    by ``c``. The medians over the sites hold while fewer than half of them are hostile. A channel whose
+    median row norm is below 1e-9 of the median channel's (flat at most sites: a dead channel) is not
+    rescaled: its scale stays near the median channel's, so that dividing by it amplifies nothing.
+
+    Parameters
+    ----------
+    estimates : array-like of shape (K, p, r)
+
+    Returns
+    -------
+    scales : ndarray of shape (p,), positive, median 1
+    """
+    stack = np.asarray(estimates, dtype=np.float64)
+    scales = np.ones(stack.shape[1])
+    for _ in range(_BALANCE_MAX_STEPS):
+        scaled = stack / scales[:, None]
+        norms = np.linalg.norm(scaled, axis=1, keepdims=True)
+        scaled = np.divide(scaled, norms, out=np.zeros_like(scaled), where=norms > 0)
+        rows = np.median(np.linalg.norm(scaled, axis=2), axis=0)
+        rows /= np.median(rows)
+        rows = np.where(rows > _FLAT_CHANNEL, rows, 1.0)
+        scales *= rows
+        scales /= np.median(scales)
+        if np.max(np.abs(rows - 1.0)) < _BALANCE_TOL:
+            break
+    return scales
+
+
+def channel_scale_spread(scales: np.ndarray) -> float:
+    """How far the channels' scales are apart: the largest over the median (1 when they agree)."""
+    return float(scales.max() / np.median(scales))
+
+
+def in_channel_units(matrix: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Columns found among channels divided by ``scales``, back in the channels' units, each with its norm kept."""
+    back = matrix * scales[:, None]
+    norms = np.linalg.norm(back, axis=0)
+    return back * np.divide(np.linalg.norm(matrix, axis=0), norms, out=np.zeros_like(norms), where=norms > 0)
+
+
 def align_signs(estimates, benchmark) -> np.ndarray:
     """Resolve the sign ambiguity against a benchmark client (paper eq. 3).
 

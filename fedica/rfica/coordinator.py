@@ -12,6 +12,7 @@ aggregate, one exchange a step (section 1.10).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
 from numbers import Integral
 
@@ -36,7 +37,15 @@ from fedica.protocol.messages import (
     validate_ica_convergence,
     validate_refinement_reply,
 )
-from fedica.rfica.aggregation import RfIcaAggregate, normalise_estimates, rf_ica_aggregate
+from fedica.rfica.aggregation import (
+    CHANNEL_SCALE_SPREAD_LIMIT,
+    RfIcaAggregate,
+    channel_scale_spread,
+    channel_scales,
+    in_channel_units,
+    normalise_estimates,
+    rf_ica_aggregate,
+)
 from fedica.rfica.geometric_median import geometric_median
 from fedica.rfica.local import components_for_share
 from fedica.rfica.privacy import check_covered, rfica_plan
@@ -101,6 +110,13 @@ class RFICAState(ProtocolState):
         The columns whose refined value left the spread of their one-shot cluster, where the one-shot
         column stands (:func:`fedica.rfica.refinement.within_one_shot_spread`); every column when the
         refinement did not converge.
+    channel_scale_spread : float or None
+        The largest of the channels' scales in the accepted estimates over the median
+        (:func:`fedica.rfica.aggregation.channel_scales`); None before any estimate.
+    channel_scales : ndarray of shape (r,) or None
+        The scales the columns were compared with (each channel divided by its own), set when the
+        spread is over :data:`~fedica.rfica.aggregation.CHANNEL_SCALE_SPREAD_LIMIT`; None: in the
+        channels' own units, the paper's.
     """
 
     contrast: str = "cube"
@@ -134,6 +150,8 @@ class RFICAState(ProtocolState):
     one_shot_mixing: np.ndarray | None = None
     refinement: list[dict] = field(default_factory=list)
     refinement_reverted: list[int] = field(default_factory=list)
+    channel_scale_spread: float | None = None
+    channel_scales: np.ndarray | None = None
 
     @property
     def federated_whitening(self) -> bool:
@@ -383,6 +401,7 @@ def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: i
         state.n_iter.append(n_iter)
         state.converged.append(converged)
         state.client_seconds += reported_seconds(reply)
+    compare_channels_alike(state)
     refuse_degenerate(state, round_label)
     state.unconverged = [g for g, ok in zip(state.partitions, state.converged) if ok is False]
     if state.unconverged:
@@ -392,12 +411,37 @@ def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: i
                              ", ".join(str(n) for n, ok in zip(state.n_iter, state.converged) if ok is False))
 
 
+def compare_channels_alike(state: RFICAState) -> None:
+    """Measure the channels' scales in the estimates; when they are far apart, compare columns with each channel scaled.
+
+    Below :data:`~fedica.rfica.aggregation.CHANNEL_SCALE_SPREAD_LIMIT` nothing changes (the paper's
+    comparison in the channels' units). Above it the degeneracy check and the aggregation see every
+    channel divided by its scale, the aggregate's columns go back to the channels' units, and one
+    warning line says so (docs/ALGORITHMS.md section 1.4.3).
+    """
+    if not state.estimates:
+        return
+    scales = channel_scales(np.stack(state.estimates))
+    state.channel_scale_spread = channel_scale_spread(scales)
+    if state.channel_scale_spread > CHANNEL_SCALE_SPREAD_LIMIT:
+        state.channel_scales = scales
+        warnings.warn(f"RF-ICA: the channels' scales differ {state.channel_scale_spread:.3g}-fold (largest over the "
+                      "median, in the sites' estimates); the sites' columns were compared with each channel divided by "
+                      "its scale, so that no channel's unit decides the clusters", UserWarning, stacklevel=2)
+
+
+def _compared(state: RFICAState) -> np.ndarray:
+    """The accepted estimates as the server compares them: in the channels' units, or each channel scaled."""
+    stack = np.stack(state.estimates)
+    return stack if state.channel_scales is None else stack / state.channel_scales[:, None]
+
+
 def refuse_degenerate(state: RFICAState, round_label: int = 1) -> None:
     """Refuse the accepted estimates :func:`fedica.rfica.trust.estimate_defects` finds degenerate, each with its reason."""
     if not state.estimates:
         return
     with state.server_time():
-        defects = estimate_defects(np.stack(state.estimates))
+        defects = estimate_defects(_compared(state))
     for index in sorted(defects, reverse=True):
         state.reject(state.partitions[index], round_label, f"degenerate estimate: {defects[index]}")
         for books in (state.estimates, state.n_samples, state.partitions, state.n_iter, state.converged):
@@ -418,7 +462,12 @@ def aggregate_estimates(state: RFICAState) -> None:
     """The robust one-shot aggregation of the received estimates."""
     with state.server_time():
         state.aggregate = rf_ica_aggregate(
-            np.stack(state.estimates), np.asarray(state.n_samples), benchmark=state.benchmark,
+            _compared(state), np.asarray(state.n_samples), benchmark=state.benchmark,
             kmeans_restarts=state.kmeans_restarts, gm_tol=state.gm_tol, clustering=state.clustering,
             center=state.center, random_state=state.seed)
+        scales = state.channel_scales
+        if scales is not None:
+            state.aggregate = replace(state.aggregate, **{
+                name: in_channel_units(getattr(state.aggregate, name), scales)
+                for name in ("rf_ica", "f_ica", "simple_mean", "simple_median")})
 

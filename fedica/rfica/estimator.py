@@ -131,6 +131,10 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         The iterations of each site's estimate. None after :meth:`aggregate`.
     whitening_ : ndarray of shape (n_components_, n_features) or None
         The federated whitening the sites received; None without it.
+    channel_scale_spread_ : float
+        How far the channels' scales in the sites' estimates are apart (the largest over the median,
+        :func:`fedica.rfica.aggregation.channel_scales`); over 10 (a channel in another unit) the
+        server compared the sites' columns with each channel divided by its scale, and warned.
     labels_ : ndarray of shape (n_sites, n_features)
         The cluster (column of ``mixing_``) of each column of each site's estimate; with
         ``clustering="matched"`` every row is a permutation of ``range(n_features)``.
@@ -325,6 +329,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.site_converged_ = np.array(state.converged, dtype=bool) if told else None
         self.site_iterations_ = np.array(state.n_iter, dtype=np.int64) if told else None
         self.whitening_ = state.whitening_matrix
+        self.channel_scale_spread_ = state.channel_scale_spread
         self.labels_ = agg.labels
         self.benchmark_site_ = state.partitions[agg.benchmark]
         self.f_ica_, self.simple_mean_, self.simple_median_ = agg.f_ica, agg.simple_mean, agg.simple_median
