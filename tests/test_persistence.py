@@ -227,6 +227,7 @@ def test_fedgem_from_result_is_the_runs_model(fedgem_run, tmp_path):
     np.testing.assert_array_equal(model.means_, centroids)
     assert model.n_clusters_ == result["metrics"]["fedgem"]["super_clusters"]
     assert model.upsilon_ == section["upsilon"]
+    assert model.feature_scale_spread_ == section["feature_scale_spread"] and model.feature_scale_spread_ >= 1
     assert model.history_ == result["history"] and model.rejected_ == result["clients"]["rejected"]
     assert model.get_params()["rounds"] == 6 and model.random_state == 4
     assert {k: v for k, v in model.get_params().items() if k in config["algorithm"]} == {
@@ -257,6 +258,7 @@ def test_rfica_from_result_is_the_runs_model(rfica_run):
     np.testing.assert_array_equal(model.components_, np.asarray(section["unmixing"]))
     np.testing.assert_array_equal(model.f_ica_, np.asarray(section["estimates"]["f-ica"]))
     assert model.benchmark_site_ == int(section["benchmark_client"])
+    assert model.channel_scale_spread_ == section["channel_scale_spread"] and model.channel_scale_spread_ >= 1
     assert model.contrast == "logcosh" and model.random_state == result["seed"]
     np.testing.assert_array_equal(model.mean_, np.zeros(model.mixing_.shape[0]))
     assert model.site_mixings_ is None and model.labels_ is None

@@ -322,6 +322,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
                                            dtype=np.int64)
         model.upsilon_ = float(section["upsilon"])
         model.tuning_ = section["upsilon_tuning"]
+        model.feature_scale_spread_ = section.get("feature_scale_spread")  # None in a result written before it
         model.history_ = result["history"]
         model.rejected_ = result["clients"]["rejected"]
         model.labels_ = model.weights_ = model.covariance_ = None

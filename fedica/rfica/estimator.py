@@ -309,6 +309,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
             for name in ("f-ica", "simple-mean", "simple-median"))
         model.rejected_ = result["clients"]["rejected"]
         model.privacy_ = result.get("privacy")
+        model.channel_scale_spread_ = section.get("channel_scale_spread")  # None in a result written before it
         return model
 
     def _state(self, r: int) -> RFICAState:
