@@ -44,7 +44,7 @@ def _site(path: Path, rows: int = 30, bad_line: int | None = None) -> str:
 @pytest.mark.parametrize("overrides, line", [
     (["algorithm=fedgem", "scenario=files", "scenario.label_colum=label"],
      "scenario.label_colum: unknown key; scenario 'files' has keys paths, label_column, n_components, test_fraction, "
-     "write_sources, covariance_type, same_client_rule, labelling (did you mean scenario.label_column?)"),
+     "write_sources, covariance_type, same_client_rule, labelling, standardize (did you mean scenario.label_column?)"),
     (["seed2=3"], "seed2: unknown key; the top level has keys seed,"),
     (["algorithm=fedgm"], "algorithm=fedgm: no such option; algorithm has fedgem, rfica (did you mean algorithm=fedgem?)"),
     (["seed=[1"], "seed=[1: not a valid override (no viable alternative at input '[1')"),
@@ -62,7 +62,7 @@ def test_fedica_deploy_says_a_composition_error_the_same_way(tmp_path):
     assert done.returncode == 2, done.stderr
     assert _lines(done) == ["fedica-deploy: configuration error: scenario.label_colum: unknown key; scenario 'files' "
                             "has keys paths, label_column, n_components, test_fraction, write_sources, "
-                            "covariance_type, same_client_rule, labelling "
+                            "covariance_type, same_client_rule, labelling, standardize "
                             "(did you mean scenario.label_column?)"]
 
 
