@@ -142,8 +142,22 @@ def _still_running(pids):
 
 
 def _ports_free(options, n_nodes=3):
-    """Nothing listens any more on the deployment's ports."""
-    return all(deploy.port_is_free("127.0.0.1", p) for p in [options.superlink_port] + [options.supernode_port + i for i in range(n_nodes)])
+    """Nothing listens any more on the deployment's ports.
+
+    Asked by connecting, not by binding: the ports come from the ephemeral range, where the other
+    deployments running beside this one take their outgoing connections' local ports, so a port whose
+    server is gone can still be held by another process's connection (a CI run found a killed-node
+    deployment's port not bindable after every one of its processes had exited).
+    """
+    return not any(_listening(p) for p in [options.superlink_port] + [options.supernode_port + i for i in range(n_nodes)])
+
+
+def _listening(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2.0):
+            return True
+    except OSError:  # refused (nothing listens) or no answer
+        return False
 
 
 def _wait_for(predicate, timeout, what):
