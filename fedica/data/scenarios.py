@@ -26,7 +26,7 @@ import numpy as np
 
 from fedica.data.blobs import SETTINGS, blobs_client_data
 from fedica.data.classes import digits_client_data, waveform_client_data
-from fedica.data.common import ClientData, column_scale
+from fedica.data.common import ClientData, column_scale, mark_readonly
 from fedica.data.files import (
     AUTO_COMPONENTS,
     Recording,
@@ -272,14 +272,23 @@ def pooled_file_scale(paths: Sequence[str], label_column: int | str | None = Non
     """Every feature's mean and standard deviation over every row of every file (``standardize: pool``).
 
     Held out rows included: no label is used, and the held-out share of each file is drawn after. Files of
-    different widths are refused with one line.
+    different widths are refused with one line. Computed once per process for the files as they are (every
+    site's loader asks for it: G sites would otherwise stack every file G times).
     """
+    paths = tuple(str(path) for path in paths)
+    return _cached_pooled_scale(paths, label_column, tuple(_file_stamp(path) for path in paths))
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_pooled_scale(paths: tuple[str, ...], label_column, _stamps) -> tuple[np.ndarray, np.ndarray]:
     tables = [file_table(path, label_column)[0] for path in paths]
     widths = sorted({X.shape[1] for X in tables})
     if len(widths) > 1:
         raise ValueError(f"scenario 'files': standardize=pool needs every file to have the same columns; they "
                          f"have {', '.join(map(str, widths))}")
-    return column_scale(np.vstack(tables))
+    mean, std = column_scale(np.vstack(tables))
+    mark_readonly(mean, std)  # the cache's own: the loaders only read them
+    return mean, std
 
 
 def _load_ica_file(params: dict, partition_id: int, seed: int) -> np.ndarray:
