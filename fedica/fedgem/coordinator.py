@@ -46,6 +46,7 @@ from fedica.fedgem.trust import (
     robust_totals,
     table_caps,
     trusted_final_aggregation,
+    trusted_grid_aggregations,
     trusted_server_step,
 )
 from fedica.fedgem.tuning import select_upsilon
@@ -193,7 +194,8 @@ class FedGEMServer(ProtocolState):
         self.final_counts: np.ndarray | None = None  # a private run's noisy counts of the final components
         self.final_variances: np.ndarray | None = None  # and their maximisers' noise variances
         self.distrusted: dict[int, str] = {}  # clients caught planting a cluster, and why: trusted no more
-        self.aggregated: dict[float, tuple[FinalAggregation, np.ndarray, dict[int, str]]] = {}  # by upsilon, for the distrusted above
+        # by upsilon, for the distrusted above (or the upsilon's TooManyOverlaps)
+        self.aggregated: dict[float, tuple[FinalAggregation, np.ndarray, dict[int, str]] | TooManyOverlaps] = {}
         # The median site's feature_scale_spread (None when no site reported one: a private run never asks).
         self.feature_scale_spread: float | None = None
 
@@ -386,11 +388,12 @@ class FedGEMServer(ProtocolState):
         """
         if self.support is None:
             return
-        upsilons = self.settings.upsilon_grid if self.settings.upsilon == "auto" else [self.settings.upsilon]
+        upsilons = [float(u) for u in (self.settings.upsilon_grid if self.settings.upsilon == "auto" else [self.settings.upsilon])]
         while True:
             caught: dict[int, list[str]] = {}
             aggregated = 0
-            for upsilon in map(float, upsilons):
+            self._aggregate_grid(upsilons)
+            for upsilon in upsilons:
                 try:
                     planters = self._final_aggregation(upsilon)[2]
                 except TooManyOverlaps:
@@ -558,19 +561,38 @@ class FedGEMServer(ProtocolState):
     def _final_aggregation(self, upsilon: float) -> tuple[FinalAggregation, np.ndarray, dict[int, str]]:
         """The trusted final aggregation at ``upsilon``, its untrusted components and the planters it catches
         beyond :attr:`distrusted` (computed once per upsilon while :attr:`distrusted` stays the same)."""
+        stored = self.aggregated.get(upsilon)
+        if isinstance(stored, TooManyOverlaps):
+            raise TooManyOverlaps(*stored.args)
         if upsilon not in self.aggregated:
-            radii = final_radii(self.models, self.final, upsilon, self.geometry)
-            if self.privacy is not None:  # each final ball also holds its maximiser's noise
-                radii = privacy.widened_radii(radii, self.final_variances, debias=False)
-            self.aggregated[upsilon] = trusted_final_aggregation(self.final, radii, self.settings.radius_outlier_factor,
-                                                                 self.support, self.settings.max_overlap_pairs,
-                                                                 self.distrusted)
+            self.aggregated[upsilon] = trusted_final_aggregation(self.final, self._final_radii(upsilon),
+                                                                 self.settings.radius_outlier_factor, self.support,
+                                                                 self.settings.max_overlap_pairs, self.distrusted)
         return self.aggregated[upsilon]
+
+    def _aggregate_grid(self, upsilons: list[float]) -> None:
+        """Fill :attr:`aggregated` at every one of ``upsilons`` not yet in it, in one union-find sweep where the
+        radii allow (:func:`~fedica.fedgem.trust.trusted_grid_aggregations`); an upsilon over ``max_overlap_pairs``
+        holds its :class:`~fedica.fedgem.overlaps.TooManyOverlaps`, raised by :meth:`_final_aggregation`."""
+        missing = [u for u in upsilons if u not in self.aggregated]
+        if len(missing) > 1:
+            self.aggregated.update(trusted_grid_aggregations(
+                self.final, {u: self._final_radii(u) for u in missing}, self.settings.radius_outlier_factor,
+                self.support, self.settings.max_overlap_pairs, self.distrusted))
+
+    def _final_radii(self, upsilon: float) -> np.ndarray:
+        """The squared final radii at ``upsilon`` (:func:`~fedica.fedgem.trust.final_radii`)."""
+        radii = final_radii(self.models, self.final, upsilon, self.geometry)
+        if self.privacy is not None:  # each final ball also holds its maximiser's noise
+            radii = privacy.widened_radii(radii, self.final_variances, debias=False)
+        return radii
 
     def _grid_aggregations(self) -> list[tuple[float, FinalAggregation, np.ndarray]]:
         """(upsilon, aggregation, excluded) for every upsilon of the grid whose overlaps fit ``max_overlap_pairs``."""
         done = []
-        for upsilon in map(float, self.settings.upsilon_grid):
+        grid = [float(u) for u in self.settings.upsilon_grid]
+        self._aggregate_grid(grid)
+        for upsilon in grid:
             try:
                 done.append((upsilon, *self._final_aggregation(upsilon)[:2]))
             except TooManyOverlaps as err:

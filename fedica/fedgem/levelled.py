@@ -81,6 +81,21 @@ def ratio_levels(centers, radii, owners):
 def levelled_labels(centers, radii, owner_code, levels, *, sample=None, max_pairs=None):
     """Roots (m,) of the constrained union-find over all overlapping pairs, level by level.
 
+    The last of :func:`levelled_sweep`'s snapshots; its parameters.
+    """
+    roots = None
+    for _, roots in levelled_sweep(centers, radii, owner_code, levels, sample=sample, max_pairs=max_pairs):
+        pass
+    return roots
+
+
+def levelled_sweep(centers, radii, owner_code, levels, *, sample=None, max_pairs=None):
+    """The constrained union-find over all overlapping pairs, level by level, seen after each level.
+
+    After the level that ends at ``t`` the sets are those of the pairs of ratio at most ``t``
+    (:func:`fedica.fedgem.superclusters.nested_super_clusters` reads them as the partitions of
+    the balls of radii ``t * radii``).
+
     Parameters
     ----------
     centers : ndarray of shape (m, d)
@@ -96,10 +111,12 @@ def levelled_labels(centers, radii, owner_code, levels, *, sample=None, max_pair
         Memory budget: :class:`fedica.fedgem.overlaps.TooManyOverlaps` when a level is
         expected to list more pairs than this.
 
-    Returns
-    -------
-    ndarray of shape (m,), int
-        The root of every component's set.
+    Yields
+    ------
+    threshold : float
+        The level's end.
+    roots : ndarray of shape (m,), int
+        The root of every component's set once the level's pairs are taken.
     """
     m = centers.shape[0]
     # The geometry runs in spatial order (cache); the pairs' order and ties use the original rows.
@@ -133,7 +150,7 @@ def levelled_labels(centers, radii, owner_code, levels, *, sample=None, max_pair
         order = np.argsort(ratio, kind="stable")
         union.add_edges(np.column_stack([first[order], second[order]]))
         previous = threshold
-    return union.roots()
+        yield threshold, union.roots()
 
 
 def _sampled_listings(sample, previous, threshold, roots, union):

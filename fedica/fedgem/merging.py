@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedica.fedgem.consensus import consensus_centers, segment_sum
-from fedica.fedgem.superclusters import super_clusters
+from fedica.fedgem.superclusters import nested_super_clusters, super_clusters
 from fedica.validation import as_centers, as_vector
 
 
@@ -116,6 +116,35 @@ def final_aggregation(centers, eps_final, owners, weights, *, max_pairs=None):
     radii = np.sqrt(as_vector(eps_final, m, "eps_final"))
     weights = as_vector(weights, m, "weights", positive=True)
     return _averaged(centers, super_clusters(centers, radii, owners, max_pairs=max_pairs), weights)
+
+
+def nested_final_aggregations(centers, eps_final, owners, weights, shares, *, max_pairs=None):
+    """:func:`final_aggregation` at the squared radii ``share * eps_final`` for every share, in one sweep.
+
+    An upsilon grid's final radii are such a family (``eps_final`` is proportional to upsilon):
+    the super-clusters of all of them come from one union-find run
+    (:func:`fedica.fedgem.superclusters.nested_super_clusters`, equal to one run per share except
+    where two overlap ratios agree to the last bits).
+
+    Parameters
+    ----------
+    centers, eps_final, owners, weights
+        As :func:`final_aggregation`; ``eps_final`` the largest share's.
+    shares : sequence of float
+        Increasing, in ``(0, 1]``.
+    max_pairs : int or None, default=None
+
+    Returns
+    -------
+    list of (FinalAggregation or None)
+        One per share; None where the sweep went over ``max_pairs`` before reaching it.
+    """
+    centers = as_centers(centers)
+    m = centers.shape[0]
+    radii = np.sqrt(as_vector(eps_final, m, "eps_final"))
+    weights = as_vector(weights, m, "weights", positive=True)
+    labels = nested_super_clusters(centers, radii, owners, np.sqrt(shares), max_pairs=max_pairs)
+    return [None if found is None else _averaged(centers, found, weights) for found in labels]
 
 
 def without_clusters(aggregation, centers, weights, dropped):

@@ -28,7 +28,14 @@ from fedica.data.common import apportion
 from fedica.evaluation.metrics import leave_one_out_aris
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.geometry import Identity, separation
-from fedica.fedgem.merging import FinalAggregation, final_aggregation, server_step, without_clusters
+from fedica.fedgem.merging import (
+    FinalAggregation,
+    final_aggregation,
+    nested_final_aggregations,
+    server_step,
+    without_clusters,
+)
+from fedica.fedgem.overlaps import TooManyOverlaps
 
 log = logging.getLogger("fedica.server")
 
@@ -370,13 +377,81 @@ def trusted_final_aggregation(
     planters : dict of int to str
         The clients caught planting here (beyond ``distrusted``), each with the reason.
     """
-    scale = functools.cache(lambda: separation_scale(final))
-    excluded = outlying_radii(radii, factor, scale) | (outlying_radii(final.eps, factor, scale) & (final.eps > radii))
-    excluded |= np.isin(final.owners, list(distrusted))
-    planters: dict[int, str] = {}
+    excluded = untrusted_final_components(final, radii, factor, distrusted)
     keep = ~excluded
     trusted = final_aggregation(final.centers[keep], radii[keep], final.owners[keep], final.weights[keep],
                                 max_pairs=max_pairs)
+    return _supported_aggregation(final, excluded, trusted, support)
+
+
+def trusted_grid_aggregations(
+    final: Components, radii_by_upsilon: Mapping[float, np.ndarray], factor: float | None,
+    support: Support | None = None, max_pairs: int | None = None, distrusted: Collection[int] = (),
+) -> dict[float, tuple[FinalAggregation, np.ndarray, dict[int, str]] | TooManyOverlaps]:
+    """:func:`trusted_final_aggregation` at every upsilon of a grid, with one union-find per set of trusted components.
+
+    The upsilons whose trusted components are the same, and whose squared final radii are one
+    array scaled (``eps_final`` is proportional to upsilon, :func:`final_radii`), share one
+    union-find sweep (:func:`fedica.fedgem.merging.nested_final_aggregations`). Any other upsilon
+    (say, under privacy, where each radius also holds its maximiser's noise) is aggregated alone.
+
+    Parameters
+    ----------
+    final : Components
+    radii_by_upsilon : mapping of float to ndarray of shape (m,)
+        The squared final radii at every upsilon.
+    factor, support, max_pairs, distrusted
+        As :func:`trusted_final_aggregation`.
+
+    Returns
+    -------
+    dict of float to (tuple or TooManyOverlaps)
+        Per upsilon, what :func:`trusted_final_aggregation` returns there, or the
+        :class:`~fedica.fedgem.overlaps.TooManyOverlaps` it raises.
+    """
+    excluded = {u: untrusted_final_components(final, radii, factor, distrusted) for u, radii in radii_by_upsilon.items()}
+    trusted: dict[float, FinalAggregation | None] = dict.fromkeys(radii_by_upsilon)
+    groups: dict[bytes, list[float]] = {}
+    for upsilon in sorted(radii_by_upsilon):
+        groups.setdefault(excluded[upsilon].tobytes(), []).append(upsilon)
+    for upsilons in groups.values():
+        keep = ~excluded[upsilons[0]]
+        largest = radii_by_upsilon[upsilons[-1]][keep]
+        shares = [u / upsilons[-1] for u in upsilons]
+        if len(upsilons) > 1 and all(np.allclose(radii_by_upsilon[u][keep], share * largest, rtol=1e-12, atol=0.0)
+                                     for u, share in zip(upsilons, shares)):
+            swept = nested_final_aggregations(final.centers[keep], largest, final.owners[keep], final.weights[keep],
+                                              shares, max_pairs=max_pairs)
+            trusted.update(zip(upsilons, swept))
+    results: dict[float, tuple[FinalAggregation, np.ndarray, dict[int, str]] | TooManyOverlaps] = {}
+    for upsilon, radii in radii_by_upsilon.items():
+        keep = ~excluded[upsilon]
+        aggregation = trusted[upsilon]
+        if aggregation is None:
+            try:
+                aggregation = final_aggregation(final.centers[keep], radii[keep], final.owners[keep],
+                                                final.weights[keep], max_pairs=max_pairs)
+            except TooManyOverlaps as err:
+                results[upsilon] = err
+                continue
+        results[upsilon] = _supported_aggregation(final, excluded[upsilon], aggregation, support)
+    return results
+
+
+def untrusted_final_components(final: Components, radii: np.ndarray, factor: float | None,
+                               distrusted: Collection[int] = ()) -> np.ndarray:
+    """The components the final aggregation at squared radii ``radii`` does not trust (see :func:`trusted_final_aggregation`)."""
+    scale = functools.cache(lambda: separation_scale(final))
+    excluded = outlying_radii(radii, factor, scale) | (outlying_radii(final.eps, factor, scale) & (final.eps > radii))
+    return excluded | np.isin(final.owners, list(distrusted))
+
+
+def _supported_aggregation(final: Components, excluded: np.ndarray, trusted: FinalAggregation,
+                           support: Support | None) -> tuple[FinalAggregation, np.ndarray, dict[int, str]]:
+    """The support rule applied to the aggregation ``trusted`` of the components not ``excluded``
+    (updated in place), the untrusted mapped to the nearest global centroid, and the planters caught."""
+    planters: dict[int, str] = {}
+    keep = ~excluded
     while True:
         if support is None:
             break

@@ -13,12 +13,9 @@ from fedica.fedgem.consensus import (
 )
 from fedica.fedgem.merging import final_aggregation, server_step, without_clusters
 from fedica.fedgem.overlaps import candidate_pairs
-from fedica.fedgem.superclusters import (
-    _constrained_union_find,
-    _first_appearance_labels,
-    super_clusters,
-)
+from fedica.fedgem.superclusters import _first_appearance_labels, super_clusters
 from fedica.fedgem.tuning import select_upsilon
+from fedica.fedgem.union import ConstrainedUnion
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -232,6 +229,14 @@ def test_dense_overlaps_match_specification():
     assert labels.max() + 1 == per_owner
 
 
+def _union_roots(edges, node_owner, chunk_sizes):
+    """Roots after the edges are given to one ConstrainedUnion in as many calls as ``chunk_sizes``."""
+    union = ConstrainedUnion(node_owner)
+    for part, chunk_size in zip(np.array_split(edges, len(chunk_sizes)), chunk_sizes):
+        union.add_edges(part, chunk_size=chunk_size)
+    return union.roots()
+
+
 @pytest.mark.parametrize("chunk_size", [1, 3, 64, 10**9])
 def test_constrained_union_find_does_not_depend_on_the_chunk_size(chunk_size):
     rng = np.random.default_rng(91)
@@ -239,8 +244,11 @@ def test_constrained_union_find_does_not_depend_on_the_chunk_size(chunk_size):
     node_owner = rng.integers(0, 25, size=n_nodes)
     edges = rng.integers(0, n_nodes, size=(6_000, 2))
     edges = edges[edges[:, 0] != edges[:, 1]]
-    expected = _constrained_union_find(n_nodes, edges, node_owner, chunk_size=10**9)
-    roots = _constrained_union_find(n_nodes, edges, node_owner, chunk_size=chunk_size)
+    expected = _union_roots(edges, node_owner, [10**9])
+    roots = _union_roots(edges, node_owner, [chunk_size])
+    # Edges given in several calls are taken as one sequence.
+    np.testing.assert_array_equal(_first_appearance_labels(_union_roots(edges, node_owner, [chunk_size] * 3)),
+                                  _first_appearance_labels(expected))
     np.testing.assert_array_equal(
         _first_appearance_labels(roots), _first_appearance_labels(expected)
     )

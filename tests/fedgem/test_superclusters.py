@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from fedica.fedgem.levelled import levelled_labels, ratio_levels
 from fedica.fedgem.overlaps import TooManyOverlaps, candidate_pairs
-from fedica.fedgem.superclusters import _first_appearance_labels, super_clusters
+from fedica.fedgem.superclusters import _first_appearance_labels, nested_super_clusters, super_clusters
 from fedica.fedgem.union import unique_keys
 
 
@@ -124,3 +124,63 @@ def test_unique_keys_equal_numpy_unique(values, few_distinct):
     np.testing.assert_array_equal(distinct, expected)
     np.testing.assert_array_equal(inverse, expected_inverse.reshape(-1))
     np.testing.assert_array_equal(unique_keys(keys), expected)
+
+
+# ------------------------------------------------------------------ nested thresholds (one sweep for a grid)
+
+THRESHOLDS = [0.05, 0.2, 0.45, 0.7, 1.0]
+
+
+@pytest.mark.parametrize("radius", [0.02, 0.25, 1.0])
+def test_one_sweep_gives_each_thresholds_super_clusters(radius):
+    # radius 0.02: sparse overlaps (the full list); 0.25 and 1.0: dense (the levels), with owner conflicts.
+    centers, radii, owners = clustered(2, radius=radius)
+    swept = nested_super_clusters(centers, radii, owners, THRESHOLDS)
+    for threshold, labels in zip(THRESHOLDS, swept):
+        np.testing.assert_array_equal(labels, specification(centers, threshold * radii, owners))
+    counts = [int(labels.max()) + 1 for labels in swept]
+    assert counts == sorted(counts, reverse=True)
+    if radius > 0.02:
+        assert counts[0] > counts[-1]  # the thresholds matter: the partitions differ
+    for finer, coarser in zip(swept, swept[1:]):  # each refines the next
+        assert all(np.unique(coarser[finer == label]).size == 1 for label in np.unique(finer))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1), st.integers(4, 60), st.lists(st.floats(0.01, 1.0), min_size=1, max_size=5))
+def test_one_sweep_equals_the_specification_on_small_federations(seed, m, thresholds):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(m, 2)).round(1)  # ties in distance
+    radii = rng.choice([0.0, 0.3, 0.6], size=m)  # ties in radius, and zero radii
+    owners = rng.integers(0, max(2, m // 3), size=m)
+    thresholds = sorted(thresholds)
+    for threshold, labels in zip(thresholds, nested_super_clusters(centers, radii, owners, thresholds)):
+        scaled = threshold * radii
+        expected = specification(centers, scaled, owners)
+        # A pair whose ratio meets a threshold to the last bits may fall on either side of it.
+        pairs, ratio = candidate_pairs(centers, radii, owners, algorithm="brute")
+        if not np.any(np.isclose(ratio, threshold, rtol=1e-12, atol=0)):
+            np.testing.assert_array_equal(labels, expected)
+
+
+def test_a_sweep_over_the_budget_leaves_the_thresholds_it_did_not_reach():
+    centers, radii, owners = clustered(1)
+    swept = nested_super_clusters(centers, radii, owners, THRESHOLDS, max_pairs=1000)
+    reached = [labels is not None for labels in swept]
+    assert reached == sorted(reached, reverse=True) and 0 < sum(reached) < len(THRESHOLDS)
+    for threshold, labels in zip(THRESHOLDS, swept):
+        if labels is not None:
+            np.testing.assert_array_equal(labels, specification(centers, threshold * radii, owners))
+    small = clustered(1, n_clients=100)  # few enough components for the full list, which the budget refuses at once
+    assert nested_super_clusters(*small, THRESHOLDS, max_pairs=10) == [None] * len(THRESHOLDS)
+    all_pairs = candidate_pairs(centers, radii, owners)[0].shape[0]
+    swept = nested_super_clusters(centers, radii, owners, THRESHOLDS, max_pairs=all_pairs // 2)
+    for threshold, labels in zip(THRESHOLDS, swept):
+        np.testing.assert_array_equal(labels, super_clusters(centers, threshold * radii, owners))
+
+
+def test_thresholds_must_increase_within_zero_and_one():
+    centers, radii, owners = clustered(0, n_clients=5)
+    for thresholds in ([0.5, 0.2], [0.0, 1.0], [0.5, 1.5]):
+        with pytest.raises(ValueError, match="thresholds must increase within"):
+            nested_super_clusters(centers, radii, owners, thresholds)

@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 
 from fedica.fedgem.components import Components, Support
-from fedica.fedgem.trust import fragment_clusters, planted_clusters, trusted_final_aggregation
+from fedica.fedgem.overlaps import TooManyOverlaps
+from fedica.fedgem.trust import (
+    fragment_clusters,
+    planted_clusters,
+    trusted_final_aggregation,
+    trusted_grid_aggregations,
+)
 
 # Four true clusters; the closest pair, (0, 0) and (8, 0), has its midpoint at (4, 0).
 TRUE_CENTRES = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
@@ -144,3 +150,41 @@ def test_honest_fragments_that_look_planted_at_one_upsilon_cost_no_client_its_tr
                                            "baselines=false"]))
     assert not [r for r in result["clients"]["rejected"] if r["round"] in ("final", "evaluate")]
     assert len(result["fedgem"]["client_local_ari"]) == 10
+
+
+def _assert_same_aggregations(found, expected):
+    for (aggregation, excluded, planters), (other, other_excluded, other_planters) in zip(found, expected):
+        np.testing.assert_array_equal(aggregation.labels, other.labels)
+        np.testing.assert_array_equal(aggregation.global_centroids, other.global_centroids)
+        np.testing.assert_array_equal(excluded, other_excluded)
+        assert planters == other_planters
+
+
+@pytest.mark.parametrize("distrusted", [(), COLLUDERS])
+def test_a_grid_aggregated_in_one_sweep_equals_each_upsilon_aggregated_alone(distrusted):
+    final = _federation()
+    final.eps[:] = 0.3  # the drifts: above the two smallest upsilons' radii, so their outlying ones are untrusted
+    final.eps[3] = 40.0  # one client's component drifted far
+    support = Support(quorum=3, typical_mass=2.5, masses=final.weights)
+    base = np.random.default_rng(3).uniform(0.5, 1.5, size=final.owners.size)
+    base[0] = 300.0  # an outlying radius: untrusted once it exceeds half the clients' separation
+    grid = [0.0005, 0.002, 0.01, 0.1, 1.0, 4.0]
+    radii = {u: u * base for u in grid}
+    found = trusted_grid_aggregations(final, radii, 10.0, support, distrusted=distrusted)
+    expected = [trusted_final_aggregation(final, radii[u], 10.0, support, distrusted=distrusted) for u in grid]
+    _assert_same_aggregations([found[u] for u in grid], expected)
+    assert len({tuple(excluded) for _, excluded, _ in expected}) > 1  # the upsilons trust different components
+    assert len({aggregation.k_hat for aggregation, _, _ in expected}) > 1
+    # Radii that are not one array scaled (a private run's hold each maximiser's noise) are aggregated one by one.
+    noisy = {u: r + 0.05 for u, r in radii.items()}
+    found = trusted_grid_aggregations(final, noisy, 10.0, support, distrusted=distrusted)
+    expected = [trusted_final_aggregation(final, noisy[u], 10.0, support, distrusted=distrusted) for u in grid]
+    _assert_same_aggregations([found[u] for u in grid], expected)
+
+
+def test_an_upsilon_over_the_pair_budget_holds_its_error():
+    final = _federation()
+    radii = {u: np.full(final.owners.size, u) for u in (1e-6, 400.0)}
+    found = trusted_grid_aggregations(final, radii, None, max_pairs=50)
+    assert found[1e-6][0].k_hat == final.owners.size - 4  # only the colluders' four shared points meet
+    assert isinstance(found[400.0], TooManyOverlaps)
