@@ -27,6 +27,7 @@ from fedica.data.classes import (
 from fedica.data.common import ClientData
 from fedica.data.files import DataFileError, load_client_file
 from fedica.data.scenarios import (
+    CLIENT_CACHE_BYTES,
     _cached_client_data,
     scenario_client_data,
     true_n_clusters,
@@ -578,3 +579,17 @@ def test_standardize_pool_uses_every_file_s_rows_and_site_each_file_s_own(tmp_pa
         np.testing.assert_allclose(np.sort(as_pool, axis=0), np.sort((table - mean) / std, axis=0), atol=1e-12)
         np.testing.assert_allclose(np.sort(as_site, axis=0),
                                    np.sort((table - table.mean(axis=0)) / table.std(axis=0), axis=0), atol=1e-12)
+
+
+def test_the_client_cache_is_bounded_by_the_bytes_it_holds():
+    # 10,000 clients of 100 points stay cached (they hold 12 MB), where a count of 4,096 entries held too few.
+    scenario = {"name": "blobs", "n_clients": 10000, "n_clusters": 6, "dim": 2, "r_min": 4.0,
+                "n_train": 1_000_000, "n_test": 10000, "k_max": 3}
+    _cached_client_data.cache_clear()
+    for _ in range(2):
+        for partition in range(10000):
+            scenario_client_data(scenario, partition, 0)
+    info = _cached_client_data.cache_info()
+    assert info.hits == 10000 and info.maxsize == CLIENT_CACHE_BYTES
+    data = scenario_client_data(scenario, 0, 0)
+    assert info.currsize == 10000 * (data.X_train.nbytes + data.X_test.nbytes + data.y_train.nbytes + data.y_test.nbytes)
