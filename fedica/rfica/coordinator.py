@@ -421,8 +421,9 @@ def compare_channels_alike(state: RFICAState) -> None:
     """
     if not state.estimates:
         return
-    scales = channel_scales(np.stack(state.estimates))
-    state.channel_scale_spread = channel_scale_spread(scales)
+    with state.server_time():
+        scales = channel_scales(np.stack(state.estimates))
+        state.channel_scale_spread = channel_scale_spread(scales)
     if state.channel_scale_spread > CHANNEL_SCALE_SPREAD_LIMIT:
         state.channel_scales = scales
         warnings.warn(f"RF-ICA: the channels' scales differ {state.channel_scale_spread:.3g}-fold (largest over the "
