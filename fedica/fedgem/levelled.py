@@ -26,7 +26,7 @@ from fedica.fedgem.overlaps import (
     sampled_overlaps,
     spatial_order,
 )
-from fedica.fedgem.union import ConstrainedUnion, unique_keys
+from fedica.fedgem.union import ConstrainedUnion
 
 # Sets with fewer members than this count as small: their pairs are listed at every level.
 _SMALL_SET = 32
@@ -139,18 +139,30 @@ def levelled_sweep(centers, radii, owner_code, levels, *, sample=None, max_pairs
         )
         first, second = spatial[first], spatial[second]
         keep = (owner_code[first] != owner_code[second]) & (roots[first] != roots[second])
-        key = unique_keys(np.minimum(first[keep], second[keep]) * m + np.maximum(first[keep], second[keep]))
-        first, second = np.divmod(key, m)
+        first, second = np.minimum(first[keep], second[keep]), np.maximum(first[keep], second[keep])
         distance = pair_distances(centers, first, second)
         radius_sum = radii[first] + radii[second]
         ratio = np.divide(distance, radius_sum, out=np.zeros_like(distance), where=radius_sum > 0)
         keep = (distance <= radius_sum) & (ratio > previous) & (ratio <= threshold)
-        first, second, ratio = first[keep], second[keep], ratio[keep]
+        # A pair found from both its ends is taken once. Only the level's pairs are sorted: most of those
+        # listed lie in earlier levels (G=10,000: 3 to 22 million listed a level, 0.2 to 1.4 million kept).
+        key, ratio = _distinct_pairs(first[keep] * m + second[keep], ratio[keep])
+        first, second = np.divmod(key, m)
         # Ties in their (i, j) order, as in the full list (stable sort of lexicographic pairs).
         order = np.argsort(ratio, kind="stable")
         union.add_edges(np.column_stack([first[order], second[order]]))
         previous = threshold
         yield threshold, union.roots()
+
+
+def _distinct_pairs(key, ratio):
+    """The distinct pair keys (p,), sorted, and their ratios (a pair listed twice has one ratio)."""
+    order = np.argsort(key, kind="stable")
+    key, ratio = key[order], ratio[order]
+    first = np.empty(key.shape[0], dtype=bool)
+    first[:1] = True
+    np.not_equal(key[1:], key[:-1], out=first[1:])
+    return key[first], ratio[first]
 
 
 def _sampled_listings(sample, previous, threshold, roots, union):
