@@ -20,7 +20,7 @@ from scipy.spatial import cKDTree
 from fedica.fedgem.overlaps import (
     TooManyOverlaps,
     larger_end_lookups,
-    lookups_within,
+    lookups_by_reach,
     pair_distances,
     radius_classes,
     sampled_overlaps,
@@ -228,9 +228,8 @@ def _small_to_large_candidates(centers, reach, roots, small, large_roots, member
         allowed = {root: union.joinable(root, large_root) for root in np.unique(roots[rows]).tolist()}
         rows = rows[[allowed[root] for root in roots[rows].tolist()]]
         if rows.size:
-            # A pair within reach is within the row's reach plus the set's largest: one lookup per
-            # set (its radii differ little), not two per radius class from the pairs' larger ends.
-            found.append(lookups_within(centers, rows, members[set_index], reach[rows] + reach[members[set_index]].max()))
+            targets = members[set_index]
+            found.append(lookups_by_reach(centers, rows, targets, reach[rows], reach[targets]))
     return found
 
 

@@ -41,6 +41,11 @@ BRUTE_FORCE_MAX = 1_000
 
 _BRUTE_FORCE_BLOCK = 2**16
 
+# lookups_by_reach: targets looked up together have reaches within this factor of the group's largest
+# (and a group holds at least this many, so that a tree pays for its construction).
+_REACH_GROUP_FACTOR = 1.25
+_REACH_GROUP_MIN = 256
+
 
 # Candidate pairs whose coordinate differences are computed at once (8 MiB at d = 10).
 _DIFFERENCE_BLOCK = 2**17
@@ -166,6 +171,39 @@ def lookups_within(centers, queries, targets, radius):
     )
     query_index, neighbour = _flatten_neighbours(hits)
     return queries[query_index], targets[neighbour]
+
+
+def lookups_by_reach(centers, queries, targets, query_reach, target_reach):
+    """Pairs (query, target), index arrays, of every target within the query's reach plus its own.
+
+    The targets are looked up in groups of similar reach (within ``_REACH_GROUP_FACTOR`` of the
+    group's largest, at least ``_REACH_GROUP_MIN`` a group), each with the queries' reach plus the
+    group's largest: one lookup with the largest reach of all would list, in 10 dimensions, a
+    hundred times the pairs a typical target can meet (measured on a G=10,000 round, where the
+    largest radius is 2.5 times the median).
+
+    Parameters
+    ----------
+    centers : ndarray of shape (m, d)
+    queries, targets : ndarray of int
+        Row indices.
+    query_reach : ndarray of shape (queries.size,)
+    target_reach : ndarray of shape (targets.size,)
+    """
+    order = np.argsort(target_reach)[::-1]
+    targets, target_reach = targets[order], target_reach[order]
+    found = []
+    start = 0
+    while start < targets.shape[0]:
+        largest = target_reach[start]
+        # Reaches are sorted decreasingly: the group ends at the first below largest / factor.
+        stop = max(start + _REACH_GROUP_MIN,
+                   int(np.searchsorted(-target_reach, -largest / _REACH_GROUP_FACTOR, side="right")))
+        found.append(lookups_within(centers, queries, targets[start:stop], query_reach + largest))
+        start = stop
+    if not found:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    return np.concatenate([query for query, _ in found]), np.concatenate([target for _, target in found])
 
 
 def larger_end_lookups(centers, radii, classes, queries, targets):

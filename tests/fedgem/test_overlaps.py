@@ -13,6 +13,7 @@ from fedica.fedgem.overlaps import (
     radius_classes,
     candidate_pairs,
     estimated_overlapping_pairs,
+    lookups_by_reach,
 )
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -75,3 +76,19 @@ def test_candidate_pairs_validates_input():
         candidate_pairs(np.zeros(3), np.ones(3), np.arange(3))
     with pytest.raises(ValueError, match="algorithm"):
         candidate_pairs(np.zeros((3, 2)), np.ones(3), np.arange(3), algorithm="ball_tree")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1), st.integers(1, 3000), st.floats(0.0, 3.0))
+def test_lookups_by_reach_find_every_target_within_the_two_reaches(seed, n_targets, spread):
+    # Reaches spread over orders of magnitude (and zeros): several groups, each looked up with its largest.
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(n_targets + 50, 10))
+    queries, targets = np.arange(50), np.arange(50, n_targets + 50)
+    reach = np.exp(rng.normal(scale=spread, size=centers.shape[0])) * (rng.random(centers.shape[0]) > 0.05)
+    query, target = lookups_by_reach(centers, queries, targets, reach[queries], reach[targets])
+    distance = np.linalg.norm(centers[queries][:, None] - centers[targets][None], axis=2)
+    within = np.argwhere(distance <= reach[queries][:, None] + reach[targets][None])
+    found = set(zip(query.tolist(), target.tolist()))
+    assert {(int(queries[i]), int(targets[j])) for i, j in within} <= found
+    assert len(found) == query.size  # no pair twice
