@@ -26,7 +26,7 @@ from fedica.fedgem.overlaps import (
     sampled_overlaps,
     spatial_order,
 )
-from fedica.fedgem.union import ConstrainedUnion
+from fedica.fedgem.union import ConstrainedUnion, unique_keys
 
 # Sets with fewer members than this count as small: their pairs are listed at every level.
 _SMALL_SET = 32
@@ -125,8 +125,8 @@ def levelled_sweep(centers, radii, owner_code, levels, *, sample=None, max_pairs
     classes = radius_classes(local_radii)
     union = ConstrainedUnion(owner_code)
     previous = -1.0
+    roots = union.roots()
     for threshold in levels:
-        roots = union.roots()
         if max_pairs is not None:
             expected = sample.pairs_per_hit * _sampled_listings(sample, previous, threshold, roots, union)
             if expected > max_pairs:
@@ -146,23 +146,16 @@ def levelled_sweep(centers, radii, owner_code, levels, *, sample=None, max_pairs
         keep = (distance <= radius_sum) & (ratio > previous) & (ratio <= threshold)
         # A pair found from both its ends is taken once. Only the level's pairs are sorted: most of those
         # listed lie in earlier levels (G=10,000: 3 to 22 million listed a level, 0.2 to 1.4 million kept).
-        key, ratio = _distinct_pairs(first[keep] * m + second[keep], ratio[keep])
+        key, inverse = unique_keys(first[keep] * m + second[keep], return_inverse=True)
         first, second = np.divmod(key, m)
+        kept_ratio, ratio = ratio[keep], np.empty(key.shape[0])
+        ratio[inverse] = kept_ratio  # a pair listed twice has one ratio
         # Ties in their (i, j) order, as in the full list (stable sort of lexicographic pairs).
         order = np.argsort(ratio, kind="stable")
         union.add_edges(np.column_stack([first[order], second[order]]))
         previous = threshold
-        yield threshold, union.roots()
-
-
-def _distinct_pairs(key, ratio):
-    """The distinct pair keys (p,), sorted, and their ratios (a pair listed twice has one ratio)."""
-    order = np.argsort(key, kind="stable")
-    key, ratio = key[order], ratio[order]
-    first = np.empty(key.shape[0], dtype=bool)
-    first[:1] = True
-    np.not_equal(key[1:], key[:-1], out=first[1:])
-    return key[first], ratio[first]
+        roots = union.roots()
+        yield threshold, roots
 
 
 def _sampled_listings(sample, previous, threshold, roots, union):

@@ -425,16 +425,13 @@ def trusted_grid_aggregations(
             trusted.update(zip(upsilons, swept))
     results: dict[float, tuple[FinalAggregation, np.ndarray, dict[int, str]] | TooManyOverlaps] = {}
     for upsilon, radii in radii_by_upsilon.items():
-        keep = ~excluded[upsilon]
-        aggregation = trusted[upsilon]
-        if aggregation is None:
-            try:
-                aggregation = final_aggregation(final.centers[keep], radii[keep], final.owners[keep],
-                                                final.weights[keep], max_pairs=max_pairs)
-            except TooManyOverlaps as err:
-                results[upsilon] = err
-                continue
-        results[upsilon] = _supported_aggregation(final, excluded[upsilon], aggregation, support)
+        if trusted[upsilon] is not None:
+            results[upsilon] = _supported_aggregation(final, excluded[upsilon], trusted[upsilon], support)
+            continue
+        try:
+            results[upsilon] = trusted_final_aggregation(final, radii, factor, support, max_pairs, distrusted)
+        except TooManyOverlaps as err:
+            results[upsilon] = err
     return results
 
 
