@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 from fedica.server.records import CLIENT_ERROR_CODE, decode_array, encode_array, pack, unpack
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 
 from fedica.data.common import ClientData
 from fedica.data.scenarios import ica_scenario_data, scenario_client_data
 from fedica.fedgem.local import choose_n_components
+from fedica.fedgem.standardisation import STANDARDISATION_KEY, request_standardisation, standardised
 from fedica.hostile import hostile_kind, split_components_count
 from fedica.privacy import NOISE_SECRET_KEY
 from fedica.protocol import CATEGORY, ERROR_KEY, EVALUATE, RAY_NODE_KEY
@@ -50,10 +51,15 @@ class ScenarioSource:
 
     def gem_data(self, values: Mapping[str, Any], partition_id: int, context: Context) -> ClientData:
         cfg = _run_config(values)
-        data = scenario_client_data(_site_scenario(cfg, partition_id, context), partition_id, int(cfg["seed"]))
+        data = scenario_client_data(_site_scenario(cfg, partition_id, context), partition_id, int(cfg["seed"]),
+                                    standardisation=values.get(STANDARDISATION_KEY))
         if hostile_kind(cfg, partition_id) == "split_components":
             return dataclasses.replace(data, n_components=split_components_count(cfg))
         return data
+
+    def gem_training_points(self, values: Mapping[str, Any], partition_id: int, context: Context) -> np.ndarray:
+        cfg = _run_config(values)
+        return scenario_client_data(_site_scenario(cfg, partition_id, context), partition_id, int(cfg["seed"])).X_train
 
     def ica_data(self, values: Mapping[str, Any], partition_id: int, context: Context) -> np.ndarray:
         cfg = _run_config(values)
@@ -77,7 +83,7 @@ def _site_scenario(cfg: Mapping[str, Any], partition_id: int, context: Context) 
     if "data-path" in context.node_config:
         if scenario.get("standardize") == "pool":
             raise ValueError("scenario.standardize=pool needs every site's file on one machine; a SuperNode reads only "
-                             "its own data-path (give standardize=site)")
+                             "its own data-path (give algorithm.standardize=federated, or scenario.standardize=site)")
         scenario["paths"] = list(scenario["paths"])
         while len(scenario["paths"]) <= partition_id:
             scenario["paths"].append("")
@@ -108,9 +114,14 @@ class ArraySource:
 
     def gem_data(self, values: Mapping[str, Any], partition_id: int, context: Context) -> ClientData:
         X = self._points(context)
+        named = request_standardisation(values, X.shape[1])
+        if named is not None:  # before the site's K_g choice, which sees the standardised points
+            X = standardised(X, *named)
+        # The choice is kept for the units it was made in: a run's standardisation is named by every request after the first.
+        units = str(values.get(STANDARDISATION_KEY, ""))
         if self.n_components is not None:
             k = int(self.n_components)
-        elif LOCAL_CLUSTERS_KEY in context.state:
+        elif LOCAL_CLUSTERS_KEY in context.state and context.state[LOCAL_CLUSTERS_KEY].get("units", "") == units:
             k = int(context.state[LOCAL_CLUSTERS_KEY]["k"])
         else:
             rng = generator(int(values["seed"]), "client.kmeanspp", partition_id)
@@ -119,8 +130,11 @@ class ArraySource:
             if choice.at_bound:
                 log.warning("site %d chose K_g=%d, its bound: it may hold more clusters (give n_components, or "
                             "raise max_components for a site of more points)", partition_id, k)
-            context.state[LOCAL_CLUSTERS_KEY] = MetricRecord({"k": k})
+            context.state[LOCAL_CLUSTERS_KEY] = ConfigRecord({"k": k, "units": units})
         return ClientData(X, None, X[:0], None, k)
+
+    def gem_training_points(self, values: Mapping[str, Any], partition_id: int, context: Context) -> np.ndarray:
+        return self._points(context)
 
     def ica_data(self, values: Mapping[str, Any], partition_id: int, context: Context) -> np.ndarray:
         return self._points(context).T
@@ -201,6 +215,9 @@ class FlowerSite:
 
     def points(self, values: Mapping[str, Any]) -> ClientData:
         return self.source.gem_data(values, self.partition_id, self.context)
+
+    def training_points(self, values: Mapping[str, Any]) -> np.ndarray:
+        return self.source.gem_training_points(values, self.partition_id, self.context)
 
     def observations(self, values: Mapping[str, Any]) -> np.ndarray:
         return self.source.ica_data(values, self.partition_id, self.context)

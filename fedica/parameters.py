@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from fedica.fedgem.geometry import COVARIANCE_TYPES, LABELLINGS
+from fedica.fedgem.standardisation import STANDARDIZE_MODES
 from fedica.rfica.aggregation import BENCHMARK_RULES, CENTERS, CLUSTERINGS
 from fedica.rfica.local import CONTRASTS, CUBE, INITS, LOGCOSH, SOLVERS, WHITENINGS
 
@@ -341,6 +342,12 @@ FEDGEM_PARAMETERS = Declaration(
               "How a site labels its points: the nearest centre of its own components' clusters (consensus, the "
               "paper's), or its own mixture over every global centre, weights fitted to its points (adapted).",
               config_default="consensus"),
+    # Off by default: a feature's unit can be the user's weighting (digits' pixels, one unit, cluster better as
+    # shipped than standardised: RESULTS.md "Features in different units"); the scale check warns when it is not.
+    Parameter("standardize", (Options(STANDARDIZE_MODES),), None,
+              "Every feature centred and scaled by one location and scale the sites agree on before anything else "
+              "(federated: medians over the sites of their column moments, one more exchange); None: the data's "
+              "own units.", none=True),
     Parameter("min_clients", _integer(1), 2, "Fewest valid sites a round needs.", in_config=False),
     Parameter("max_local_clusters", _integer(2), 10,
               "Largest K_g tried when a site's number of clusters is estimated.", in_config=False),

@@ -215,6 +215,9 @@ def uncovered(parameters: Mapping[str, Any]) -> tuple[str, str] | None:
         return "local_start", "a private run starts from its private initialisation"
     if parameters["local_steps"] != 1:
         return "local_steps", "a private run needs 1 (every step's sums are a release)"
+    if parameters.get("standardize") is not None:
+        return "standardize", ("a private run keeps the data's units (the sites' column means and deviations would "
+                               "leave them without noise; dp_clip is a bound in those units)")
     if parameters["upsilon"] == "auto" and parameters["upsilon_criterion"] != "likelihood":
         return "upsilon_criterion", ("a private run tunes by 'likelihood' (the private criterion of the final "
                                      "stage's sums) or takes a fixed upsilon")

@@ -25,7 +25,7 @@ from fedica.scripts.plot_signals import matched_sources
 from scipy.optimize import linear_sum_assignment
 
 from fedica.data.scenarios import ica_scenario_data, scenario_client_data
-from fedica.fedgem.local import assign_labels
+from fedica.fedgem.standardisation import nearest_centres
 
 RUN_FIGURE = "run.png"
 MAX_SITE_PANELS = 12
@@ -72,7 +72,7 @@ def site_points(result: Mapping[str, Any]) -> dict[int, tuple[np.ndarray, np.nda
     for partition, global_ids in sorted(result["fedgem"]["client_mapping"].items(), key=lambda item: int(item[0])):
         global_ids = np.asarray(global_ids, dtype=np.int64)
         X = scenario_client_data(result["scenario"], int(partition), int(result["seed"])).X_test
-        points[int(partition)] = X, global_ids[assign_labels(X, centroids[global_ids])]
+        points[int(partition)] = X, global_ids[nearest_centres(X, centroids[global_ids], result["fedgem"])]
     return points
 
 

@@ -32,7 +32,7 @@ class FedGEMStrategy(ProtocolStrategy):
     rounds, local_steps, upsilon, upsilon_grid, upsilon_criterion, same_client_rule, guard_factor, n_init, local_start,
     silhouette_sample,
     radius_outlier_factor, count_cap_factor, component_cap_factor, max_hostile_fraction, max_overlap_pairs, participation,
-    covariance_type, labelling, random_state, dp_epsilon, dp_delta, dp_clip, dp_unit
+    covariance_type, labelling, standardize, random_state, dp_epsilon, dp_delta, dp_clip, dp_unit
         As for :class:`fedica.FedGEM`: declared in :data:`fedica.parameters.FEDGEM_PARAMETERS`, and checked
         against it here (``ValueError`` or ``TypeError`` naming the parameter).
     evaluate : bool, default=False
@@ -45,6 +45,9 @@ class FedGEMStrategy(ProtocolStrategy):
     ----------
     n_clusters_ : int
     means_ : ndarray of shape (n_clusters_, n_features)
+        The global centres, in the data's own units (also under ``standardize``).
+    feature_location_, feature_scale_ : ndarray of shape (n_features,) or None
+        Under ``standardize="federated"``: what every site standardised its features by; None otherwise.
     site_mapping_ : dict of int to ndarray of shape (K_g,)
         Global id of each local component, by partition id.
     upsilon_ : float
@@ -75,6 +78,7 @@ class FedGEMStrategy(ProtocolStrategy):
                  max_overlap_pairs: int | None = _P["max_overlap_pairs"].default,
                  participation: float = _P["participation"].default,
                  covariance_type: str = _P["covariance_type"].default, labelling: str = _P["labelling"].default,
+                 standardize: str | None = _P["standardize"].default,
                  random_state: int = _P["random_state"].default,
                  dp_epsilon: float | None = _P["dp_epsilon"].default, dp_delta: float = _P["dp_delta"].default,
                  dp_clip: float | None = _P["dp_clip"].default, dp_unit: str = _P["dp_unit"].default,
@@ -86,7 +90,7 @@ class FedGEMStrategy(ProtocolStrategy):
                           count_cap_factor=count_cap_factor, component_cap_factor=component_cap_factor,
                           max_hostile_fraction=max_hostile_fraction, max_overlap_pairs=max_overlap_pairs,
                           participation=participation, covariance_type=covariance_type, labelling=labelling,
-                          random_state=random_state,
+                          standardize=standardize, random_state=random_state,
                           dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip, dp_unit=dp_unit)
         _P.check(parameters)  # at construction: a bad value is one line now, not a failure after the rounds
         super().__init__(**kwargs)
@@ -103,7 +107,8 @@ class FedGEMStrategy(ProtocolStrategy):
     def model_arrays(self) -> ArrayRecord:
         if self.server is None or self.server.aggregation is None:
             return ArrayRecord()
-        return ArrayRecord({"means": Array(np.ascontiguousarray(self.server.aggregation.global_centroids))})
+        means = self.server.in_data_units(self.server.aggregation.global_centroids)
+        return ArrayRecord({"means": Array(np.ascontiguousarray(means))})
 
     def stage_metrics(self, request: Request) -> MetricRecord | None:
         server = self.server
@@ -126,7 +131,15 @@ class FedGEMStrategy(ProtocolStrategy):
 
     @property
     def means_(self) -> np.ndarray:
-        return self.server.aggregation.global_centroids
+        return self.server.in_data_units(self.server.aggregation.global_centroids)
+
+    @property
+    def feature_location_(self) -> np.ndarray | None:
+        return self.server.feature_location
+
+    @property
+    def feature_scale_(self) -> np.ndarray | None:
+        return self.server.feature_scale
 
     @property
     def site_mapping_(self) -> dict[int, np.ndarray]:

@@ -93,7 +93,7 @@ def test_todays_defaults_are_unchanged():
         "silhouette_sample": 1000,
         "radius_outlier_factor": 10.0, "count_cap_factor": 10.0, "component_cap_factor": 3.0,
         "max_hostile_fraction": 0.25, "max_overlap_pairs": 20_000_000, "participation": 1.0,
-        "covariance_type": "spherical", "labelling": "adapted", "min_clients": 2, "max_local_clusters": 10,
+        "covariance_type": "spherical", "labelling": "adapted", "standardize": None, "min_clients": 2, "max_local_clusters": 10,
         "random_state": 0,
         "dp_epsilon": None, "dp_delta": 1e-5, "dp_clip": None, "dp_unit": "record"}
     assert RFICA_PARAMETERS.defaults() == {"contrast": "logcosh", "init": "random", "local_solver": "picard",

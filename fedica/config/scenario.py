@@ -125,7 +125,8 @@ def check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str, ray_a
                    "machine (inprocess, simulation); in a deployment each site holds its own data")
     if "standardize" not in broken and sc.get("standardize") == "pool" and engine == "deployment":
         errors.add("scenario.standardize=pool: the pooled scale needs every site's file on this machine (inprocess, "
-                   "simulation); in a deployment give standardize=site, or files standardised by one shared scale")
+                   "simulation); in a deployment give algorithm.standardize=federated (scales the sites agree on), "
+                   "scenario.standardize=site, or files standardised by one shared scale")
     if engine != "deployment" and "paths" not in broken and _files_fit(sc, algorithm, errors):
         tables = _read_local_files(sc, errors, read="label_column" not in broken, recordings=algorithm == "rfica")
         if algorithm == "rfica":

@@ -54,6 +54,7 @@ from fedica.data.recordings import (
 )
 from fedica.data.signals import signals_client_data, signals_roles, signals_true_mixing
 from fedica.fedgem.geometry import COVARIANCE_TYPES, LABELLINGS
+from fedica.fedgem.standardisation import STANDARDISATION_KEY, decode_standardisation, in_request_units, standardised
 from fedica.parameters import SAME_CLIENT_RULES
 from fedica.validation import check_partition, check_seed
 
@@ -249,7 +250,7 @@ def _load_labelled(make: Callable[..., ClientData]) -> Callable[[dict, int, int]
     return lambda params, partition_id, seed: make(partition_id, seed=seed, **params)
 
 
-def _load_client_file(params: dict, partition_id: int, seed: int) -> ClientData:
+def _load_client_file(params: dict, partition_id: int, seed: int, standardisation: str | None = None) -> ClientData:
     paths = params.get("paths") or ()
     if not paths:
         raise ValueError("scenario 'files' needs a non-empty 'paths' list (one file per client)")
@@ -266,6 +267,8 @@ def _load_client_file(params: dict, partition_id: int, seed: int) -> ClientData:
     if standardize is not None:  # before the split and the site's K_g choice, which see the standardised points
         mean, std = column_scale(X) if standardize == "site" else pooled_file_scale(paths, params.get("label_column"))
         X = (X - mean) / std
+    if standardisation is not None:  # the federation's (standardize: federated), after the scenario's own
+        X = standardised(X, *decode_standardisation(standardisation, X.shape[1]))
     return client_data_from_table(path, X, y, n_components=n_components, test_fraction=params.get("test_fraction"),
                                   seed=seed)
 
@@ -464,7 +467,7 @@ def _file_stamp(path) -> tuple | None:
     return stat.st_mtime_ns, stat.st_size
 
 
-def scenario_client_data(scenario: Mapping, partition_id: int, seed: int) -> ClientData:
+def scenario_client_data(scenario: Mapping, partition_id: int, seed: int, standardisation: str | None = None) -> ClientData:
     """One client's data for a scenario config (docs/INTERFACE.md section 2, ``scenario=...``).
 
     Parameters
@@ -477,6 +480,11 @@ def scenario_client_data(scenario: Mapping, partition_id: int, seed: int) -> Cli
     partition_id : int
         Client index.
     seed : int
+    standardisation : str or None, default=None
+        The location and scale a FedGEM request names (``standardize: federated``,
+        :func:`fedica.fedgem.standardisation.encode_standardisation`): the points are standardised by them, a
+        file site's before its held-out share is drawn and before it chooses its K_g (``n_components: auto``);
+        another scenario's K_g is the scenario's own. None: the data's own units.
 
     Returns
     -------
@@ -493,7 +501,7 @@ def scenario_client_data(scenario: Mapping, partition_id: int, seed: int) -> Cli
             stamp = tuple(_file_stamp(path) for path in paths)
         elif 0 <= partition_id < len(paths):
             stamp = _file_stamp(paths[partition_id])
-    data = _cached_client_data(name, items, int(partition_id), check_seed(seed), stamp)
+    data = _cached_client_data(name, items, int(partition_id), check_seed(seed), stamp, standardisation)
     return dataclasses.replace(
         data,
         X_train=data.X_train.copy(), X_test=data.X_test.copy(),
@@ -519,8 +527,15 @@ def _client_data_bytes(data: ClientData) -> int:
 # cachetools, as functools.lru_cache cannot weigh its entries; a client larger than the bound is not cached.
 @cachetools.cached(cachetools.LRUCache(maxsize=CLIENT_CACHE_BYTES, getsizeof=_client_data_bytes),
                    lock=threading.Lock(), info=True)
-def _cached_client_data(name: str, items: tuple, partition_id: int, seed: int, _stamp) -> ClientData:
-    return SCENARIOS[name].client_data(dict(items), partition_id, seed)
+def _cached_client_data(name: str, items: tuple, partition_id: int, seed: int, _stamp,
+                        standardisation: str | None = None) -> ClientData:
+    params = dict(items)
+    if standardisation is None:
+        return SCENARIOS[name].client_data(params, partition_id, seed)
+    if name == "files":  # the site's own K_g choice and held-out share see the standardised rows
+        return _load_client_file(params, partition_id, seed, standardisation)
+    return in_request_units(SCENARIOS[name].client_data(params, partition_id, seed),
+                            {STANDARDISATION_KEY: standardisation})
 
 
 def file_table(path, label_column: int | str | None = None) -> tuple[np.ndarray, np.ndarray | None]:

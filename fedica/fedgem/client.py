@@ -19,8 +19,10 @@ import numpy as np
 from fedica.evaluation.metrics import adjusted_rand, contingency, mean_silhouettes
 from fedica.fedgem.geometry import Identity, feature_scale_spread, geometry
 from fedica.fedgem.local import assign_labels, kmeans_init, kmeanspp_init
+from fedica.fedgem.standardisation import site_moments
 from fedica.protocol.messages import (
-    GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_ROUND, GEM_SILHOUETTE, REPORT_SCALE_SPREAD_KEY, SCALE_SPREAD_KEY,
+    GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_MOMENTS, GEM_ROUND, GEM_SILHOUETTE, REPORT_SCALE_SPREAD_KEY,
+    SCALE_SPREAD_KEY,
 )
 from fedica.protocol.tasks import Handler, Site
 from fedica.seeding import generator
@@ -199,6 +201,14 @@ def site_variances(site: Site, centroids: np.ndarray, values: Mapping[str, Any])
     return model_geometry(values).adopted_variances(site.state["variances"], site.state["maximisers"], centroids)
 
 
+def _moments_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
+    """The federated standardisation: the site's column means and standard deviations, (2, d), in its own units."""
+    start = time.perf_counter()
+    X = site.training_points(values)
+    moments = np.vstack(site_moments(X))
+    return {"moments": moments}, {"n-points": X.shape[0], "fit-seconds": time.perf_counter() - start}
+
+
 def _init_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
     reply, variances = initialise(data.X_train, data.n_components, values, site.partition_id)
@@ -245,6 +255,7 @@ def _evaluate_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, A
 
 
 TASKS: dict[str, Handler] = {
+    GEM_MOMENTS: _moments_task,
     GEM_INIT: _init_task,
     GEM_ROUND: _round_task,
     GEM_FINAL: _final_task,

@@ -49,12 +49,14 @@ from fedica.fedgem.trust import (
     trusted_grid_aggregations,
     trusted_server_step,
 )
+from fedica.fedgem.standardisation import STANDARDISATION_KEY, encode_standardisation, federated_scale
 from fedica.fedgem.tuning import select_upsilon
 from fedica.protocol import (
     GEM_EVALUATE,
     GEM_FINAL,
     GEM_INIT,
     GEM_LIKELIHOOD,
+    GEM_MOMENTS,
     GEM_ROUND,
     GEM_SILHOUETTE,
     InvalidReply,
@@ -117,6 +119,7 @@ class FedGEMSettings:
     participation: float = _default("participation")
     covariance_type: str = _default("covariance_type")
     labelling: str = _default("labelling")
+    standardize: str | None = _default("standardize")
     min_clients: int = _default("min_clients")
     seed: int = _default("random_state")
     dp_epsilon: float | None = _default("dp_epsilon")
@@ -198,6 +201,13 @@ class FedGEMServer(ProtocolState):
         self.aggregated: dict[float, tuple[FinalAggregation, np.ndarray, dict[int, str]] | TooManyOverlaps] = {}
         # The median site's feature_scale_spread (None when no site reported one: a private run never asks).
         self.feature_scale_spread: float | None = None
+        # Under standardize: federated, every feature's location and scale the sites standardise by (None: the data's
+        # own units); every centre the server holds is then in standardised units.
+        self.feature_location: np.ndarray | None = None
+        self.feature_scale: np.ndarray | None = None
+        # What every request after the standardisation names of them (empty: the data's own units), for whoever
+        # labels a site's points as the site itself does (the harness's silhouettes).
+        self.units: dict[str, str] = {}
 
     @property
     def min_clients(self) -> int:
@@ -212,6 +222,10 @@ class FedGEMServer(ProtocolState):
         model = {"covariance-type": s.covariance_type}
         if self.privacy is not None:  # the sites add the noise the plan names (fedica.privacy.private_reply)
             model.update(self.privacy.request_values(s.seed))
+        if s.standardize == "federated":
+            self._standardise((yield Request(GEM_MOMENTS, "moments", None, {})))
+            self.units[STANDARDISATION_KEY] = encode_standardisation(self.feature_location, self.feature_scale)
+            model.update(self.units)
         start = {"n-init": s.n_init, "local-start": s.local_start, "seed": s.seed, **model}
         if self.privacy is None:  # one number of each site's data, which a private run's noise would not cover
             start[REPORT_SCALE_SPREAD_KEY] = True
@@ -229,7 +243,7 @@ class FedGEMServer(ProtocolState):
                 yield from self._select(self._refused_join_candidates(), model)
         elif s.upsilon_criterion == "silhouette":
             candidates, aggregations = self._tuning_candidates()
-            replies = yield Request(GEM_SILHOUETTE, "silhouette", candidates, {"sample": s.silhouette_sample, "seed": s.seed})
+            replies = yield Request(GEM_SILHOUETTE, "silhouette", candidates, {"sample": s.silhouette_sample, "seed": s.seed, **self.units})
             self._choose_upsilon(aggregations, replies)
             self._aggregate()
         else:
@@ -239,7 +253,7 @@ class FedGEMServer(ProtocolState):
         if self.evaluate:
             payloads = self.evaluation_payloads()
             replies = yield Request(GEM_EVALUATE, "evaluate", payloads,
-                                    {"labelling": s.labelling, "covariance-type": s.covariance_type})
+                                    {"labelling": s.labelling, "covariance-type": s.covariance_type, **self.units})
             self._evaluate(replies, payloads)
         counts = [entry["excluded_components"] for entry in self.history if entry["excluded_components"]]
         if counts:
@@ -255,6 +269,12 @@ class FedGEMServer(ProtocolState):
             self._choose_by_likelihood(candidates, replies)
         else:  # no further release: the criterion of the final stage's private sums
             self._choose_privately(candidates)
+
+    def in_data_units(self, centres: np.ndarray) -> np.ndarray:
+        """Centres the server holds (standardised under ``standardize``) in the data's own units."""
+        if self.feature_scale is None:
+            return centres
+        return centres * self.feature_scale + self.feature_location
 
     def consensus_payloads(self) -> dict[int, dict[str, np.ndarray]]:
         """Each client's consensus model: the global centroid and global id of each of its components."""
@@ -276,6 +296,29 @@ class FedGEMServer(ProtocolState):
         return {p: every for p in self.final.slices()}
 
     # ------------------------------------------------------------------ stages
+
+    def _standardise(self, replies: list[Reply]) -> None:
+        """The location and scale of every feature from the sites' column means and deviations (``standardize``).
+
+        Medians over the valid replies, each site one vote (:func:`fedica.fedgem.standardisation.federated_scale`):
+        fewer than half of the sites cannot move them outside the honest sites' range.
+        """
+        dim = majority_width(replies, "moments")
+        means, deviations = [], []
+        for reply in replies:
+            try:
+                moments = require_array(reply.arrays, "moments", (2, dim))
+                if np.any(moments[1] < 0):
+                    raise InvalidReply("'moments' holds a negative standard deviation (its second row)")
+            except InvalidReply as err:
+                self.reject(reply.partition_id, "moments", f"invalid reply: {err}")
+                continue
+            means.append(moments[0])
+            deviations.append(moments[1])
+            self.client_seconds += reported_seconds(reply)
+        self.require(len(means), "FedGEM standardisation")
+        with self.server_time():
+            self.feature_location, self.feature_scale = federated_scale(means, deviations)
 
     def _initialise(self, replies: list[Reply]) -> None:
         self.dim = majority_width(replies, "centroids")
@@ -318,7 +361,8 @@ class FedGEMServer(ProtocolState):
                 f"FedGEM: the features' scales differ {self.feature_scale_spread:.3g}-fold (largest column standard "
                 f"deviation over the median column's, median of {len(spreads)} sites; over {FEATURE_SCALE_SPREAD_LIMIT:g}, "
                 "the model's one variance per component weighs the features by their units): K_hat and the labels are "
-                "not to be trusted; standardise each feature by one scale shared by all sites", UserWarning, stacklevel=2)
+                "not to be trusted; standardise each feature by one scale shared by all sites (standardize='federated')",
+                UserWarning, stacklevel=2)
 
     def _participants(self, round_number: int) -> list[int]:
         """The clients asked in a round: all, or a seeded random share (at least ``min_clients``)."""

@@ -20,6 +20,7 @@ from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 from fedica.fedgem.geometry import geometry
 from fedica.fedgem.local import assign_labels, estimate_n_components, local_bound
 from fedica.fedgem.selection import VARIANCE_FLOOR
+from fedica.fedgem.standardisation import federated_scale, site_moments, standardised
 from fedica.parameters import FEDGEM_PARAMETERS
 from fedica.persistence import SaveLoadMixin, read_result
 from fedica.protocol import ArraySite, InMemoryFederation
@@ -112,6 +113,15 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         clusters in one component labels their points apart; "consensus" (the paper's, the default of
         ``fedica-run``'s config): the nearest global centre of the site's own components.
         docs/ALGORITHMS.md section 2.8.
+    standardize : {"federated"} or None, default=None
+        "federated": before anything else, every feature is centred and scaled by one location and
+        scale the sites agree on: each site sends its columns' means and standard deviations, and
+        the server takes medians over the sites (docs/ALGORITHMS.md section 2.11.2), so that no
+        feature's unit weighs it and no minority of sites sets the scales. The sites choose K_g,
+        fit and label on the standardised points; ``means_`` is mapped back to the data's units,
+        and ``predict``, ``predict_proba`` and ``score_samples`` take points in the data's units.
+        None: the data's own units (the fit warns when they are over 10-fold apart). Not with
+        ``dp_epsilon``.
     min_clients : int, default=2
         Fewest valid sites a round needs.
     max_local_clusters : int, default=10
@@ -136,7 +146,10 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     n_clusters_ : int
         K_hat, the number of global clusters (super-clusters of the final aggregation).
     means_ : ndarray of shape (n_clusters_, n_features)
-        The global centres.
+        The global centres, in the data's own units (also under ``standardize``).
+    feature_location_, feature_scale_ : ndarray of shape (n_features,) or None
+        Under ``standardize="federated"``: every feature's location and scale, the points' standardisation
+        ``(X - feature_location_) / feature_scale_`` that the sites clustered; None otherwise.
     labels_ : list of ndarray of shape (n_samples_g,)
         Each site's points labelled with global cluster ids (``labelling``: by the site's own mixture,
         or by its consensus model).
@@ -175,7 +188,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         The global mixture's weights: the share of all sites' points that ``labels_`` assigns to
         each global cluster, each cluster counting at least one point (so no weight is zero).
     covariance_ : float
-        The global mixture's one variance (covariance ``covariance_ * I``): the maximum-likelihood
+        The global mixture's one variance (in standardised units under ``standardize``) (covariance ``covariance_ * I``): the maximum-likelihood
         value, the mean over all sites' points and features of the squared distance to the
         assigned global centre, floored at 1e-6 times the points' mean per-feature variance (the
         floor of :func:`fedica.fedgem.selection.log_likelihoods`).
@@ -196,7 +209,9 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
                  component_cap_factor=_P["component_cap_factor"].default,
                  max_hostile_fraction=_P["max_hostile_fraction"].default,
                  max_overlap_pairs=_P["max_overlap_pairs"].default, participation=_P["participation"].default,
-                 covariance_type=_P["covariance_type"].default, labelling=_P["labelling"].default, min_clients=_P["min_clients"].default, max_local_clusters=_P["max_local_clusters"].default,
+                 covariance_type=_P["covariance_type"].default, labelling=_P["labelling"].default,
+                 standardize=_P["standardize"].default, min_clients=_P["min_clients"].default,
+                 max_local_clusters=_P["max_local_clusters"].default,
                  random_state=_P["random_state"].default, dp_epsilon=_P["dp_epsilon"].default,
                  dp_delta=_P["dp_delta"].default, dp_clip=_P["dp_clip"].default, dp_unit=_P["dp_unit"].default):
         self.rounds = rounds
@@ -217,6 +232,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.participation = participation
         self.covariance_type = covariance_type
         self.labelling = labelling
+        self.standardize = standardize
         self.min_clients = min_clients
         self.max_local_clusters = max_local_clusters
         self.random_state = random_state
@@ -248,7 +264,13 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         data = check_sites(sites, min_sites=2, min_rows=lambda d: 2)
         if self.dp_epsilon is not None and n_local_clusters is None:
             raise ValueError("n_local_clusters=None: a private fit needs each site's K_g (a site's own choice is not private)")
-        self.n_local_clusters_ = self._local_cluster_counts(data, n_local_clusters, seed)
+        # The sites choose K_g on the points they will fit: standardised by what the protocol's first exchange
+        # gives them (the same moments and medians, computed here for the choice the sites make before it).
+        model_data = data
+        if self.standardize == "federated":
+            location, scale = federated_scale(*zip(*map(site_moments, data)))
+            model_data = [standardised(X, location, scale) for X in data]
+        self.n_local_clusters_ = self._local_cluster_counts(model_data, n_local_clusters, seed)
         settings = FedGEMSettings(
             rounds=self.rounds, local_steps=self.local_steps, upsilon=self.upsilon, upsilon_grid=tuple(self.upsilon_grid),
             upsilon_criterion=self.upsilon_criterion, same_client_rule=self.same_client_rule,
@@ -258,7 +280,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
             component_cap_factor=self.component_cap_factor, max_hostile_fraction=self.max_hostile_fraction,
             max_overlap_pairs=self.max_overlap_pairs,
             participation=self.participation, covariance_type=self.covariance_type, labelling=self.labelling,
-            min_clients=self.min_clients, seed=seed,
+            standardize=self.standardize, min_clients=self.min_clients, seed=seed,
             dp_epsilon=self.dp_epsilon, dp_delta=self.dp_delta, dp_clip=self.dp_clip, dp_unit=self.dp_unit)
         server = FedGEMServer(settings, evaluate=False)
         sites = {g: ArraySite(ClientData(X, None, X[:0], None, int(k)), g)
@@ -323,6 +345,10 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         model.upsilon_ = float(section["upsilon"])
         model.tuning_ = section["upsilon_tuning"]
         model.feature_scale_spread_ = section.get("feature_scale_spread")  # None in a result written before it
+        # Only a standardised run records them (its centres are in the data's units, as means_ here).
+        model.feature_location_, model.feature_scale_ = (
+            (np.asarray(section["feature_location"], dtype=np.float64), np.asarray(section["feature_scale"], dtype=np.float64))
+            if "feature_scale" in section else (None, None))
         model.history_ = result["history"]
         model.rejected_ = result["clients"]["rejected"]
         model.labels_ = model.weights_ = model.covariance_ = None
@@ -343,9 +369,9 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         -------
         labels : ndarray of shape (n_samples,)
         """
-        X = self._rows(X)
+        X, means = self._in_model_units(self._rows(X)), self._model_means()
         if site is None:
-            return assign_labels(X, self.means_)
+            return assign_labels(X, means)
         # A site left out of the final stage has no consensus model (its mapping is None).
         valid = [g for g, mapping in enumerate(self.site_mapping_) if mapping is not None]
         if isinstance(site, bool) or not isinstance(site, Integral) or site not in valid:
@@ -353,13 +379,14 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
             kind = ValueError if isinstance(site, Integral) and not isinstance(site, bool) else TypeError
             raise kind(f"site={site!r}: must be None or a site of the fit with a consensus model: {listed}")
         if self.labelling == "consensus":
-            return self.site_mapping_[site][assign_labels(X, self.site_means_[site])]
+            mapping = self.site_mapping_[site]
+            return mapping[assign_labels(X, means[mapping])]
         if getattr(self, "site_weights_", None) is None:
             raise NotFittedError(f"site={site}: labelling='adapted' needs the site's own mixture, which this estimator "
                                  "does not hold (rebuilt from a result.json, or saved by an older fedica); predict "
                                  "without site, or set_params(labelling='consensus')")
         model = geometry(self.covariance_type)
-        return model.site_labels(X, self.means_, self.site_weights_[site], self.site_variances_[site])
+        return model.site_labels(X, means, self.site_weights_[site], self.site_variances_[site])
 
     def predict_proba(self, X) -> np.ndarray:
         """Posterior probability of each global cluster for each row of ``X``, under the global mixture.
@@ -410,12 +437,23 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
             raise ValueError(f"X must have shape (n_samples, {self.means_.shape[1]}), got {X.shape}")
         return X
 
+    def _in_model_units(self, X: np.ndarray) -> np.ndarray:
+        """Rows in the units the sites clustered: standardised under ``standardize``, else ``X`` itself."""
+        scale = getattr(self, "feature_scale_", None)  # None in an estimator saved before standardize
+        return X if scale is None else standardised(X, self.feature_location_, scale)
+
+    def _model_means(self) -> np.ndarray:
+        return self._in_model_units(self.means_)
+
     def _log_joint(self, X) -> np.ndarray:
         X = self._rows(X)
         if self.covariance_ is None:
             raise NotFittedError("this FedGEM was rebuilt from a run's result, which holds no mixture weights or "
                                  "variance: predict_proba, score_samples and score need fit on the sites' points")
-        return _log_weighted_densities(X, self.means_, self.weights_, self.covariance_)
+        log_joint = _log_weighted_densities(self._in_model_units(X), self._model_means(), self.weights_, self.covariance_)
+        scale = getattr(self, "feature_scale_", None)
+        # A density of the data's units: the standardised one times the map's Jacobian, 1 / prod(scale).
+        return log_joint if scale is None else log_joint - float(np.log(scale).sum())
 
     def _local_cluster_counts(self, data, n_local_clusters, seed) -> np.ndarray:
         self.local_clusters_at_bound_ = np.zeros(len(data), dtype=bool)
@@ -445,23 +483,27 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     def _store(self, server: FedGEMServer, data: list[np.ndarray]) -> None:
         agg = server.aggregation
         slices = server.final.slices()
+        self.feature_location_, self.feature_scale_ = server.feature_location, server.feature_scale
+        # The sites' points and the centres in the units the sites clustered (standardised under standardize).
+        data = [self._in_model_units(X) for X in data]
+        centres = agg.global_centroids
         self.n_clusters_ = int(agg.k_hat)
-        self.means_ = agg.global_centroids
+        self.means_ = server.in_data_units(centres)
         self.site_mapping_ = [agg.labels[slices[g]] if g in slices else None for g in range(len(data))]
         self.site_means_ = [None if m is None else self.means_[m] for m in self.site_mapping_]
         if self.labelling == "consensus":
             self.site_weights_ = self.site_variances_ = None
-            self.labels_ = [None if m is None else m[assign_labels(X, c)]
-                            for X, m, c in zip(data, self.site_mapping_, self.site_means_)]
+            self.labels_ = [None if m is None else m[assign_labels(X, centres[m])]
+                            for X, m in zip(data, self.site_mapping_)]
         else:
             model = geometry(self.covariance_type)
-            mixtures = [None if m is None else model.site_mixture(X, self.means_)
+            mixtures = [None if m is None else model.site_mixture(X, centres)
                         for X, m in zip(data, self.site_mapping_)]
             self.site_weights_ = [None if mix is None else mix[0] for mix in mixtures]
             self.site_variances_ = [None if mix is None else mix[1] for mix in mixtures]
-            self.labels_ = [None if mix is None else model.site_labels(X, self.means_, *mix)
+            self.labels_ = [None if mix is None else model.site_labels(X, centres, *mix)
                             for X, mix in zip(data, mixtures)]
-        self.weights_, self.covariance_ = _global_mixture(data, self.labels_, self.means_)
+        self.weights_, self.covariance_ = _global_mixture(data, self.labels_, centres)
         self.upsilon_ = server.upsilon
         self.tuning_ = server.tuning
         self.privacy_ = None if server.privacy is None else server.privacy.record()

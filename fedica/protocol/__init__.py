@@ -29,6 +29,7 @@ from fedica.protocol.messages import (
     GEM_FINAL,
     GEM_INIT,
     GEM_LIKELIHOOD,
+    GEM_MOMENTS,
     GEM_ROUND,
     GEM_SILHOUETTE,
     RAY_NODE_KEY,
@@ -63,7 +64,7 @@ from fedica.protocol.tasks import ArraySite, ClientTasks, Handler, Site, Transfo
 
 __all__ = [
     "AFCL_INIT", "AFCL_ROUND", "CATEGORY", "ERROR_KEY", "EVALUATE", "FFCM_INIT", "FFCM_ROUND", "GEM_EVALUATE",
-    "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_ROUND", "GEM_SILHOUETTE", "RAY_NODE_KEY", "REPORT_SCALE_SPREAD_KEY",
+    "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_MOMENTS", "GEM_ROUND", "GEM_SILHOUETTE", "RAY_NODE_KEY", "REPORT_SCALE_SPREAD_KEY",
     "RFICA_FIT", "SCALE_SPREAD_KEY", "TRAIN",
     "ArraySite", "ClientTasks", "Handler", "InMemoryFederation", "InvalidReply", "Journal", "JournalError",
     "NotEnoughClients", "OverBudget",

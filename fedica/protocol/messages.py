@@ -29,6 +29,8 @@ RFICA_FIT = "rfica_fit"
 RFICA_COVARIANCE = "rfica_covariance"
 # RF-ICA's federated refinement: every site's averages at the server's current unmixing (FastICA's fixed point).
 RFICA_REFINE = "rfica_refine"
+# FedGEM's federated standardisation (standardize: federated): every site's column means and deviations, first.
+GEM_MOMENTS = "fedgem_moments"
 GEM_INIT = "fedgem_init"
 GEM_ROUND = "fedgem_round"
 GEM_FINAL = "fedgem_final"
@@ -49,6 +51,7 @@ CATEGORY = {
     RFICA_FIT: TRAIN,
     RFICA_COVARIANCE: TRAIN,
     RFICA_REFINE: TRAIN,
+    GEM_MOMENTS: TRAIN,
     GEM_INIT: TRAIN,
     GEM_ROUND: TRAIN,
     GEM_FINAL: TRAIN,

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedica.data.common import ClientData
+from fedica.fedgem.standardisation import in_request_units
 
 # Set by fedica's in-process and simulation engines, for their clients and their server (the user's own): the
 # clients may read the files the run config names, and a private run's sites draw their noise from the run's seed.
@@ -54,7 +55,15 @@ class Site(Protocol):
     noise_secret: int | None
 
     def points(self, values: Mapping[str, Any]) -> ClientData:
-        """The site's points for clustering (FedGEM, FFCM, AFCL): train and test rows, K_g."""
+        """The site's points for clustering (FedGEM, FFCM, AFCL): train and test rows, K_g.
+
+        In the units the request names: standardised when ``values`` names a standardisation
+        (:func:`fedica.fedgem.standardisation.in_request_units`; a site that chooses its own K_g
+        chooses on the standardised points), else the data's own.
+        """
+
+    def training_points(self, values: Mapping[str, Any]) -> np.ndarray:
+        """The site's training rows (n, d) in the data's own units, whatever the request names; K_g is not chosen."""
 
     def observations(self, values: Mapping[str, Any]) -> np.ndarray:
         """The site's observations for ICA, shape (n_channels, n_samples)."""
@@ -80,7 +89,10 @@ class ArraySite:
     noise_secret: int | None = None
 
     def points(self, values: Mapping[str, Any]) -> ClientData:
-        return self.data
+        return in_request_units(self.data, values)
+
+    def training_points(self, values: Mapping[str, Any]) -> np.ndarray:
+        return self.data.X_train
 
     def observations(self, values: Mapping[str, Any]) -> np.ndarray:
         return self.data.X_train.T

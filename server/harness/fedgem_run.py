@@ -22,6 +22,7 @@ from fedica.data.scenarios import scenario_client_data, true_n_clusters
 from fedica.evaluation.baselines import evaluate_clustering, run_baselines
 from fedica.fedgem.client import adapted_labels, consensus_labels
 from fedica.fedgem.geometry import FEATURE_SCALE_SPREAD_LIMIT, geometry
+from fedica.fedgem.standardisation import STANDARDISATION_KEY
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 
 log = logging.getLogger("fedica.server")
@@ -58,11 +59,11 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
     spread = server.feature_scale_spread
     if cfg["scenario"]["name"] == "files" and spread is not None and spread > FEATURE_SCALE_SPREAD_LIMIT:
         # After the library's warning, in the run's warnings and its summary: what the files' user can set here.
-        pooled = ("standardize=pool is for the engines that read every file on one machine; "
-                  if cfg["engine"]["name"] == "deployment" else
+        pooled = ("" if cfg["engine"]["name"] == "deployment" else
                   "scenario.standardize=pool standardises every feature over every file's rows; ")
-        warnings.warn(f"scenario=files: {pooled}standardize=site, each site's file on its own rows", UserWarning,
-                      stacklevel=2)
+        warnings.warn(f"scenario=files: algorithm.standardize=federated standardises every feature by scales the "
+                      f"sites agree on; {pooled}scenario.standardize=site, each site's file on its own rows",
+                      UserWarning, stacklevel=2)
     fedgem_metrics = {**server.evaluation, "super_clusters": server.aggregation.k_hat, "upsilon": server.upsilon,
                       "rounds": alg["rounds"]}
     if books.hostile_partitions:
@@ -91,6 +92,9 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
     mapping = {str(p): labels.tolist() for p, labels in strategy.site_mapping_.items()}
     # Only a private run records its privacy: a run without dp_epsilon writes the result it always wrote.
     privacy = {} if strategy.privacy_ is None else {"privacy": strategy.privacy_}
+    # Likewise only a standardised run records its location and scale; its centres are in the data's own units.
+    units = {} if server.feature_scale is None else {"feature_location": server.feature_location,
+                                                     "feature_scale": server.feature_scale}
     return {
         **privacy,
         "metrics": result_metrics,
@@ -98,7 +102,8 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
         "history": server.history,
         "timings": timings,
         "fedgem": {
-            "global_centroids": server.aggregation.global_centroids,
+            "global_centroids": server.in_data_units(server.aggregation.global_centroids),
+            **units,
             "client_mapping": mapping,
             "client_local_ari": server.client_aris,
             "local_clusters": {str(p): m.n_components for p, m in sorted(server.models.items())},
@@ -121,7 +126,8 @@ def scenario_silhouettes(cfg: Mapping[str, Any], server: FedGEMServer) -> dict[s
     """
     payloads = server.evaluation_payloads()
     partitions = sorted(payloads)
-    clients = [scenario_client_data(cfg["scenario"], p, int(cfg["seed"])) for p in partitions]
+    standardisation = server.units.get(STANDARDISATION_KEY)  # the sites label their points in these units
+    clients = [scenario_client_data(cfg["scenario"], p, int(cfg["seed"]), standardisation) for p in partitions]
     if server.settings.labelling == "adapted":
         model = geometry(server.settings.covariance_type)
         labels = [adapted_labels(c.X_train, c.X_test, payloads[p]["centroids"], payloads[p]["global-ids"], model)

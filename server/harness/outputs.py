@@ -16,7 +16,7 @@ import numpy as np
 
 from fedica.data.files import read_rows
 from fedica.data.scenarios import ica_scenario_data
-from fedica.fedgem.local import assign_labels
+from fedica.fedgem.standardisation import nearest_centres
 from fedica.results import RESULT_FILE, SUMMARY_FILE, format_summary, write_json_atomic
 
 log = logging.getLogger("fedica.server")
@@ -68,7 +68,7 @@ def write_site_labels(result: Mapping[str, Any], out_dir: str | os.PathLike) -> 
     for partition, global_ids in sorted(result["fedgem"]["client_mapping"].items(), key=lambda item: int(item[0])):
         global_ids = np.asarray(global_ids, dtype=np.int64)
         X = read_rows(scenario["paths"][int(partition)], label_column=scenario.get("label_column"))
-        clusters = global_ids[assign_labels(X, centroids[global_ids])]
+        clusters = global_ids[nearest_centres(X, centroids[global_ids], result["fedgem"])]
         path = out_dir / f"labels_site{partition}.csv"
         np.savetxt(path, np.c_[np.arange(X.shape[0]), clusters], fmt="%d", delimiter=",", header="row,cluster", comments="")
         written.append(str(path))
