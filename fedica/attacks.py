@@ -23,7 +23,8 @@ GEM_ATTACKS = ("inflated_radius", "inflated_count", "random_centroids")
 # ... and on the rest of its protocol: the components a client declares, the tuning, the evaluation
 # (the last four know the defences: docs/ALGORITHMS.md section 3.2).
 GEM_PROTOCOL_ATTACKS = ("split_components", "poison_tuning", "fake_evaluation",
-                        "overflow_row", "likelihood_shift", "midpoint_cluster", "forged_metrics", "consistent_forgery")
+                        "overflow_row", "likelihood_shift", "midpoint_cluster", "forged_metrics", "consistent_forgery",
+                        "skewed_moments")
 # Either algorithm: a node answers under another client's partition id.
 SPOOF_PARTITION = "spoof_partition"
 ATTACKS = ("none", *ICA_ATTACKS, *GEM_ATTACKS, *GEM_PROTOCOL_ATTACKS, SPOOF_PARTITION)
@@ -50,6 +51,8 @@ LIKELIHOOD_SHIFT = -1.0e13
 # forged_metrics: the count claimed at initialisation (a multiple of the client's own: 5,000 for
 # a client of 125 points), the local ARI it reports, and its contingency table's size as a
 # multiple of its own test count (a typical client's: just under the count cap's 10x the median).
+# skewed_moments: the factor by which a client shrinks its first feature's deviation and inflates every other's.
+SKEW_FACTOR = 1.0e6
 FORGED_COUNT_FACTOR = 40
 FORGED_LOCAL_ARI = -1.0
 FORGED_TEST_FACTOR = 9.9
@@ -307,6 +310,20 @@ def closest_pair_midpoint(true_centres: np.ndarray) -> np.ndarray:
     gaps[np.diag_indices_from(gaps)] = np.inf
     a, b = np.unravel_index(np.argmin(gaps), gaps.shape)
     return 0.5 * (true_centres[a] + true_centres[b])
+
+
+def skewed_moments(moments: np.ndarray) -> np.ndarray:
+    """A ``skewed_moments`` client's reply to the federated standardisation (``standardize: federated``).
+
+    Its honest (2, d) means and deviations, the first feature's deviation divided by :data:`SKEW_FACTOR` and
+    every other's multiplied by it: were its values taken, the first feature would outweigh all others a
+    million-fold in every distance, and FedGEM would cluster on it alone. It knows the server takes medians,
+    so every hostile client sends the same skew, all pulling each median the same way.
+    """
+    skewed = np.array(moments, dtype=np.float64)
+    skewed[1, 0] /= SKEW_FACTOR
+    skewed[1, 1:] *= SKEW_FACTOR
+    return skewed
 
 
 def forged_contingency(global_ids: np.ndarray, true_labels: np.ndarray,

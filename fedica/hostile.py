@@ -29,6 +29,7 @@ from fedica.protocol import (
     GEM_FINAL,
     GEM_INIT,
     GEM_LIKELIHOOD,
+    GEM_MOMENTS,
     GEM_ROUND,
     GEM_SILHOUETTE,
     RFICA_FIT,
@@ -281,6 +282,15 @@ def _consistent_forgery(task: str, arrays: Arrays, values: Values, honest: tuple
     return _forged_evaluation(task, arrays, honest, consistent=True)
 
 
+def _skewed_moments(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
+                    rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """Skew the column moments of the federated standardisation (:func:`fedica.attacks.skewed_moments`)."""
+    reply_arrays, reply_values = honest
+    if task != GEM_MOMENTS:
+        return honest
+    return {**reply_arrays, "moments": attacks.skewed_moments(reply_arrays["moments"])}, reply_values
+
+
 # The attacks that know the server's defences (issue 25), each a reply rewrite of every task.
 _ADAPTIVE_GEM_ATTACKS = {
     "overflow_row": _overflow_row,
@@ -288,6 +298,7 @@ _ADAPTIVE_GEM_ATTACKS = {
     "midpoint_cluster": _midpoint_cluster,
     "forged_metrics": _forged_metrics,
     "consistent_forgery": _consistent_forgery,
+    "skewed_moments": _skewed_moments,
 }
 
 

@@ -566,6 +566,33 @@ def test_standardised_files_are_free_of_each_feature_s_unit_and_the_scale_warnin
     assert pooled[0]["metrics"]["fedgem"]["global_ari"] > shipped["metrics"]["fedgem"]["global_ari"] + 0.3
 
 
+def test_federated_standardisation_frees_files_of_each_feature_s_unit_and_the_sites_choose_k_g_after_it(tmp_path):
+    # The sites agree on every feature's location and scale (medians of their column moments), on any engine: each
+    # reads its own file only. Every feature in a unit of its own gives the same run, labels files included.
+    shipped = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target")
+    assert any("algorithm.standardize=federated" in warning for warning in shipped["warnings"])
+    units = np.logspace(-3, 3, 13)[np.random.default_rng(1).permutation(13)]
+    runs = [_fedgem_files(_wine_sites(tmp_path, unit, folder), "scenario.label_column=target",
+                          "scenario.n_components=auto", "algorithm.standardize=federated")
+            for unit, folder in ((1.0, None), (units, "per-feature"))]
+    for result in runs:
+        assert result["fedgem"]["feature_scale_spread"] < 2 and result["warnings"] == {}
+        assert result["fedgem"]["feature_scale"] is not None
+    assert runs[0]["metrics"]["fedgem"] == runs[1]["metrics"]["fedgem"]
+    assert runs[0]["fedgem"]["client_mapping"] == runs[1]["fedgem"]["client_mapping"]
+    assert runs[0]["fedgem"]["local_clusters"] == runs[1]["fedgem"]["local_clusters"]
+    from fedica.server.harness.outputs import write_site_labels
+
+    written = [write_site_labels(result, tmp_path / f"labels{i}") for i, result in enumerate(runs)]
+    assert len(written[0]) == 4
+    for ours, theirs in zip(*written):
+        assert open(ours).read() == open(theirs).read()
+    # The centres are written in each run's own units.
+    np.testing.assert_allclose(np.asarray(runs[1]["fedgem"]["global_centroids"]),
+                               np.asarray(runs[0]["fedgem"]["global_centroids"]) * units, rtol=1e-9)
+    assert runs[0]["metrics"]["fedgem"]["global_ari"] > shipped["metrics"]["fedgem"]["global_ari"] + 0.3
+
+
 def test_standardize_pool_uses_every_file_s_rows_and_site_each_file_s_own(tmp_path):
     from fedica.data.scenarios import pooled_file_scale
 
