@@ -188,3 +188,25 @@ def test_a_files_site_chooses_its_k_g_and_draws_its_held_out_rows_on_the_standar
     np.testing.assert_array_equal(standardised.y_test, raw.y_test)  # the same rows held out
     np.testing.assert_allclose(standardised.X_train.std(axis=0), 1.0, rtol=0.1)
     assert raw.n_components != standardised.n_components  # chosen on the points the site fits
+
+
+def test_a_quarter_of_the_sites_skewing_their_moments_changes_neither_k_hat_nor_the_clusters():
+    """``skewed_moments``: hostile sites that know the medians all claim the first feature's deviation a million
+    times smaller and every other's a million times larger; their one vote each moves no median far."""
+    from fedica.config import validate_config
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    def run(*overrides):
+        return run_inprocess(validate_config(compose_config([
+            "algorithm=fedgem", "scenario=sklearn_real", "scenario.dataset=wine", "scenario.n_clients=4",
+            "engine=inprocess", "baselines=false", "algorithm.standardize=federated", *overrides])))
+
+    honest, attacked = run(), run("attack=skewed_moments", "attack.fraction=0.25")
+    assert attacked["fedgem"]["hostile_clients"] == [2]
+    # Each median moves at most to the next honest site's value (a million-fold skew asked): within 2x here.
+    ratio = np.asarray(attacked["fedgem"]["feature_scale"]) / np.asarray(honest["fedgem"]["feature_scale"])
+    assert np.all((0.5 < ratio) & (ratio < 2.0))
+    assert attacked["metrics"]["fedgem"]["super_clusters"] == honest["metrics"]["fedgem"]["super_clusters"]
+    # The attack touches the moments alone (its sites label their points honestly): every site's ARI compares.
+    assert attacked["metrics"]["fedgem"]["global_ari"] > honest["metrics"]["fedgem"]["global_ari"] - 0.05
