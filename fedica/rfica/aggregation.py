@@ -68,6 +68,12 @@ _ASSIGNMENT_RTOL = 1e-12
 # and the signals scenario, 1.15-2.01 on the recordings scenario (16 and 64 channels), 1,000 and more for a
 # channel in another unit.
 CHANNEL_SCALE_SPREAD_LIMIT = 10.0
+# The same rule for a channel in far *smaller* units (microvolts beside volts): when the smallest channel's scale
+# is below this share of the median's. Its row is then near zero in every unit-norm column, and every estimate looks
+# rank-deficient; a smaller share than the large side's limit, as a channel far from every source has a low gain of
+# its own: measured on the recordings scenario's own channels (4 to 32, 4 seeds), .16 to .82 of the median; a
+# channel in units 1,000 times smaller, .0007 to .003.
+SMALLEST_CHANNEL_SCALE_LIMIT = 0.01
 # channel_scales' balancing: at most this many steps, stopping when no scale moves by more than _BALANCE_TOL; a
 # channel whose median row norm is below _FLAT_CHANNEL of the median channel's is flat (dead) and keeps its scale.
 _BALANCE_MAX_STEPS = 100
@@ -115,6 +121,11 @@ def channel_scales(estimates) -> np.ndarray:
 def channel_scale_spread(scales: np.ndarray) -> float:
     """How far the channels' scales are apart: the largest over the median (1 when they agree)."""
     return float(scales.max() / np.median(scales))
+
+
+def smallest_channel_scale(scales: np.ndarray) -> float:
+    """The smallest channel's scale over the median channel's (1 when they agree)."""
+    return float(scales.min() / np.median(scales))
 
 
 def in_channel_units(matrix: np.ndarray, scales: np.ndarray) -> np.ndarray:

@@ -39,8 +39,10 @@ from fedica.protocol.messages import (
 )
 from fedica.rfica.aggregation import (
     CHANNEL_SCALE_SPREAD_LIMIT,
+    SMALLEST_CHANNEL_SCALE_LIMIT,
     RfIcaAggregate,
     channel_scale_spread,
+    smallest_channel_scale,
     channel_scales,
     in_channel_units,
     normalise_estimates,
@@ -113,9 +115,12 @@ class RFICAState(ProtocolState):
     channel_scale_spread : float or None
         The largest of the channels' scales in the accepted estimates over the median
         (:func:`fedica.rfica.aggregation.channel_scales`); None before any estimate.
+    smallest_channel_scale : float or None
+        The smallest of the channels' scales over the median; None before any estimate.
     channel_scales : ndarray of shape (r,) or None
         The scales the columns were compared with (each channel divided by its own), set when the
-        spread is over :data:`~fedica.rfica.aggregation.CHANNEL_SCALE_SPREAD_LIMIT`; None: in the
+        spread is over :data:`~fedica.rfica.aggregation.CHANNEL_SCALE_SPREAD_LIMIT` or the smallest
+        scale under :data:`~fedica.rfica.aggregation.SMALLEST_CHANNEL_SCALE_LIMIT`; None: in the
         channels' own units, the paper's.
     """
 
@@ -151,6 +156,7 @@ class RFICAState(ProtocolState):
     refinement: list[dict] = field(default_factory=list)
     refinement_reverted: list[int] = field(default_factory=list)
     channel_scale_spread: float | None = None
+    smallest_channel_scale: float | None = None
     channel_scales: np.ndarray | None = None
 
     @property
@@ -414,7 +420,8 @@ def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: i
 def compare_channels_alike(state: RFICAState) -> None:
     """Measure the channels' scales in the estimates; when they are far apart, compare columns with each channel scaled.
 
-    Below :data:`~fedica.rfica.aggregation.CHANNEL_SCALE_SPREAD_LIMIT` nothing changes (the paper's
+    Below :data:`~fedica.rfica.aggregation.CHANNEL_SCALE_SPREAD_LIMIT`, with no channel's scale under
+    :data:`~fedica.rfica.aggregation.SMALLEST_CHANNEL_SCALE_LIMIT` of the median's, nothing changes (the paper's
     comparison in the channels' units). Above it the degeneracy check and the aggregation see every
     channel divided by its scale, the aggregate's columns go back to the channels' units, and one
     warning line says so (docs/ALGORITHMS.md section 1.4.3).
@@ -424,11 +431,18 @@ def compare_channels_alike(state: RFICAState) -> None:
     with state.server_time():
         scales = channel_scales(np.stack(state.estimates))
         state.channel_scale_spread = channel_scale_spread(scales)
+        state.smallest_channel_scale = smallest_channel_scale(scales)
     if state.channel_scale_spread > CHANNEL_SCALE_SPREAD_LIMIT:
         state.channel_scales = scales
         warnings.warn(f"RF-ICA: the channels' scales differ {state.channel_scale_spread:.3g}-fold (largest over the "
                       "median, in the sites' estimates); the sites' columns were compared with each channel divided by "
                       "its scale, so that no channel's unit decides the clusters", UserWarning, stacklevel=2)
+    elif state.smallest_channel_scale < SMALLEST_CHANNEL_SCALE_LIMIT:
+        state.channel_scales = scales
+        warnings.warn(f"RF-ICA: a channel's scale is {state.smallest_channel_scale:.3g} of the median channel's (in the "
+                      "sites' estimates: a channel in far smaller units); the sites' columns were compared with each "
+                      "channel divided by its scale, so that no channel's unit decides the clusters", UserWarning,
+                      stacklevel=2)
 
 
 def _compared(state: RFICAState) -> np.ndarray:

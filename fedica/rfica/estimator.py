@@ -135,6 +135,9 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         How far the channels' scales in the sites' estimates are apart (the largest over the median,
         :func:`fedica.rfica.aggregation.channel_scales`); over 10 (a channel in another unit) the
         server compared the sites' columns with each channel divided by its scale, and warned.
+    smallest_channel_scale_ : float
+        The smallest channel's scale in the sites' estimates over the median's; under .01 (a channel in
+        far smaller units) the server compared the columns with each channel divided by its scale, and warned.
     labels_ : ndarray of shape (n_sites, n_features)
         The cluster (column of ``mixing_``) of each column of each site's estimate; with
         ``clustering="matched"`` every row is a permutation of ``range(n_features)``.
@@ -310,6 +313,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         model.rejected_ = result["clients"]["rejected"]
         model.privacy_ = result.get("privacy")
         model.channel_scale_spread_ = section.get("channel_scale_spread")  # None in a result written before it
+        model.smallest_channel_scale_ = section.get("smallest_channel_scale")
         return model
 
     def _state(self, r: int) -> RFICAState:
@@ -331,6 +335,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.site_iterations_ = np.array(state.n_iter, dtype=np.int64) if told else None
         self.whitening_ = state.whitening_matrix
         self.channel_scale_spread_ = state.channel_scale_spread
+        self.smallest_channel_scale_ = state.smallest_channel_scale
         self.labels_ = agg.labels
         self.benchmark_site_ = state.partitions[agg.benchmark]
         self.f_ica_, self.simple_mean_, self.simple_median_ = agg.f_ica, agg.simple_mean, agg.simple_median

@@ -298,10 +298,22 @@ def local_ica(
     signals = data if projection is None else projection @ centred
     signals_centred = centred if projection is None else signals
     r = signals.shape[0]
-    covariance_eigenvalues = np.linalg.eigvalsh(signals_centred @ signals_centred.T / n_samples)
+    covariance = signals_centred @ signals_centred.T / n_samples
+    covariance_eigenvalues = np.linalg.eigvalsh(covariance)
     if not covariance_eigenvalues[-1] > 0:
         raise ValueError("Y must not be constant: every signal has zero variance")
-    rank_deficient = covariance_eigenvalues[0] <= _RANK_DEFICIENT_RATIO * covariance_eigenvalues[-1]
+    rank_deficient = _rank_deficient(covariance_eigenvalues)
+    # A channel in far smaller units (microvolts beside volts) makes the covariance look singular although its
+    # correlations are not: every channel is then divided by its deviation, and the mixing's rows multiplied back
+    # (ICA is equivariant to the channels' scales), rather than taking the scalar whitening that singular data
+    # need. Only then: a site whose covariance passes the test keeps its exact path.
+    channel_units = None
+    if rank_deficient and projection is None:
+        deviations = np.sqrt(np.diag(covariance))
+        units = np.where(deviations > 0, deviations, 1.0)
+        if not _rank_deficient(np.linalg.eigvalsh(covariance / np.outer(units, units))):
+            channel_units, rank_deficient = units, False
+            signals, signals_centred = data / units[:, None], centred / units[:, None]
 
     rng = np.random.default_rng(random_state)
     # One BLAS thread: a solver's products are small (r x n by n x r) and OpenBLAS's threads made a 64-channel
@@ -324,6 +336,8 @@ def local_ica(
                 attempt = _solve_whitening(signals, solver, contrast, sklearn_seed(retry),
                                            RETRY_ITERATIONS_FACTOR * max_iter, tol)
     mixing, n_iter, converged = attempt
+    if channel_units is not None:
+        mixing = channel_units[:, None] * mixing
     if projection is not None:
         mixing = np.linalg.pinv(projection) @ mixing
     return LocalICA(normalize_columns(mixing), int(n_iter), bool(converged), attempts)
@@ -411,6 +425,11 @@ def _projection(centred, n_components, whitening):
             raise ValueError(f"n_components={r} is more than the {n_channels} channels")
     # Orthonormal rows: the solver whitens the r principal signals itself.
     return eigenvectors[:, :r].T.copy()
+
+
+def _rank_deficient(eigenvalues) -> bool:
+    """Whether a covariance (its ascending eigenvalues) is numerically singular for PCA whitening."""
+    return bool(eigenvalues[0] <= _RANK_DEFICIENT_RATIO * eigenvalues[-1])
 
 
 def _solve_whitening(signals, solver, contrast, seed, max_iter, tol):

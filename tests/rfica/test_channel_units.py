@@ -12,7 +12,9 @@ import pytest
 from fedica import RFICA
 from fedica.data.scenarios import SCENARIOS, ica_scenario_data
 from fedica.evaluation.ica import ica_error
-from fedica.rfica.aggregation import CHANNEL_SCALE_SPREAD_LIMIT, channel_scale_spread, channel_scales
+from fedica.rfica.aggregation import (
+    CHANNEL_SCALE_SPREAD_LIMIT, SMALLEST_CHANNEL_SCALE_LIMIT, channel_scale_spread, channel_scales,
+)
 
 RECORDINGS = dict(name="recordings", n_clients=6, n_channels=4, n_sources=4, sampling_rate=250.0, min_samples=2000,
                   max_samples=5000, condition_number=9.5, n_noisy=1, noise_level=3.0, sensor_noise=0.05,
@@ -65,4 +67,25 @@ def test_a_channel_in_another_unit_changes_nothing_and_says_so(seed):
             other = RFICA(random_state=0).fit([X * units for X in sites])
         assert other.channel_scale_spread_ > CHANNEL_SCALE_SPREAD_LIMIT
         back = _unit_columns(other.mixing_ / units[:, None])  # the estimate in the first unit
+        assert ica_error(back, truth) == pytest.approx(ica_error(own.mixing_, truth), abs=2e-3)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_channel_in_far_smaller_units_changes_nothing_and_says_so(seed):
+    # Before, channel 0 times 1e-6 gave an error of 1.2-1.6 without a word: every site whitened as if its data were
+    # singular, and the spread (the largest scale over the median) did not see a small channel.
+    sites = [ica_scenario_data(RECORDINGS, g, seed).T for g in range(RECORDINGS["n_clients"])]
+    truth = _unit_columns(SCENARIOS["recordings"].true_mixing(RECORDINGS, seed))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*a channel's scale is")
+        own = RFICA(random_state=0).fit(sites)
+    assert own.smallest_channel_scale_ > SMALLEST_CHANNEL_SCALE_LIMIT
+    for c in (1e-3, 1e-6):
+        units = np.ones(RECORDINGS["n_channels"])
+        units[0] = c
+        with pytest.warns(UserWarning, match="a channel's scale is .* far smaller units"):
+            other = RFICA(random_state=0).fit([X * units for X in sites])
+        assert other.smallest_channel_scale_ < SMALLEST_CHANNEL_SCALE_LIMIT
+        assert other.channel_scale_spread_ < CHANNEL_SCALE_SPREAD_LIMIT  # the largest over the median misses it
+        back = _unit_columns(other.mixing_ / units[:, None])
         assert ica_error(back, truth) == pytest.approx(ica_error(own.mixing_, truth), abs=2e-3)

@@ -55,6 +55,23 @@ def test_both_solvers_recover_the_mixing_and_report_their_convergence(solver, co
 
 
 @pytest.mark.parametrize("solver", ["fastica", "picard"])
+@pytest.mark.parametrize("unit", [1e-6, 1e-9])
+def test_a_channel_in_far_smaller_units_leaves_the_site_s_estimate_as_it_was(solver, unit):
+    # Before, its covariance looked singular (eigenvalues 1e-12 apart and more): the site took the scalar whitening
+    # that singular data need, and its estimate was wrong (RF-ICA error 1.2-1.6 on the recordings scenario).
+    (site, *_), mixing = _laplace_sites(0, n_sites=1, n=5000)
+    units = np.array([unit, 1.0, 1.0, 1.0])
+    own = local_ica(site.T, solver=solver, random_state=1)
+    scaled = local_ica((site * units).T, solver=solver, random_state=1)
+    assert scaled.converged
+    back = normalize_columns(scaled.mixing / units[:, None])
+    assert ica_error(back, mixing) == pytest.approx(ica_error(own.mixing, mixing), abs=1e-3)
+    # Data that are singular in every unit (a channel copying another) still take the scalar whitening.
+    copied = np.column_stack([site[:, :3], site[:, 0]])
+    assert np.all(np.isfinite(local_ica(copied.T, solver=solver, random_state=1).mixing))
+
+
+@pytest.mark.parametrize("solver", ["fastica", "picard"])
 def test_an_unconverged_start_is_retried_with_more_iterations_and_then_flagged(solver):
     (site, *_), _ = _laplace_sites(1, n_sites=1)
     alone = local_ica(site.T, solver=solver, max_iter=1, random_state=0)
