@@ -165,8 +165,8 @@ class ContextState(MutableMapping):
             raise KeyError(key)
         return decode_array(record[key])
 
-    # The record is changed in place: building a new ArrayRecord from every array (Flower's constructor copies each
-    # one) cost 0.12 ms a message, 1.6 s of a 1,000-site run's 30 s.
+    # The record is changed in place: a new ArrayRecord from every array (Flower's constructor copies each one)
+    # took 37 us a write against 17 us (two arrays held), a quarter of a second of a 1,000-site run.
     def __setitem__(self, key: str, value: np.ndarray) -> None:
         if STATE_KEY not in self.context.state:
             self.context.state[STATE_KEY] = ArrayRecord()
