@@ -218,6 +218,8 @@ def test_the_private_start_finds_the_clusters_when_the_noise_is_small():
     ({"dp_epsilon": 1.0}, r"^algorithm\.dp_clip=None: a private run needs the norm bound"),
     ({"dp_epsilon": 1.0, "dp_clip": 5.0, "local_steps": 3}, r"^algorithm\.local_steps=3: a private run needs 1"),
     ({"dp_epsilon": 0.0, "dp_clip": 5.0}, r"^algorithm\.dp_epsilon=0\.0: "),
+    ({"dp_epsilon": 1.0, "dp_clip": 5.0, "standardize": "federated"},
+     r"^algorithm\.standardize='federated': a private run keeps the data's units"),
 ])
 def test_the_config_refuses_a_private_run_it_cannot_make_in_one_line(overrides, message):
     with initialize_config_dir(config_dir=str(fedica.conf.__path__[0]), version_base=None):
