@@ -30,6 +30,7 @@ from fedica.fedgem.geometry import FEATURE_SCALE_SPREAD_LIMIT, geometry
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.overlaps import TooManyOverlaps
 from fedica.fedgem.selection import EVIDENCE_MINORITY, Candidate, bic, evidence_path_sizes, icl, merge_path, path_sizes
+from fedica.fedgem.standardisation import STANDARDISATION_KEY, encode_standardisation, federated_scale
 from fedica.fedgem.trust import (
     FederationExtent,
     admit_components,
@@ -49,7 +50,6 @@ from fedica.fedgem.trust import (
     trusted_grid_aggregations,
     trusted_server_step,
 )
-from fedica.fedgem.standardisation import STANDARDISATION_KEY, encode_standardisation, federated_scale
 from fedica.fedgem.tuning import select_upsilon
 from fedica.protocol import (
     GEM_EVALUATE,
@@ -243,7 +243,8 @@ class FedGEMServer(ProtocolState):
                 yield from self._select(self._refused_join_candidates(), model)
         elif s.upsilon_criterion == "silhouette":
             candidates, aggregations = self._tuning_candidates()
-            replies = yield Request(GEM_SILHOUETTE, "silhouette", candidates, {"sample": s.silhouette_sample, "seed": s.seed, **self.units})
+            replies = yield Request(GEM_SILHOUETTE, "silhouette", candidates,
+                                    {"sample": s.silhouette_sample, "seed": s.seed, **self.units})
             self._choose_upsilon(aggregations, replies)
             self._aggregate()
         else:
