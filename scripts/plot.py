@@ -122,7 +122,7 @@ def plot(table: Mapping, spec: Mapping[str, Any], layout: Layout, out: Path, tit
                 means = np.array([xs[k].mean for k in x])
                 # NaN draws no bar where a single seed has no spread.
                 sds = np.array([np.nan if xs[k].sd is None else xs[k].sd for k in x])
-                ax.errorbar(x, means, yerr=sds, marker="o", capsize=3, label=line)
+                ax.errorbar(axis_values(x), means, yerr=sds, marker="o", capsize=3, label=line)
             if spec.get("logy") and metric in ("error", "seconds"):
                 ax.set_yscale("log")
             if spec.get("logx"):
@@ -143,6 +143,14 @@ def plot(table: Mapping, spec: Mapping[str, Any], layout: Layout, out: Path, tit
     plt.close(fig)
 
 
+def axis_values(values: list) -> list:
+    """The x values as matplotlib takes them: numbers as they are, else every value a label (None as the config's
+    ``null``), since a categorical axis takes strings only (a sweep of ``standardize=null,federated``)."""
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return values
+    return ["null" if v is None else str(v) for v in values]
+
+
 def x_label(spec: Mapping[str, Any], layout: Layout) -> str:
     """The experiment's ``xlabel`` names its ``plot.x`` only: another x axis is named by its key."""
     return spec.get("xlabel", layout.x) if layout.x == spec.get("x") else layout.x
@@ -158,7 +166,7 @@ def markdown(table: Mapping, layout: Layout) -> str:
             heading = f"**{metric}**" + (f", {layout.panels} = {panel}" if panel != "" else "") + f" ({SPREAD})"
             rows = [heading, "", f"| {layout.x} | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
             for x in xs:
-                rows.append(f"| {x} | " + " | ".join(cell(lines[name].get(x)) for name in names) + " |")
+                rows.append(f"| {axis_values([x])[0]} | " + " | ".join(cell(lines[name].get(x)) for name in names) + " |")
             blocks.append("\n".join(rows))
     return "\n\n".join(blocks) + "\n"
 

@@ -167,3 +167,17 @@ def test_corrupt_and_missing_results_are_skipped_with_one_line_each(tmp_path, ca
     assert lines[1] == f"fedica-plot: warning: skipped {no_config}: incomplete result (no config)"
     assert lines[2] == f"fedica-plot: warning: skipped {unfinished}: no result.json (the run failed or has not finished)"
     assert "| 15 | 2.5 (n=1) |" in table  # only seed 0 is left
+
+
+def test_a_key_swept_over_null_and_a_name_is_drawn_as_labels(tmp_path, capsys):
+    # A sweep of algorithm.standardize=null,federated: matplotlib's categorical axis takes no None (it raised).
+    for standardize in ("null", "federated"):
+        for seed in range(2):
+            write_run(tmp_path, [f"algorithm.standardize={standardize}", f"seed={seed}"],
+                      {"fedgem": {"global_ari": 0.2 if standardize == "null" else 0.9}}, {"fedgem": 1.0})
+    out, _, table = run_plot(capsys, tmp_path, "--metric", "global_ari")
+    assert "x axis: algorithm.standardize" in out
+    assert "| null | 0.2 ± 0 (n=2) |" in table and "| federated | 0.9 ± 0 (n=2) |" in table
+    assert (tmp_path / "figure.png").stat().st_size > 0
+    assert plot.axis_values([None, "federated"]) == ["null", "federated"]
+    assert plot.axis_values([0.5, 2]) == [0.5, 2]
