@@ -144,9 +144,10 @@ def plot(table: Mapping, spec: Mapping[str, Any], layout: Layout, out: Path, tit
 
 
 def axis_values(values: list) -> list:
-    """The x values as matplotlib takes them: numbers as they are, else every value a label (None as the config's
-    ``null``), since a categorical axis takes strings only (a sweep of ``standardize=null,federated``)."""
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    """The x values as matplotlib takes them: numbers (and None, a gap on a numeric axis, as a sweep of
+    ``dp_epsilon=null,1,4`` draws) as they are; with any other value, every value a label (None as the
+    config's ``null``), since a categorical axis takes strings only (a sweep of ``standardize=null,federated``)."""
+    if all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
         return values
     return ["null" if v is None else str(v) for v in values]
 
@@ -166,7 +167,7 @@ def markdown(table: Mapping, layout: Layout) -> str:
             heading = f"**{metric}**" + (f", {layout.panels} = {panel}" if panel != "" else "") + f" ({SPREAD})"
             rows = [heading, "", f"| {layout.x} | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
             for x in xs:
-                rows.append(f"| {axis_values([x])[0]} | " + " | ".join(cell(lines[name].get(x)) for name in names) + " |")
+                rows.append(f"| {x} | " + " | ".join(cell(lines[name].get(x)) for name in names) + " |")
             blocks.append("\n".join(rows))
     return "\n\n".join(blocks) + "\n"
 

@@ -177,7 +177,7 @@ def test_a_key_swept_over_null_and_a_name_is_drawn_as_labels(tmp_path, capsys):
                       {"fedgem": {"global_ari": 0.2 if standardize == "null" else 0.9}}, {"fedgem": 1.0})
     out, _, table = run_plot(capsys, tmp_path, "--metric", "global_ari")
     assert "x axis: algorithm.standardize" in out
-    assert "| null | 0.2 ± 0 (n=2) |" in table and "| federated | 0.9 ± 0 (n=2) |" in table
+    assert "| None | 0.2 ± 0 (n=2) |" in table and "| federated | 0.9 ± 0 (n=2) |" in table
     assert (tmp_path / "figure.png").stat().st_size > 0
     assert plot.axis_values([None, "federated"]) == ["null", "federated"]
-    assert plot.axis_values([0.5, 2]) == [0.5, 2]
+    assert plot.axis_values([0.5, 2]) == [0.5, 2] and plot.axis_values([None, 0.5]) == [None, 0.5]
