@@ -178,7 +178,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         The median site's largest column standard deviation over its median column's
         (:func:`fedica.fedgem.geometry.feature_scale_spread`); above
         :data:`~fedica.fedgem.geometry.FEATURE_SCALE_SPREAD_LIMIT` (10) the fit warned that the features'
-        units weigh them and its result is not to be trusted: standardise the features. None for a
+        units weigh them and its result is not to be trusted: standardise the features (``standardize``). None for a
         private fit, whose sites report no such number.
     history_ : list of dict
         Per round: ``super_clusters``, ``mean_radius``, ``centroid_shift``, ...
