@@ -19,9 +19,9 @@ sites (each site one vote, whatever count it claims): the location is the median
 means, the scale the square root of the median of ``s_g^2 + (m_g - location)^2``. Fewer than half
 of the sites cannot move either outside the range of the honest sites' values; on sites that
 share one distribution both equal the pooled moments in the limit. Multiplying a feature by
-``c != 0`` multiplies its location and scale by ``c`` (its scale by ``|c|``), and adding a constant
-moves only the location, so the standardised points, and every result computed from them, do not
-depend on any feature's unit or origin.
+``c != 0`` multiplies its location by ``c`` and its scale by ``|c|``, and adding a constant moves only
+the location, so the standardised points (mirrored in that feature when ``c < 0``, which no distance
+sees), and every result computed from them, do not depend on any feature's unit or origin.
 """
 
 from __future__ import annotations
