@@ -23,6 +23,7 @@ from fedica.data.files import (
     ica_observations,
     is_recording,
     table_extent,
+    table_header,
 )
 from fedica.data.scenarios import ICA_SCENARIOS, SCENARIO_NAMES, SCENARIOS, file_recording, file_table
 
@@ -133,6 +134,7 @@ def check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str, ray_a
             _check_ica_channels(sc, tables, errors)
         elif not {"n_components", "test_fraction"} & set(broken):
             _check_client_tables(sc, tables, errors)
+        _check_table_headers(sc, tables, errors)
     errors.raise_any()
 
 
@@ -199,6 +201,34 @@ def _read_local_files(sc: Mapping[str, Any], errors: Errors, *, read: bool, reco
             except DataFileError as err:
                 errors.add(_paths_line(index, path, err))
     return tables
+
+
+def _check_table_headers(sc: Mapping[str, Any], tables: Mapping[int, Any], errors: Errors) -> None:
+    """Every CSV site file with a header names the first such file's columns, in its order.
+
+    A file's columns are read by position: the same columns in another order (files exported from two
+    systems) would put one site's feature, or channel, where another site has a different one, and every
+    result would be wrong without a word. Files without a header (and ``.npy``/``.npz`` files) name nothing
+    to compare and are read as they are. A header of another length is left to the width checks (RF-ICA's
+    channel count; a FedGEM site of another width is left out of the run, its reason in the books).
+    """
+    reference = None
+    for index, site in tables.items():
+        path = sc["paths"][index]
+        if not isinstance(site, tuple):  # a recording: its EEG channels are compared by name elsewhere
+            continue
+        try:
+            header = table_header(path)
+        except (OSError, UnicodeDecodeError):  # the table read; its header line alone cannot be worse
+            continue
+        if header is None:
+            continue
+        if reference is None:
+            reference = index, header
+        elif len(header) == len(reference[1]) and header != reference[1]:
+            errors.add(f"scenario.paths[{index}]={path}: its header differs from scenario.paths[{reference[0]}]'s "
+                       f"({channel_difference(header, reference[1], 'columns')}); every site's file must have the same "
+                       "columns in the same order (they are read by position)")
 
 
 def _check_client_tables(sc: Mapping[str, Any], tables: Mapping[int, tuple], errors: Errors) -> None:

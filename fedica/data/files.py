@@ -307,23 +307,25 @@ def read_recording(path) -> Recording:
     return Recording(data, names)
 
 
-def channel_difference(names: tuple[str, ...], reference: tuple[str, ...]) -> str:
-    """How a site's EEG channels differ from the reference site's, in a few words, for a DataFileError detail.
+def channel_difference(names: tuple[str, ...], reference: tuple[str, ...], kind: str = "channels") -> str:
+    """How a site's EEG channels (or a table's columns) differ from the reference site's, in a few words.
 
     Parameters
     ----------
     names, reference : tuple of str
         The site's channel names and the reference site's.
+    kind : str, default="channels"
+        What the names name, for the words (``"columns"`` for a table's header).
 
     Returns
     -------
     str
-        The channels only one of them has, or, for the same set, that the order differs.
+        The names only one of them has, or, for the same set, that the order differs.
     """
     extra = [name for name in names if name not in reference]
     missing = [name for name in reference if name not in names]
     if not extra and not missing:
-        return "the same channels in another order (first difference: " + next(
+        return f"the same {kind} in another order (first difference: " + next(
             f"position {i}: {a!r} for {b!r}" for i, (a, b) in enumerate(zip(names, reference)) if a != b) + ")"
     parts = []
     if extra:
@@ -397,6 +399,23 @@ def _read_any(path: Path, label_column, delimiter: str):
     if suffix in (".npy", ".npz"):
         return _read_numpy_file(path, suffix, label_column)
     return _read_csv_file(path, label_column, delimiter)
+
+
+def table_header(path, *, delimiter: str = ",") -> tuple[str, ...] | None:
+    """A CSV file's header, its first non-blank line's cells when one of them is not a number (as
+    :func:`load_client_file` reads it); None for a file without one, or a ``.npy``/``.npz`` file.
+
+    Only that line is read: the config compares the sites' headers before any table is parsed.
+    """
+    path = Path(path)
+    if path.suffix.lower() in (".npy", ".npz", *RECORDING_SUFFIXES):
+        return None
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        for row in csv.reader(handle, delimiter=delimiter):
+            cells = [cell.strip() for cell in row]
+            if any(cells):
+                return None if all(_is_number(cell) for cell in cells) else tuple(cells)
+    return None
 
 
 def table_extent(path, *, delimiter: str = ",") -> tuple[int, int]:

@@ -610,3 +610,39 @@ def test_standardize_pool_uses_every_file_s_rows_and_site_each_file_s_own(tmp_pa
         np.testing.assert_allclose(np.sort(as_pool, axis=0), np.sort((table - mean) / std, axis=0), atol=1e-12)
         np.testing.assert_allclose(np.sort(as_site, axis=0),
                                    np.sort((table - table.mean(axis=0)) / table.std(axis=0), axis=0), atol=1e-12)
+
+
+@pytest.mark.parametrize("algorithm", ["fedgem", "rfica"])
+def test_site_files_whose_headers_name_other_columns_or_another_order_are_refused_in_one_line(tmp_path, algorithm):
+    # Files exported from two systems: the same columns in another order were read by position, so one site's
+    # proline sat where the others have alcohol (before: wine's global ARI .722 for .897, without a word).
+    import pandas as pd
+
+    from fedica.config import ConfigError, validate_config
+    from fedica.server.app import compose_config
+
+    paths = _wine_sites(tmp_path, 1.0)
+    frame = pd.read_csv(paths[2])
+    label = ["scenario.label_column=target"]
+
+    def check(*files):
+        return validate_config(compose_config([f"algorithm={algorithm}", "scenario=files", "engine=inprocess",
+                                               f"scenario.paths=[{','.join(files)}]", *label]))
+
+    check(*paths)  # the same header everywhere
+    reordered = tmp_path / "reordered.csv"
+    frame[list(frame.columns[::-1])].to_csv(reordered, index=False)
+    with pytest.raises(ConfigError, match=r"scenario\.paths\[1\]=.*reordered\.csv: its header differs from "
+                                          r"scenario\.paths\[0\]'s \(the same columns in another order \(first "
+                                          r"difference: position 0: 'target' for 'alcohol'\)\)") as caught:
+        check(paths[0], str(reordered))
+    assert "\n" not in str(caught.value)
+    renamed = tmp_path / "renamed.csv"
+    frame.rename(columns={"proline": "proline_mg_l"}).to_csv(renamed, index=False)
+    with pytest.raises(ConfigError, match=r"\(only here: proline_mg_l; missing here: proline\)"):
+        check(paths[0], str(renamed))
+    # A file without a header names no columns: it is read by position beside the others, as before.
+    bare = tmp_path / "bare.csv"
+    frame.to_csv(bare, index=False, header=False)
+    label = [f"scenario.label_column={list(frame.columns).index('target')}"]
+    check(paths[0], str(bare))
