@@ -89,6 +89,7 @@ def check_sites(sites, *, min_sites: int, min_rows) -> list[np.ndarray]:
     if isinstance(sites, np.ndarray) or len(sites) < min_sites:
         raise ValueError(f"sites must be a sequence of at least {min_sites} arrays (one per site), "
                          "each (n_samples, n_features)")
+    _check_column_names(sites)
     data = [np.asarray(X, dtype=np.float64) for X in sites]
     for g, X in enumerate(data):
         if X.ndim != 2 or X.shape[0] < min_rows(X.shape[-1]):
@@ -99,6 +100,41 @@ def check_sites(sites, *, min_sites: int, min_rows) -> list[np.ndarray]:
         if not np.all(np.isfinite(X)):
             raise ValueError(f"site {g} holds NaN or infinite values")
     return data
+
+
+def _check_column_names(sites) -> None:
+    """Sites given as pandas DataFrames name their columns: every one must name the first's, in its order.
+
+    The arrays are read by position, so a site whose columns come in another order (two exports of one
+    table) would put another feature in each place without a word.
+    """
+    named = [(g, tuple(str(c) for c in X.columns)) for g, X in enumerate(sites) if hasattr(X, "columns")]
+    for g, names in named[1:]:
+        reference, first = named[0]
+        if len(names) == len(first) and names != first:
+            raise ValueError(f"site {g}'s columns differ from site {reference}'s ({name_difference(names, first)}); "
+                             "every site must have the same columns in the same order (they are read by position)")
+
+
+def name_difference(names: tuple[str, ...], reference: tuple[str, ...], kind: str = "columns") -> str:
+    """How a site's names (columns, EEG channels) differ from the reference site's, in a few words.
+
+    Returns
+    -------
+    str
+        The names only one of them has, or, for the same set, that the order differs and where first.
+    """
+    extra = [name for name in names if name not in reference]
+    missing = [name for name in reference if name not in names]
+    if not extra and not missing:
+        return f"the same {kind} in another order (first difference: " + next(
+            f"position {i}: {a!r} for {b!r}" for i, (a, b) in enumerate(zip(names, reference)) if a != b) + ")"
+    parts = []
+    if extra:
+        parts.append(f"only here: {', '.join(extra)}")
+    if missing:
+        parts.append(f"missing here: {', '.join(missing)}")
+    return "; ".join(parts)
 
 
 def check_seed(seed) -> int:

@@ -3,6 +3,7 @@
 import copy
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -274,3 +275,24 @@ def test_the_new_methods_refuse_unfitted_estimators_and_wrong_widths(fitted_fedg
         assert str(info.value) == "X must have shape (n_samples, 2), got (4, 5)"
     with pytest.raises(NotFittedError):
         fedica.RFICA().inverse_transform(X)
+
+
+@pytest.mark.parametrize("estimator", [lambda: fedica.FedGEM(rounds=2, upsilon=1.0), lambda: fedica.RFICA()])
+def test_sites_given_as_dataframes_must_name_the_same_columns_in_the_same_order(estimator):
+    # A DataFrame is read by position: two exports of one table in another column order put another feature in
+    # each place. scikit-learn's wine, split over three sites, one of them with its columns reversed.
+    import pandas as pd
+    from sklearn.datasets import load_wine
+
+    frame = load_wine(as_frame=True).data
+    sites = [frame.iloc[g::3] for g in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # wine's units, as shipped: the scale check's line
+        estimator().fit(sites)  # the same columns everywhere: fitted as before
+    reordered = [sites[0], sites[1][list(frame.columns[::-1])], sites[2]]
+    with pytest.raises(ValueError, match=r"^site 1's columns differ from site 0's \(the same columns in another order "
+                                         r"\(first difference: position 0: 'proline' for 'alcohol'\)\)"):
+        estimator().fit(reordered)
+    renamed = [sites[0], sites[1], sites[2].rename(columns={"hue": "hue_ratio"})]
+    with pytest.raises(ValueError, match=r"only here: hue_ratio; missing here: hue"):
+        estimator().fit(renamed)

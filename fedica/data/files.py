@@ -21,6 +21,7 @@ from sklearn.model_selection import train_test_split
 from fedica.data.common import ClientData
 from fedica.fedgem.local import estimate_n_components
 from fedica.seeding import generator, sklearn_seed
+from fedica.validation import name_difference
 
 # ``n_components: auto``: each client chooses its K_g (the ICL, fedica.fedgem.local.estimate_n_components), from
 # 1 to MAX_AUTO_COMPONENTS (fewer on a small site).
@@ -308,31 +309,9 @@ def read_recording(path) -> Recording:
 
 
 def channel_difference(names: tuple[str, ...], reference: tuple[str, ...], kind: str = "channels") -> str:
-    """How a site's EEG channels (or a table's columns) differ from the reference site's, in a few words.
-
-    Parameters
-    ----------
-    names, reference : tuple of str
-        The site's channel names and the reference site's.
-    kind : str, default="channels"
-        What the names name, for the words (``"columns"`` for a table's header).
-
-    Returns
-    -------
-    str
-        The names only one of them has, or, for the same set, that the order differs.
-    """
-    extra = [name for name in names if name not in reference]
-    missing = [name for name in reference if name not in names]
-    if not extra and not missing:
-        return f"the same {kind} in another order (first difference: " + next(
-            f"position {i}: {a!r} for {b!r}" for i, (a, b) in enumerate(zip(names, reference)) if a != b) + ")"
-    parts = []
-    if extra:
-        parts.append(f"only here: {', '.join(extra)}")
-    if missing:
-        parts.append(f"missing here: {', '.join(missing)}")
-    return "; ".join(parts)
+    """How a site's EEG channels (or a table's columns) differ from the reference site's, in a few words
+    (:func:`fedica.validation.name_difference`)."""
+    return name_difference(names, reference, kind)
 
 
 def ica_observations(path, X: np.ndarray) -> np.ndarray:
