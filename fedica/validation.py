@@ -116,6 +116,26 @@ def _check_column_names(sites) -> None:
                              "every site must have the same columns in the same order (they are read by position)")
 
 
+def column_names(sites) -> tuple[str, ...] | None:
+    """The columns the sites name, when given as pandas DataFrames (:func:`check_sites` holds them to one order);
+    None for arrays, which name nothing."""
+    for X in sites:
+        if hasattr(X, "columns"):
+            return tuple(str(c) for c in X.columns)
+    return None
+
+
+def check_columns(X, names: tuple[str, ...] | None) -> None:
+    """Refuse a DataFrame ``X`` whose columns are not the fit's ``names``, in their order (they are read by
+    position); an array, or a fit on arrays (``names`` None), is taken as it is."""
+    if names is None or not hasattr(X, "columns"):
+        return
+    given = tuple(str(c) for c in X.columns)
+    if given != tuple(names):
+        raise ValueError(f"X's columns differ from the fit's ({name_difference(given, tuple(names))}); give them in "
+                         "the fit's order (they are read by position)")
+
+
 def name_difference(names: tuple[str, ...], reference: tuple[str, ...], kind: str = "columns") -> str:
     """How a site's names (columns, EEG channels) differ from the reference site's, in a few words.
 

@@ -296,3 +296,31 @@ def test_sites_given_as_dataframes_must_name_the_same_columns_in_the_same_order(
     renamed = [sites[0], sites[1], sites[2].rename(columns={"hue": "hue_ratio"})]
     with pytest.raises(ValueError, match=r"only here: hue_ratio; missing here: hue"):
         estimator().fit(renamed)
+
+
+@pytest.mark.parametrize("estimator, apply", [
+    (lambda: fedica.FedGEM(rounds=2, upsilon=1.0), lambda model, X: model.predict(X)),
+    (lambda: fedica.FedGEM(rounds=2, upsilon=1.0), lambda model, X: model.score_samples(X)),
+    (lambda: fedica.RFICA(), lambda model, X: model.transform(X)),
+])
+def test_a_fit_on_dataframes_keeps_their_columns_and_new_rows_must_name_them_in_that_order(estimator, apply, tmp_path):
+    import pandas as pd
+    from sklearn.datasets import load_wine
+
+    frame = load_wine(as_frame=True).data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        model = estimator().fit([frame.iloc[g::3] for g in range(3)])
+    assert model.feature_names_in_ == tuple(frame.columns)
+    np.testing.assert_array_equal(apply(model, frame), apply(model, frame.to_numpy()))  # arrays: by position
+    with pytest.raises(ValueError, match=r"^X's columns differ from the fit's \(the same columns in another order"):
+        apply(model, frame[list(frame.columns[::-1])])
+    loaded = type(model).load(model.save(tmp_path / "model.npz"))
+    assert loaded.feature_names_in_ == model.feature_names_in_
+    with pytest.raises(ValueError, match=r"^X's columns differ"):
+        apply(loaded, frame[list(frame.columns[::-1])])
+    arrays = estimator()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        arrays.fit([frame.iloc[g::3].to_numpy() for g in range(3)])
+    assert arrays.feature_names_in_ is None

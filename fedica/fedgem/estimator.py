@@ -26,7 +26,7 @@ from fedica.persistence import SaveLoadMixin, read_result
 from fedica.protocol import ArraySite, InMemoryFederation
 from fedica.seeding import generator, sklearn_seed
 from fedica.tasks import CLIENT_TASKS
-from fedica.validation import check_seed, check_sites
+from fedica.validation import check_columns, check_seed, check_sites, column_names
 
 _P = FEDGEM_PARAMETERS  # short, for the signature below
 
@@ -147,6 +147,10 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         K_hat, the number of global clusters (super-clusters of the final aggregation).
     means_ : ndarray of shape (n_clusters_, n_features)
         The global centres, in the data's own units (also under ``standardize``).
+    feature_names_in_ : tuple of str or None
+        The columns the sites named, when given as pandas DataFrames (every site the same, in one order);
+        a DataFrame given to ``predict``, ``predict_proba`` or ``score_samples`` must name them in that
+        order. None when the sites were arrays.
     feature_location_, feature_scale_ : ndarray of shape (n_features,) or None
         Under ``standardize="federated"``: every feature's location and scale, the points' standardisation
         ``(X - feature_location_) / feature_scale_`` that the sites clustered; None otherwise.
@@ -262,6 +266,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         FEDGEM_PARAMETERS.check(self.get_params())
         seed = check_seed(self.random_state)
         data = check_sites(sites, min_sites=2, min_rows=lambda d: 2)
+        self.feature_names_in_ = column_names(sites)
         if self.dp_epsilon is not None and n_local_clusters is None:
             raise ValueError("n_local_clusters=None: a private fit needs each site's K_g (a site's own choice is not private)")
         # The sites choose K_g on the points they will fit: standardised by what the protocol's first exchange
@@ -351,7 +356,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
             if "feature_scale" in section else (None, None))
         model.history_ = result["history"]
         model.rejected_ = result["clients"]["rejected"]
-        model.labels_ = model.weights_ = model.covariance_ = None
+        model.labels_ = model.weights_ = model.covariance_ = model.feature_names_in_ = None
         model.site_weights_ = model.site_variances_ = None
         return model
 
@@ -432,6 +437,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
 
     def _rows(self, X) -> np.ndarray:
         check_is_fitted(self, "means_")
+        check_columns(X, getattr(self, "feature_names_in_", None))  # None in an estimator saved before it
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.means_.shape[1]:
             raise ValueError(f"X must have shape (n_samples, {self.means_.shape[1]}), got {X.shape}")

@@ -22,7 +22,7 @@ from fedica.rfica.coordinator import (
 )
 from fedica.rfica.privacy import check_covered
 from fedica.tasks import CLIENT_TASKS
-from fedica.validation import check_seed, check_sites
+from fedica.validation import check_columns, check_seed, check_sites, column_names
 
 _P = RFICA_PARAMETERS  # short, for the signature below
 
@@ -131,6 +131,9 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         The iterations of each site's estimate. None after :meth:`aggregate`.
     whitening_ : ndarray of shape (n_components_, n_features) or None
         The federated whitening the sites received; None without it.
+    feature_names_in_ : tuple of str or None
+        The channels the sites named, when given as pandas DataFrames (every site the same, in one order);
+        a DataFrame given to ``transform`` must name them in that order. None when the sites were arrays.
     channel_scale_spread_ : float
         How far the channels' scales in the sites' estimates are apart (the largest over the median,
         :func:`fedica.rfica.aggregation.channel_scales`); over 10 (a channel in another unit) the
@@ -200,6 +203,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         RFICA_PARAMETERS.check(self.get_params())  # before any work: a mistake is one line naming the argument
         check_covered(self.get_params())
         data = check_sites(sites, min_sites=1, min_rows=lambda d: d + 1)
+        self.feature_names_in_ = column_names(sites)
         if isinstance(self.n_components, Integral) and self.n_components > data[0].shape[1]:
             raise ValueError(f"n_components={self.n_components}: must be at most the {data[0].shape[1]} features")
         state = self._state(data[0].shape[1])
@@ -243,11 +247,13 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
                              + "; ".join(f"site {entry['client']}: {entry['reason']}" for entry in state.rejected) + ")")
         aggregate_estimates(state)
         self.mean_ = np.zeros(stack.shape[1])
+        self.feature_names_in_ = None
         return self._store(state)
 
     def transform(self, X) -> np.ndarray:
         """The sources of observations ``X``, shape (n_samples, n_features)."""
         check_is_fitted(self, "components_")
+        check_columns(X, getattr(self, "feature_names_in_", None))  # None in an estimator saved before it
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.components_.shape[1]:
             raise ValueError(f"X must have shape (n_samples, {self.components_.shape[1]}), got {X.shape}")
@@ -313,6 +319,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         model.rejected_ = result["clients"]["rejected"]
         model.privacy_ = result.get("privacy")
         model.channel_scale_spread_ = section.get("channel_scale_spread")  # None in a result written before it
+        model.feature_names_in_ = None  # a run's channels are its files' or its scenario's, not named here
         model.smallest_channel_scale_ = section.get("smallest_channel_scale")
         return model
 
