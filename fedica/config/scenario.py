@@ -17,7 +17,6 @@ from fedica.config.checker import Checker, ConfigError, Errors, is_list
 from fedica.data.files import (
     RECORDING_SUFFIXES,
     DataFileError,
-    channel_difference,
     check_client_table,
     check_no_label_column,
     ica_observations,
@@ -26,6 +25,7 @@ from fedica.data.files import (
     table_header,
 )
 from fedica.data.scenarios import ICA_SCENARIOS, SCENARIO_NAMES, SCENARIOS, file_recording, file_table
+from fedica.validation import name_difference
 
 __all__ = ["SCENARIO_KEYS", "SCENARIOS_BY_ALGORITHM", "MAX_CLIENTS", "MEMORY_SHARE", "check_scenario",
            "check_affordable", "check_files_engine", "client_count"]
@@ -227,7 +227,7 @@ def _check_table_headers(sc: Mapping[str, Any], tables: Mapping[int, Any], error
             reference = index, header
         elif len(header) == len(reference[1]) and header != reference[1]:
             errors.add(f"scenario.paths[{index}]={path}: its header differs from scenario.paths[{reference[0]}]'s "
-                       f"({channel_difference(header, reference[1], 'columns')}); every site's file must have the same "
+                       f"({name_difference(header, reference[1])}); every site's file must have the same "
                        "columns in the same order (they are read by position)")
 
 
@@ -272,7 +272,7 @@ def _check_ica_channels(sc: Mapping[str, Any], tables: Mapping[int, Any], errors
                        f"{', '.join(RECORDING_SUFFIXES)})")
         elif names is not None and names != reference_names:
             errors.add(f"scenario.paths[{index}]={path}: its EEG channels differ from scenario.paths[{reference}]'s "
-                       f"({channel_difference(names, reference_names)}); every site must record the same channels "
+                       f"({name_difference(names, reference_names, 'channels')}); every site must record the same channels "
                        "in the same order (a channel marked bad is left out)")
         elif n_channels != width:
             errors.add(f"scenario.paths[{index}]={path}: has {n_channels} channels (columns) but "

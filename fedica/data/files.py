@@ -21,7 +21,6 @@ from sklearn.model_selection import train_test_split
 from fedica.data.common import ClientData
 from fedica.fedgem.local import estimate_n_components
 from fedica.seeding import generator, sklearn_seed
-from fedica.validation import name_difference
 
 # ``n_components: auto``: each client chooses its K_g (the ICL, fedica.fedgem.local.estimate_n_components), from
 # 1 to MAX_AUTO_COMPONENTS (fewer on a small site).
@@ -306,12 +305,6 @@ def read_recording(path) -> Recording:
         raise DataFileError(path, f"has {data.shape[1]} samples for {data.shape[0]} EEG channels; ICA needs more "
                                   "samples than channels")
     return Recording(data, names)
-
-
-def channel_difference(names: tuple[str, ...], reference: tuple[str, ...], kind: str = "channels") -> str:
-    """How a site's EEG channels (or a table's columns) differ from the reference site's, in a few words
-    (:func:`fedica.validation.name_difference`)."""
-    return name_difference(names, reference, kind)
 
 
 def ica_observations(path, X: np.ndarray) -> np.ndarray:

@@ -272,7 +272,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         # The sites choose K_g on the points they will fit: standardised by what the protocol's first exchange
         # gives them (the same moments and medians, computed here for the choice the sites make before it).
         model_data = data
-        if self.standardize == "federated":
+        if self.standardize == "federated" and n_local_clusters is None:
             location, scale = federated_scale(*zip(*map(site_moments, data)))
             model_data = [standardised(X, location, scale) for X in data]
         self.n_local_clusters_ = self._local_cluster_counts(model_data, n_local_clusters, seed)

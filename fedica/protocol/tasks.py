@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedica.data.common import ClientData
-from fedica.fedgem.standardisation import in_request_units
+from fedica.fedgem.standardisation import STANDARDISATION_KEY, in_request_units
 
 # Set by fedica's in-process and simulation engines, for their clients and their server (the user's own): the
 # clients may read the files the run config names, and a private run's sites draw their noise from the run's seed.
@@ -87,9 +87,17 @@ class ArraySite:
     run_config: Mapping[str, Any] | None = None
     state: dict[str, np.ndarray] = field(default_factory=dict)
     noise_secret: int | None = None
+    # The points in the last units a request named, and those units: a run names one standardisation in every
+    # request after its first, so the site standardises once, not once a message.
+    _in_units: tuple[Any, ClientData] | None = field(default=None, init=False, repr=False)
 
     def points(self, values: Mapping[str, Any]) -> ClientData:
-        return in_request_units(self.data, values)
+        units = values.get(STANDARDISATION_KEY)
+        if units is None:
+            return self.data
+        if self._in_units is None or self._in_units[0] != units:
+            self._in_units = (units, in_request_units(self.data, values))
+        return self._in_units[1]
 
     def training_points(self, values: Mapping[str, Any]) -> np.ndarray:
         return self.data.X_train
