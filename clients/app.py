@@ -14,6 +14,7 @@ estimates the protocol names.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -27,12 +28,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 
 from fedica.data.common import ClientData
+from fedica.data.files import site_columns
 from fedica.data.scenarios import ica_scenario_data, scenario_client_data
 from fedica.fedgem.local import choose_n_components
 from fedica.fedgem.standardisation import STANDARDISATION_KEY, request_standardisation, standardised
 from fedica.hostile import hostile_kind, split_components_count
 from fedica.privacy import NOISE_SECRET_KEY
-from fedica.protocol import CATEGORY, ERROR_KEY, EVALUATE, RAY_NODE_KEY
+from fedica.protocol import CATEGORY, COLUMNS_KEY, ERROR_KEY, EVALUATE, RAY_NODE_KEY
 from fedica.protocol.tasks import LOCAL_ENGINE_VARIABLE
 from fedica.seeding import generator, sklearn_seed
 from fedica.tasks import CLIENT_TASKS
@@ -67,6 +69,20 @@ class ScenarioSource:
 
     def run_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
         return _run_config(values)
+
+    def columns(self, site: FlowerSite) -> tuple[str, ...] | None:
+        """The names of the site's file's columns (:func:`fedica.data.files.site_columns`); None for a generated scenario."""
+        if site.run_config["scenario"]["name"] != "files":
+            return None
+        path = str(_site_scenario(site.run_config, site.partition_id, site.context)["paths"][site.partition_id])
+        stat = os.stat(path)
+        return _file_columns(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _file_columns(path: str, modified_ns: int, size: int) -> tuple[str, ...] | None:
+    """:func:`site_columns` of a file as it is now (its modification time and size key the cache): read once a run."""
+    return site_columns(path)
 
 
 def _site_scenario(cfg: Mapping[str, Any], partition_id: int, context: Context) -> dict[str, Any]:
@@ -103,11 +119,16 @@ class ArraySource:
         self.n_components = n_components
         self.max_components = max_components
         self.path_keys = path_keys
+        self._columns: dict[int, tuple[str, ...] | None] = {}  # each node's last load_data columns
 
     def _points(self, context: Context) -> np.ndarray:
         for key in self.path_keys:
             _check_absolute_path(context, key)
-        X = np.asarray(self.load_data(context), dtype=np.float64)
+        data = self.load_data(context)
+        # A DataFrame names its columns: the site reports them (columns), and the server holds every site to them.
+        names = getattr(data, "columns", None)
+        self._columns[context.node_id] = None if names is None else tuple(str(name) for name in names)
+        X = np.asarray(data, dtype=np.float64)
         if X.ndim != 2 or not np.all(np.isfinite(X)):
             raise ValueError(f"load_data must return a finite 2-D array (n_samples, n_features), got shape {X.shape}")
         return X
@@ -141,6 +162,10 @@ class ArraySource:
 
     def run_config(self, values: Mapping[str, Any]) -> None:
         return None
+
+    def columns(self, site: FlowerSite) -> tuple[str, ...] | None:
+        """The columns of the DataFrame ``load_data`` last returned for this node; None for an array."""
+        return self._columns.get(site.context.node_id)
 
 
 class ContextState(MutableMapping):
@@ -302,6 +327,9 @@ def _responder(task: str, source) -> Callable[[Message, Context], Message]:
             site = FlowerSite(source, partition_id, context, values)
             reply_arrays, reply_values = CLIENT_TASKS.answer(task, site, arrays, values)
             reply_values.setdefault("partition-id", partition_id)  # a hostile client may claim another
+            columns = source.columns(site)
+            if columns is not None:  # the server holds every site to the columns most sites name
+                reply_values.setdefault(COLUMNS_KEY, json.dumps(list(columns)))
             node = _ray_node_id()
             if node is not None:
                 reply_values.setdefault(RAY_NODE_KEY, node)

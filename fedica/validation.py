@@ -147,8 +147,10 @@ def name_difference(names: tuple[str, ...], reference: tuple[str, ...], kind: st
     extra = [name for name in names if name not in reference]
     missing = [name for name in reference if name not in names]
     if not extra and not missing:
-        return f"the same {kind} in another order (first difference: " + next(
-            f"position {i}: {a!r} for {b!r}" for i, (a, b) in enumerate(zip(names, reference)) if a != b) + ")"
+        first = next((f"position {i}: {a!r} for {b!r}" for i, (a, b) in enumerate(zip(names, reference)) if a != b), None)
+        if first is None:  # the same names, one of them repeated: one list is the other's start
+            return f"the same {kind}, {len(names)} here against {len(reference)} (a name repeated)"
+        return f"the same {kind} in another order (first difference: {first})"
     parts = []
     if extra:
         parts.append(f"only here: {', '.join(extra)}")

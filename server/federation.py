@@ -32,12 +32,15 @@ from fedica.protocol import (
     Request,
     check_reply_size,
     client_text,
+    column_majority,
     message_type,
     record_rejection,
     reply_size_limits,
+    reported_columns,
     reported_ray_node,
     require_int,
 )
+from fedica.validation import name_difference
 
 log = logging.getLogger("fedica.server")
 
@@ -139,6 +142,9 @@ class Federation:
         self.node_of: dict[int, int] = {}
         self.nodes: list[int] = []
         self.contested: set[int] = set()
+        # The column names each site reported first, and the sites left out for naming other columns than most.
+        self.columns_of: dict[int, tuple[str, ...]] = {}
+        self.misaligned: set[int] = set()
         self.paced = False  # True under Flower's simulation runtime (see MIN_IN_FLIGHT), set by connect
         if self.bound_partitions is not None:
             self.bound_partitions = {int(n): int(p) for n, p in self.bound_partitions.items()}
@@ -265,6 +271,7 @@ class Federation:
         for message in sent:  # also those a paced stage had not pushed yet when its time was up
             if message.metadata.dst_node_id not in answered:
                 self.reject_node(message.metadata.dst_node_id, request.round_label, f"no reply within {self.round_timeout} s")
+        replies = self._aligned(replies, request.round_label)
         replies = [reply for reply in replies if reply.partition_id not in self.contested]
         replies.sort(key=lambda reply: reply.partition_id)
         self.participation.append({"round": request.round_label, "task": request.task,
@@ -320,6 +327,41 @@ class Federation:
         doubling while they keep up.
         """
         return max(MIN_IN_FLIGHT, math.ceil(replies * IN_FLIGHT_SECONDS / max(seconds, IN_FLIGHT_SECONDS)))
+
+    def _aligned(self, replies: list[Reply], round_label: int | str) -> list[Reply]:
+        """The replies of the sites whose columns are the ones most sites name (:func:`fedica.protocol.column_majority`).
+
+        A site that reports column names (:data:`fedica.protocol.COLUMNS_KEY`: a deployed site reads its own
+        file, which the server never sees) is held to the names of more than half of the reporting sites from
+        its first reply on; a site that names others, or changes its names during the run, is left out of the
+        run with the difference named. With no such majority the run stops (:class:`MisalignedSites`).
+        """
+        kept = []
+        for reply in replies:
+            try:
+                columns = reported_columns(reply.values)
+            except InvalidReply as err:
+                self.reject_node(self.node_of[reply.partition_id], round_label, f"malformed reply: {err}")
+                continue
+            if columns is not None:
+                first = self.columns_of.setdefault(reply.partition_id, columns)
+                if first != columns and reply.partition_id not in self.misaligned:
+                    self.misaligned.add(reply.partition_id)
+                    self.reject_node(self.node_of[reply.partition_id], round_label,
+                                     f"its columns changed during the run ({name_difference(columns, first)}); none of "
+                                     "its replies is used from now on")
+            kept.append(reply)
+        reference, differing = column_majority(self.columns_of)
+        for partition in differing:
+            if partition not in self.misaligned:
+                self.misaligned.add(partition)
+                agreeing = len(self.columns_of) - len(differing)
+                self.reject_node(self.node_of[partition], round_label,
+                                 f"its columns differ from those of {agreeing} of the {len(self.columns_of)} sites that "
+                                 f"name theirs ({name_difference(self.columns_of[partition], reference)}); every site's "
+                                 "data must have the same columns in the same order (they are read by position); "
+                                 "none of its replies is used")
+        return [reply for reply in kept if reply.partition_id not in self.misaligned]
 
     def reject_node(self, node: int, round_label: int | str, reason: str) -> None:
         """Record (and log) a reply that was left out, naming its client if known."""

@@ -390,6 +390,23 @@ def table_header(path, *, delimiter: str = ",") -> tuple[str, ...] | None:
     return None
 
 
+def site_columns(path, *, delimiter: str = ",") -> tuple[str, ...] | None:
+    """The names of a site file's columns, in the order they are read; None for a file that names none.
+
+    A CSV file's header (:func:`table_header`, its label column included), a recording's EEG channels (those
+    :func:`read_recording` keeps, read from the file's header alone); NPY and NPZ files, and CSV files without
+    a header, name nothing. What a deployed site reports with its replies, so that the server can hold every
+    site to the same columns (:func:`fedica.protocol.column_majority`): on fedica's local engines the config
+    compares the files themselves (:mod:`fedica.config`).
+    """
+    if not is_recording(path):
+        return table_header(path, delimiter=delimiter)
+    import mne  # an optional extra; a recording site has read its file through it already
+
+    raw = mne.io.read_raw(Path(path), preload=False, verbose="error")
+    return tuple(raw.pick("eeg", exclude="bads").ch_names)
+
+
 def table_extent(path, *, delimiter: str = ",") -> tuple[int, int]:
     """At most how many numbers a table file holds, and its columns, known without parsing it.
 

@@ -13,6 +13,7 @@ Flower side (``fedica.server.records``) only converts it to and from Flower's re
 from __future__ import annotations
 
 import bisect
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,6 +71,13 @@ ERROR_KEY = "error"
 RAY_NODE_KEY = "ray-node-id"
 # Ray's node ids are 28 bytes in hex; anything else a client claims is not recorded.
 _RAY_NODE_ID = re.compile(r"[0-9a-f]{8,64}")
+# Value of a reply from a site whose data names its columns (a CSV file's header, a recording's EEG channels, a
+# DataFrame's columns): a JSON list of the names, in the order the site reads them. Every site reads its columns
+# by position, so the transport holds the sites to the names most of them send (column_majority).
+COLUMNS_KEY = "columns"
+# At most this many names, each at most MAX_COLUMN_NAME characters (64 EEG channels, a table of thousands of features).
+MAX_COLUMNS = 100_000
+MAX_COLUMN_NAME = 256
 
 
 def message_type(task: str) -> str:
@@ -114,6 +122,10 @@ class OverBudget(RunStopped):
     """A server step needs more memory than its configured budget allows."""
 
 
+class MisalignedSites(RunStopped):
+    """The sites name their columns differently, and no majority of them names one order to hold the others to."""
+
+
 def reported_seconds(reply: Reply) -> float:
     """The client's own timing of its work (``fit-seconds``), or 0 when it sent none or nonsense; for the books only."""
     seconds = reply.values.get("fit-seconds", 0.0)
@@ -124,6 +136,78 @@ def reported_ray_node(reply: Reply) -> str | None:
     """The Ray node id the client says served it, or None when it sent none or anything but a hex id; for the books only."""
     node = reply.values.get(RAY_NODE_KEY)
     return node if isinstance(node, str) and _RAY_NODE_ID.fullmatch(node) else None
+
+
+def reported_columns(values: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The column names a reply reports (:data:`COLUMNS_KEY`), or None when it reports none.
+
+    Raises
+    ------
+    InvalidReply
+        When the value is not a JSON list of at most MAX_COLUMNS strings of at most MAX_COLUMN_NAME characters.
+    """
+    if COLUMNS_KEY not in values:
+        return None
+    text = values[COLUMNS_KEY]
+    if not isinstance(text, str) or len(text) > MAX_COLUMNS * (MAX_COLUMN_NAME + 4):
+        raise InvalidReply(f"{COLUMNS_KEY!r} is not a JSON list of names of a bounded length")
+    try:
+        names = json.loads(text)
+    except ValueError:
+        raise InvalidReply(f"{COLUMNS_KEY!r} is not JSON") from None
+    if (not isinstance(names, list) or len(names) > MAX_COLUMNS
+            or not all(isinstance(name, str) and len(name) <= MAX_COLUMN_NAME for name in names)):
+        raise InvalidReply(f"{COLUMNS_KEY!r} must be a list of at most {MAX_COLUMNS} names of at most "
+                           f"{MAX_COLUMN_NAME} characters")
+    return tuple(names)
+
+
+def column_majority(columns_of: Mapping[int, tuple[str, ...]]) -> tuple[tuple[str, ...] | None, list[int]]:
+    """The column names a strict majority of the sites report, and the sites (sorted) that report others.
+
+    A site reads its columns by position, so a site whose file orders or names them otherwise would put
+    one feature, or channel, where the others hold a different one, and every result would be wrong
+    without a word. No single site sets the order: the names of more than half of the sites that report
+    any are the reference (a site that reports none, an unnamed array, is not held to them).
+
+    Parameters
+    ----------
+    columns_of : mapping of int to tuple of str
+        Each reporting site's names (:func:`reported_columns`), by partition id.
+
+    Returns
+    -------
+    reference : tuple of str or None
+        None when no site reports names.
+    differing : list of int
+
+    Raises
+    ------
+    MisalignedSites
+        When the sites report different names and none are a strict majority's: no rule could tell which
+        sites read their columns as the others do.
+    """
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for partition, names in sorted(columns_of.items()):
+        groups.setdefault(names, []).append(partition)
+    if not groups:
+        return None, []
+    reference, holders = max(groups.items(), key=lambda item: len(item[1]))
+    if len(groups) > 1 and 2 * len(holders) <= len(columns_of):
+        described = "; ".join(f"{_sites(partitions)}: {_names(names)}"
+                              for names, partitions in sorted(groups.items(), key=lambda item: -len(item[1])))
+        raise MisalignedSites(f"the sites name their columns differently and no majority of them agrees ({described}); "
+                              "every site's data must have the same columns in the same order (they are read by position)")
+    return reference, sorted(p for names, partitions in groups.items() if names != reference for p in partitions)
+
+
+def _sites(partitions: list[int]) -> str:
+    shown = ", ".join(map(str, partitions[:8])) + (f" and {len(partitions) - 8} more" if len(partitions) > 8 else "")
+    return f"site{'s' if len(partitions) > 1 else ''} {shown}"
+
+
+def _names(names: tuple[str, ...], shown: int = 6) -> str:
+    return "(" + ", ".join(repr(n[:40]) for n in names[:shown]) + (f", ... {len(names)} in all" if len(names) > shown else "") + ")"
 
 
 def majority_width(replies: list[Reply], key: str) -> int | None:

@@ -18,7 +18,7 @@ import pytest
 
 from fedica import RFICA
 from fedica.config import ConfigError, validate_config
-from fedica.data.files import DataFileError, load_ica_file, read_recording
+from fedica.data.files import DataFileError, load_ica_file, read_recording, site_columns
 from fedica.data.scenarios import ica_channel_names, ica_scenario_data
 from fedica.evaluation.ica import ica_error
 
@@ -88,6 +88,20 @@ def test_only_the_eeg_channels_are_kept(tmp_path):
                       types=["eeg"] * 4 + ["ecg", "stim"])
     recording = read_recording(path)
     assert recording.channel_names == tuple(CHANNELS) and recording.data.shape == (4, 3000)
+
+
+@pytest.mark.parametrize("fmt", list(WRITERS))
+def test_a_deployed_site_reports_the_channels_it_reads_from_the_header_alone(tmp_path, fmt):
+    """What a SuperNode sends with its replies (fedica.protocol.column_majority): the channels read_recording keeps."""
+    path = write_site(tmp_path, 0, fmt, names=[*CHANNELS, "ECG"], types=["eeg"] * 4 + ["ecg"])
+    # (Not every format keeps a channel's type: an EDF file's ECG reads back as EEG, for both.)
+    assert site_columns(path) == read_recording(path).channel_names
+    assert site_columns(path)[:4] == tuple(CHANNELS)
+    raw = mne.io.read_raw(write_site(tmp_path, 1, "fif"), preload=True, verbose="error")
+    raw.info["bads"] = ["Cz"]
+    marked = tmp_path / "marked_raw.fif"
+    raw.save(marked, verbose="error")
+    assert site_columns(marked) == read_recording(marked).channel_names == ("Fp1", "Fz", "Pz")
 
 
 def test_rfica_recovers_the_mixing_from_the_files(tmp_path):

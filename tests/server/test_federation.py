@@ -261,7 +261,8 @@ def test_fedgem_on_users_files_goes_on_without_unusable_ones(tmp_path):
     reasons = {r["client"]: r["reason"] for r in result["clients"]["rejected"]}
     assert result["clients"]["answered"] == 4
     assert "site4.csv" in reasons[4] and "column 2" in reasons[4] and "DataFileError" in reasons[4]
-    assert "dimension 2; the federation's data has d=3" in reasons[5]
+    # Its header names one column fewer: the reply says so before the protocol finds its width short.
+    assert "its columns differ from those of 4 of the 5 sites that name theirs (missing here: f2)" in reasons[5]
     assert "site6.csv: no such file" in reasons[6]
     assert result["metrics"]["fedgem"]["global_ari"] > 0.9
     assert set(result["metrics"]) == {"fedgem"}
