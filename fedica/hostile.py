@@ -187,10 +187,15 @@ def _split_components(task: str, arrays: Arrays, honest_reply: tuple[Arrays, Val
                       cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
     """Declare the planted centroids at initialisation, and send them back as maximisers every round."""
     planted = planted_centroids(json.dumps(cfg["scenario"], sort_keys=True), int(cfg["seed"]))
-    _, reply_values = honest_reply
+    honest_arrays, reply_values = honest_reply
     if task == GEM_INIT:
-        return {"centroids": planted, "weights": np.full(planted.shape[0], 1.0 / planted.shape[0])}, reply_values
-    reply_arrays = {"maximisers": planted}
+        reply_arrays = {"centroids": planted, "weights": np.full(planted.shape[0], 1.0 / planted.shape[0])}
+    else:
+        reply_arrays = {"maximisers": planted}
+    if "variances" in honest_arrays:  # a spherical site's: as many as it plants, each its honest median
+        reply_arrays["variances"] = np.full(planted.shape[0], float(np.median(honest_arrays["variances"])))
+    if task == GEM_INIT:
+        return reply_arrays, reply_values
     if task == GEM_ROUND:
         # Consistent radii, so that the server's recomputation finds nothing to correct.
         reply_arrays["radii"] = uncertainty_radius(planted, np.asarray(arrays["centroids"], dtype=np.float64))

@@ -281,7 +281,6 @@ def test_the_new_methods_refuse_unfitted_estimators_and_wrong_widths(fitted_fedg
 def test_sites_given_as_dataframes_must_name_the_same_columns_in_the_same_order(estimator):
     # A DataFrame is read by position: two exports of one table in another column order put another feature in
     # each place. scikit-learn's wine, split over three sites, one of them with its columns reversed.
-    import pandas as pd
     from sklearn.datasets import load_wine
 
     frame = load_wine(as_frame=True).data
@@ -304,7 +303,6 @@ def test_sites_given_as_dataframes_must_name_the_same_columns_in_the_same_order(
     (lambda: fedica.RFICA(), lambda model, X: model.transform(X)),
 ])
 def test_a_fit_on_dataframes_keeps_their_columns_and_new_rows_must_name_them_in_that_order(estimator, apply, tmp_path):
-    import pandas as pd
     from sklearn.datasets import load_wine
 
     frame = load_wine(as_frame=True).data

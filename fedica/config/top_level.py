@@ -40,9 +40,6 @@ def check_resume(top: Checker, algorithm: Mapping[str, Any], engine: str | None)
         top.fail("resume", "engine=simulation: its nodes say which site they are only in their replies, which the "
                            "replayed stages do not ask; resume with engine=inprocess (the same numbers to 1e-12) "
                            "or a deployment")
-    if algorithm.get("covariance_type") == "spherical":
-        top.fail("resume", "algorithm.covariance_type=spherical: each site keeps its variances between rounds, which "
-                           "the replayed rounds do not give back to it; run it again without resume")
 
 
 def check_federation_size(top: Checker, n_clients: int) -> None:

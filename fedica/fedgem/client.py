@@ -48,12 +48,12 @@ def model_geometry(values: Mapping[str, Any]) -> Identity:
     return geometry(str(values.get("covariance-type", "identity")))
 
 
-def initialise(X: np.ndarray, n_components: int, values: Mapping[str, Any], partition_id: int) -> tuple[Reply, np.ndarray | None]:
+def initialise(X: np.ndarray, n_components: int, values: Mapping[str, Any], partition_id: int) -> Reply:
     """The initial exchange: the local start's centroids, weights and the client's size.
 
     The start is ``local-start``: ``seeds``, the best of ``n-init`` k-means++ seedings (the paper's; a server
     that names none asks for it), or ``kmeans``, Lloyd's k-means refining each seeding, the best kept.
-    Also returns the variances the client starts from (None under ``identity``); they stay on the client.
+    A spherical site also sends the variances it starts from, which the server sends back with every round's centroids.
     A server that asks (``report-scale-spread``) also gets the site's ``feature-scale-spread``, one number: how
     far its columns' standard deviations are apart (:func:`fedica.fedgem.geometry.feature_scale_spread`).
     """
@@ -66,20 +66,25 @@ def initialise(X: np.ndarray, n_components: int, values: Mapping[str, Any], part
     reply_values = {"n-points": X.shape[0], "fit-seconds": seconds}
     if values.get(REPORT_SCALE_SPREAD_KEY, False):
         reply_values[SCALE_SPREAD_KEY] = feature_scale_spread(X)
-    return ({"centroids": centroids, "weights": uniform_weights(n_components)}, reply_values), variances
+    arrays = {"centroids": centroids, "weights": uniform_weights(n_components)}
+    return ({**arrays, "variances": variances} if variances is not None else arrays), reply_values
 
 
 def collaborative_round(X: np.ndarray, centroids: np.ndarray, values: Mapping[str, Any],
-                        variances: np.ndarray | None = None) -> tuple[Reply, np.ndarray | None]:
+                        variances: np.ndarray | None = None) -> Reply:
     """A collaborative round: ``local-steps`` EM steps; the maximisers and their squared radii.
 
-    Also returns the client's new variances (None under ``identity``), which the reply does not carry.
+    A spherical site also sends its variances after the last M-step: the server sends them back, adopted at the
+    next round's centroids (:meth:`fedica.fedgem.geometry.Spherical.adopted_variances`).
     """
     start = time.perf_counter()
     maximisers, radii, variances = model_geometry(values).em_steps(
         X, centroids, uniform_weights(centroids.shape[0]), variances, int(values["local-steps"]))
     seconds = time.perf_counter() - start
-    return ({"maximisers": maximisers, "radii": radii}, {"n-points": X.shape[0], "fit-seconds": seconds}), variances
+    arrays = {"maximisers": maximisers, "radii": radii}
+    if variances is not None:
+        arrays["variances"] = variances
+    return arrays, {"n-points": X.shape[0], "fit-seconds": seconds}
 
 
 def final_step(X: np.ndarray, centroids: np.ndarray, values: Mapping[str, Any],
@@ -183,22 +188,22 @@ def adopted_centroids(site: Site, arrays: Mapping[str, Any], n_components: int, 
     return centroids
 
 
-def keep_variances(site: Site, variances: np.ndarray | None, maximisers: np.ndarray | None = None) -> None:
-    """Keep a spherical site's variances (and the maximisers they were estimated at) in its state; identity has none.
+def request_variances(arrays: Mapping[str, Any], values: Mapping[str, Any], n_components: int) -> np.ndarray | None:
+    """A spherical site's variances at the centroids the request sends (K_g,), from the request; None under identity.
 
-    They are the site's local parameter between messages: the server never sees them before the final stage.
+    The server sends back what the site reported, adopted at the new centroids (docs/ALGORITHMS.md 2.11), so
+    that the site keeps no state between rounds: a site restarted mid-run, or a run resumed from its journal,
+    computes the same step as the uninterrupted run.
     """
-    if variances is not None:
-        site.state["variances"] = variances
-        if maximisers is not None:
-            site.state["maximisers"] = maximisers
-
-
-def site_variances(site: Site, centroids: np.ndarray, values: Mapping[str, Any]) -> np.ndarray | None:
-    """The variances the site runs its next E-step with, at the server's ``centroids`` (None under identity)."""
-    if "maximisers" not in site.state:  # the first round starts from the site's own seeds and their variances
-        return site.state.get("variances")
-    return model_geometry(values).adopted_variances(site.state["variances"], site.state["maximisers"], centroids)
+    if not model_geometry(values).learns_variance:
+        return None
+    if "variances" not in arrays:
+        raise ValueError("the server sent no variances: a spherical round needs the variances of this site's components")
+    variances = np.asarray(arrays["variances"], dtype=np.float64)
+    if variances.shape != (n_components,) or not np.all(np.isfinite(variances)) or np.any(variances <= 0):
+        raise ValueError(f"the server sent variances of shape {variances.shape} (or not positive and finite); this "
+                         f"client fits {n_components} components")
+    return variances
 
 
 def _moments_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
@@ -211,24 +216,21 @@ def _moments_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, An
 
 def _init_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
-    reply, variances = initialise(data.X_train, data.n_components, values, site.partition_id)
+    reply = initialise(data.X_train, data.n_components, values, site.partition_id)
     site.state["centroids"] = reply[0]["centroids"]
-    keep_variances(site, variances)
     return reply
 
 
 def _round_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
     centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
-    reply, variances = collaborative_round(data.X_train, centroids, values, site_variances(site, centroids, values))
-    keep_variances(site, variances, reply[0]["maximisers"])
-    return reply
+    return collaborative_round(data.X_train, centroids, values, request_variances(arrays, values, data.n_components))
 
 
 def _final_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
     centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
-    return final_step(data.X_train, centroids, values, site_variances(site, centroids, values))
+    return final_step(data.X_train, centroids, values, request_variances(arrays, values, data.n_components))
 
 
 def _silhouette_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:

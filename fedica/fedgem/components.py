@@ -20,6 +20,9 @@ class ClientModel:
     centroids: np.ndarray    # (K_g, d) the centroids the server sent (or the client reported at initialisation)
 
     declared_points: int = 0
+    # (K_g,) a spherical site's variances at ``centroids`` (sent back with them, so that a site keeps no state
+    # the journal cannot give back); None: unit variance
+    variances: np.ndarray | None = None
 
     @property
     def n_components(self) -> int:

@@ -208,10 +208,10 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             start[REPORT_SCALE_SPREAD_KEY] = True
         self._initialise((yield Request(GEM_INIT, "init", None, start)))
         for round_number in range(1, s.rounds + 1):
-            payloads = {p: {"centroids": self.models[p].centroids} for p in self._participants(round_number)}
+            payloads = {p: self._site_model(self.models[p]) for p in self._participants(round_number)}
             replies = yield Request(GEM_ROUND, round_number, payloads, {"local-steps": s.local_steps, **model})
             self._collaborative_round(round_number, replies)
-        payloads = {p: {"centroids": m.centroids} for p, m in self.models.items()}
+        payloads = {p: self._site_model(m) for p, m in self.models.items()}
         self._final_stage((yield Request(GEM_FINAL, "final", payloads, model)))
         if s.upsilon != "auto":
             self.upsilon = float(s.upsilon)
@@ -307,10 +307,12 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                 weights = validate_weights(reply.arrays, "weights", centroids.shape[0])
                 n_points = require_int(reply.values, "n-points", minimum=centroids.shape[0])
                 spread = optional_float(reply.values, SCALE_SPREAD_KEY, minimum=1.0)
+                variances = (positive_array(reply.arrays, "variances", centroids.shape[0])
+                             if self.geometry.learns_variance else None)
             except InvalidReply as err:
                 self.reject(reply.partition_id, "init", f"invalid reply: {err}")
                 continue
-            self.models[reply.partition_id] = ClientModel(n_points, weights, centroids, n_points)
+            self.models[reply.partition_id] = ClientModel(n_points, weights, centroids, n_points, variances)
             self.client_seconds += reported_seconds(reply)
             if spread is not None:
                 spreads[reply.partition_id] = spread
@@ -342,6 +344,17 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                 "not to be trusted; standardise each feature by one scale shared by all sites (standardize='federated')",
                 UserWarning, stacklevel=2)
 
+    @staticmethod
+    def _site_model(model: ClientModel) -> dict[str, np.ndarray]:
+        """What a round or the final stage sends a site: the centroids it adopts, and a spherical site's variances at them.
+
+        A site keeps nothing between messages that the request does not give back: a site restarted mid-run,
+        or a run resumed from its journal, computes the same step (docs/ALGORITHMS.md 3.1.1).
+        """
+        if model.variances is None:
+            return {"centroids": model.centroids}
+        return {"centroids": model.centroids, "variances": model.variances}
+
     def _participants(self, round_number: int) -> list[int]:
         """The clients asked in a round: all, or a seeded random share (at least ``min_clients``)."""
         partitions = sorted(self.models)
@@ -353,7 +366,7 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         return sorted(rng.choice(partitions, size=count, replace=False).tolist())
 
     def _collaborative_round(self, round_number: int, replies: list[Reply]) -> None:
-        components = self._collect(replies, round_number, self._round_radii)
+        components = self._collect(replies, round_number, self._round_radii, variances=self.geometry.learns_variance)
         self.require(len(components.partitions), f"FedGEM round {round_number}")
         with self.server_time():
             try:
@@ -365,8 +378,13 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         self.excluded_clients.update(components.owners[excluded].tolist())
         shifts = []
         for partition, part in components.slices().items():
-            shifts.append(np.linalg.norm(new_centers[part] - self.models[partition].centroids, axis=1))
-            self.models[partition].centroids = new_centers[part]
+            model = self.models[partition]
+            shifts.append(np.linalg.norm(new_centers[part] - model.centroids, axis=1))
+            model.centroids = new_centers[part]
+            if components.variances is not None:
+                # The site's variances at the centres it adopts: the conditional M-step it would take itself.
+                model.variances = self.geometry.adopted_variances(components.variances[part], components.centers[part],
+                                                                  model.centroids)
         self.history.append({
             "round": round_number,
             "clients": components.partitions,

@@ -21,8 +21,8 @@ RUN = [sys.executable, "-m", "fedica", "engine=inprocess", "algorithm=fedgem", "
        "baselines=true", "baseline_methods=[ffcm-avg1]"]
 
 
-def fedica_run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*RUN, *args], capture_output=True, text=True, timeout=300)
+def fedica_run(*args: str, run: list[str] = RUN) -> subprocess.CompletedProcess:
+    return subprocess.run([*run, *args], capture_output=True, text=True, timeout=300)
 
 
 def stages(folder: Path) -> int:
@@ -35,9 +35,9 @@ def without_timings(folder: Path) -> dict:
     return result
 
 
-def stopped_run(folder: Path, sig: int, after: int = 2) -> tuple[subprocess.Popen, int]:
+def stopped_run(folder: Path, sig: int, after: int = 2, run: list[str] = RUN) -> tuple[subprocess.Popen, int]:
     """A run sent ``sig`` by its pid once its journal holds ``after`` completed stages; and the stages then."""
-    process = subprocess.Popen([*RUN, f"hydra.run.dir={folder}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    process = subprocess.Popen([*run, f"hydra.run.dir={folder}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True)
     deadline = time.monotonic() + 240
     while stages(folder) < after and process.poll() is None and time.monotonic() < deadline:
@@ -105,10 +105,23 @@ def test_a_missing_or_foreign_journal_is_refused_in_one_line(tmp_path, killed_ru
                            "interrupted run") and "journal.json is missing" in line
 
 
+def test_a_spherical_run_killed_mid_rounds_resumes_to_the_uninterrupted_result(tmp_path):
+    """A spherical site's variances come back with every round's centroids: the resumed sites, fresh, compute the
+    same rounds as the uninterrupted run's, which kept theirs."""
+    run = [*RUN, "algorithm.covariance_type=spherical", "baselines=false"]
+    whole = fedica_run(f"hydra.run.dir={tmp_path / 'whole'}", run=run)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    folder = tmp_path / "run"
+    process, completed = stopped_run(folder, signal.SIGKILL, after=6, run=run)
+    assert process.returncode == -signal.SIGKILL and 6 <= completed < 20
+    done = fedica_run(f"resume={folder}", f"hydra.run.dir={tmp_path / 'resume-log'}", run=run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"replaying its {completed} completed stages" in done.stdout + done.stderr
+    assert without_timings(folder) == without_timings(tmp_path / "whole")
+
+
 @pytest.mark.parametrize("overrides, reason", [
-    (["engine=simulation"], "engine=simulation: its nodes say which site they are only in their replies"),
-    (["engine=inprocess", "algorithm=fedgem", "scenario=blobs", "algorithm.covariance_type=spherical"],
-     "algorithm.covariance_type=spherical: each site keeps its variances between rounds")])
+    (["engine=simulation"], "engine=simulation: its nodes say which site they are only in their replies")])
 def test_a_run_whose_clients_or_nodes_cannot_be_replayed_to_is_refused_resume_in_one_line(tmp_path, overrides, reason):
     from fedica.server.app import compose_config
 

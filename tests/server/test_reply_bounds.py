@@ -1,7 +1,6 @@
 """Over fedica's transport a reply far larger than its exchange admits is refused before it is decoded, a client's
 error text is cut in the books, and a ``bloated_reply`` client leaves the run's result.json small."""
 
-import json
 
 import numpy as np
 import pytest
