@@ -47,7 +47,11 @@ def pack(arrays: Mapping[str, np.ndarray] | None = None, values: Mapping[str, An
         candidate models: 6,000 centres, 0.5 MB, to each of 10,000 clients) then holds it once
         instead of once per client. Arrays must not change while the dict is in use.
     """
-    record_arrays = ArrayRecord({k: _encoded_once(v, encoded) for k, v in (arrays or {}).items()})
+    # Filled item by item: ArrayRecord's constructor copies every Array it is given (about 25 us each, three
+    # quarters of a reply's encoding), where an item is only type-checked; the record holds the same Arrays.
+    record_arrays = ArrayRecord()
+    for key, value in (arrays or {}).items():
+        record_arrays[key] = _encoded_once(value, encoded)
     record_values = ConfigRecord({k: _python_scalar(v) for k, v in (values or {}).items()})
     return RecordDict({ARRAYS: record_arrays, VALUES: record_values})
 
