@@ -140,19 +140,21 @@ class ArraySource:
             X = standardised(X, *named)
         # The choice is kept for the units it was made in: a run's standardisation is named by every request after the first.
         units = str(values.get(STANDARDISATION_KEY, ""))
+        at_bound = False
         if self.n_components is not None:
             k = int(self.n_components)
         elif LOCAL_CLUSTERS_KEY in context.state and context.state[LOCAL_CLUSTERS_KEY].get("units", "") == units:
             k = int(context.state[LOCAL_CLUSTERS_KEY]["k"])
+            at_bound = bool(context.state[LOCAL_CLUSTERS_KEY].get("at-bound", False))
         else:
             rng = generator(int(values["seed"]), "client.kmeanspp", partition_id)
             choice = choose_n_components(X, self.max_components, random_state=sklearn_seed(rng))
-            k = choice.n_components
-            if choice.at_bound:
+            k, at_bound = choice.n_components, choice.at_bound
+            if at_bound:
                 log.warning("site %d chose K_g=%d, its bound: it may hold more clusters (give n_components, or "
                             "raise max_components for a site of more points)", partition_id, k)
-            context.state[LOCAL_CLUSTERS_KEY] = ConfigRecord({"k": k, "units": units})
-        return ClientData(X, None, X[:0], None, k)
+            context.state[LOCAL_CLUSTERS_KEY] = ConfigRecord({"k": k, "units": units, "at-bound": at_bound})
+        return ClientData(X, None, X[:0], None, k, at_bound)
 
     def gem_training_points(self, values: Mapping[str, Any], partition_id: int, context: Context) -> np.ndarray:
         return self._points(context)

@@ -27,6 +27,8 @@ class ClientData:
         Global class labels of the test points, None if unknown.
     n_components : int
         K_g, the number of local mixture components this client fits.
+    n_components_at_bound : bool, default=False
+        Whether the site chose K_g itself and chose its bound (it may hold more clusters than it fits).
     """
 
     X_train: np.ndarray
@@ -34,6 +36,7 @@ class ClientData:
     X_test: np.ndarray
     y_test: np.ndarray | None
     n_components: int
+    n_components_at_bound: bool = False
 
     def __post_init__(self):
         if self.X_train.ndim != 2 or self.X_test.ndim != 2:

@@ -19,7 +19,7 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from fedica.data.common import ClientData
-from fedica.fedgem.local import estimate_n_components
+from fedica.fedgem.local import choose_n_components
 from fedica.seeding import generator, sklearn_seed
 
 # ``n_components: auto``: each client chooses its K_g (the ICL, fedica.fedgem.local.estimate_n_components), from
@@ -131,14 +131,16 @@ def client_data_from_table(path, X: np.ndarray, y: np.ndarray | None, *, n_compo
     n_components, test_fraction = check_client_table(path, X, y, n_components=n_components,
                                                      test_fraction=test_fraction)
     train, test = _split(X.shape[0], y, test_fraction, seed)
+    at_bound = False
     if n_components == AUTO_COMPONENTS:
         # The client chooses on the training points it will fit.
-        n_components = estimate_n_components(X[train], MAX_AUTO_COMPONENTS,
-                                             random_state=sklearn_seed(generator(seed, "files.components")))
+        choice = choose_n_components(X[train], MAX_AUTO_COMPONENTS,
+                                     random_state=sklearn_seed(generator(seed, "files.components")))
+        n_components, at_bound = choice.n_components, choice.at_bound
         _check_training_points(path, train.size, n_components, test_fraction)
     y_train = None if y is None else y[train]
     y_test = None if y is None else y[test]
-    return ClientData(X[train], y_train, X[test], y_test, int(n_components))
+    return ClientData(X[train], y_train, X[test], y_test, int(n_components), at_bound)
 
 
 def check_client_table(path, X: np.ndarray, y: np.ndarray | None, *, n_components: int | str | None = None,

@@ -165,13 +165,14 @@ def real_client_data(partition_id: int, *, dataset: str = "iris", split: str = "
     else:
         mean, std = column_scale(X[train])
     X_train, X_test = (X[train] - mean) / std, (X[test] - mean) / std
+    at_bound = False
     if n_components == "given":
         k = int(np.unique(y[train]).size)
     else:
         choice = choose_n_components(X_train, MAX_AUTO_COMPONENTS,
                                      random_state=sklearn_seed(generator(seed, "real.components", g)))
-        k = choice.n_components
-        if choice.at_bound:
+        k, at_bound = choice.n_components, choice.at_bound
+        if at_bound:
             log.warning("site %d chose K_g=%d, its bound: it may hold more clusters (%s, %s split, seed %d)",
                         g, k, dataset, split, seed)
-    return ClientData(X_train, y[train], X_test, y[test], k)
+    return ClientData(X_train, y[train], X_test, y[test], k, at_bound)

@@ -21,8 +21,8 @@ from fedica.fedgem.geometry import Identity, feature_scale_spread, geometry
 from fedica.fedgem.local import assign_labels, kmeans_init, kmeanspp_init
 from fedica.fedgem.standardisation import site_moments
 from fedica.protocol.messages import (
-    GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_MOMENTS, GEM_ROUND, GEM_SILHOUETTE, REPORT_SCALE_SPREAD_KEY,
-    SCALE_SPREAD_KEY,
+    GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_MOMENTS, GEM_ROUND, GEM_SILHOUETTE, K_AT_BOUND_KEY,
+    REPORT_SCALE_SPREAD_KEY, SCALE_SPREAD_KEY,
 )
 from fedica.protocol.tasks import Handler, Site
 from fedica.seeding import generator
@@ -218,6 +218,8 @@ def _init_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any])
     data = site.points(values)
     reply = initialise(data.X_train, data.n_components, values, site.partition_id)
     site.state["centroids"] = reply[0]["centroids"]
+    if data.n_components_at_bound:  # the server's result says which sites may hold more clusters than they fit
+        reply[1][K_AT_BOUND_KEY] = True
     return reply
 
 

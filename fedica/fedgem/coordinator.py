@@ -52,6 +52,7 @@ from fedica.protocol import (
     GEM_MOMENTS,
     GEM_ROUND,
     GEM_SILHOUETTE,
+    K_AT_BOUND_KEY,
     InvalidReply,
     REPORT_SCALE_SPREAD_KEY,
     SCALE_SPREAD_KEY,
@@ -59,6 +60,7 @@ from fedica.protocol import (
     ProtocolState,
     Reply,
     Request,
+    client_text,
     majority_width,
     optional_float,
     reported_seconds,
@@ -178,6 +180,8 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         self.aggregated: dict[float, tuple[FinalAggregation, np.ndarray, dict[int, str]] | TooManyOverlaps] = {}
         # The median site's feature_scale_spread (None when no site reported one: a private run never asks).
         self.feature_scale_spread: float | None = None
+        # The admitted sites that chose their K_g at their bound (they may hold more clusters than they fit).
+        self.local_clusters_at_bound: list[int] = []
         # Under standardize: federated, every feature's location and scale the sites standardise by (None: the data's
         # own units); every centre the server holds is then in standardised units.
         self.feature_location: np.ndarray | None = None
@@ -301,6 +305,7 @@ class FedGEMServer(EvaluationStage, ProtocolState):
     def _initialise(self, replies: list[Reply]) -> None:
         self.dim = majority_width(replies, "centroids")
         spreads: dict[int, float] = {}
+        bounded: list[int] = []
         for reply in replies:
             try:
                 centroids = validate_gem_components(reply.arrays, "centroids", dim=self.dim, n_components=None)
@@ -309,6 +314,9 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                 spread = optional_float(reply.values, SCALE_SPREAD_KEY, minimum=1.0)
                 variances = (positive_array(reply.arrays, "variances", centroids.shape[0])
                              if self.geometry.learns_variance else None)
+                at_bound = reply.values.get(K_AT_BOUND_KEY, False)
+                if not isinstance(at_bound, bool):
+                    raise InvalidReply(f"{K_AT_BOUND_KEY!r}={client_text(at_bound, 40)} is not true or false")
             except InvalidReply as err:
                 self.reject(reply.partition_id, "init", f"invalid reply: {err}")
                 continue
@@ -316,6 +324,8 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             self.client_seconds += reported_seconds(reply)
             if spread is not None:
                 spreads[reply.partition_id] = spread
+            if at_bound:
+                bounded.append(reply.partition_id)
         for partition, reason in refuse_far_components(self.models):
             self.reject(partition, "init", reason)
         if self.models:
@@ -327,6 +337,13 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         self.require(len(self.models), "FedGEM initialisation")
         cap_counts(self.models, self.settings.count_cap_factor)
         self._check_feature_scales([spreads[p] for p in self.models if p in spreads])
+        self.local_clusters_at_bound = sorted(p for p in bounded if p in self.models)
+        if self.local_clusters_at_bound:
+            shown = ", ".join(map(str, self.local_clusters_at_bound[:20]))
+            warnings.warn(f"FedGEM: {len(self.local_clusters_at_bound)} of {len(self.models)} sites chose their K_g at "
+                          f"their bound (sites {shown}{', ...' if len(self.local_clusters_at_bound) > 20 else ''}): each "
+                          "may hold more clusters than it fits; give their n_components, or more points per site",
+                          UserWarning, stacklevel=2)
 
     def _check_feature_scales(self, spreads: list[float]) -> None:
         """Warn when the sites' features are in units the isotropic model cannot weigh alike (ALGORITHMS.md 2.11.1).

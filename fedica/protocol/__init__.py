@@ -33,6 +33,7 @@ from fedica.protocol.messages import (
     GEM_MOMENTS,
     GEM_ROUND,
     GEM_SILHOUETTE,
+    K_AT_BOUND_KEY,
     RAY_NODE_KEY,
     REPORT_SCALE_SPREAD_KEY,
     REPLY_SIZE_FLOOR,
@@ -68,7 +69,7 @@ from fedica.protocol.tasks import ArraySite, ClientTasks, Handler, Site, Transfo
 
 __all__ = [
     "AFCL_INIT", "AFCL_ROUND", "CATEGORY", "COLUMNS_KEY", "ERROR_KEY", "EVALUATE", "FFCM_INIT", "FFCM_ROUND", "GEM_EVALUATE",
-    "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_MOMENTS", "GEM_ROUND", "GEM_SILHOUETTE", "RAY_NODE_KEY", "REPORT_SCALE_SPREAD_KEY",
+    "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_MOMENTS", "GEM_ROUND", "GEM_SILHOUETTE", "K_AT_BOUND_KEY", "RAY_NODE_KEY", "REPORT_SCALE_SPREAD_KEY",
     "RFICA_FIT", "SCALE_SPREAD_KEY", "TRAIN",
     "ArraySite", "ClientTasks", "Handler", "InMemoryFederation", "InvalidReply", "Journal", "JournalError",
     "MisalignedSites", "NotEnoughClients", "OverBudget",

@@ -42,6 +42,9 @@ GEM_EVALUATE = "fedgem_evaluate"
 # far its columns' standard deviations are apart (fedica.fedgem.geometry.feature_scale_spread).
 REPORT_SCALE_SPREAD_KEY = "report-scale-spread"
 SCALE_SPREAD_KEY = "feature-scale-spread"
+# FedGEM's init reply of a site that chose its K_g and chose its bound (true; absent otherwise): it may hold more
+# clusters than it fits, and the run's result says so.
+K_AT_BOUND_KEY = "k-at-bound"
 # The FFCM and AFCL comparators (fedica.evaluation.ffcm, fedica.evaluation.afcl).
 FFCM_INIT = "ffcm_init"
 FFCM_ROUND = "ffcm_round"

@@ -107,6 +107,8 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
             "client_mapping": mapping,
             "client_local_ari": server.client_aris,
             "local_clusters": {str(p): m.n_components for p, m in sorted(server.models.items())},
+            # Only where a site chose its K_g at its bound: the result a run always wrote otherwise.
+            **({"local_clusters_at_bound": server.local_clusters_at_bound} if server.local_clusters_at_bound else {}),
             "upsilon": server.upsilon,
             "upsilon_tuning": server.tuning,
             "feature_scale_spread": server.feature_scale_spread,

@@ -75,3 +75,51 @@ def test_given_counts_are_not_chosen():
         warnings.simplefilter("error")
         model = FedGEM(upsilon=1.0, random_state=0).fit(sites, n_local_clusters=[3, 3])
     assert model.n_local_clusters_.tolist() == [3, 3] and not model.local_clusters_at_bound_.any()
+
+
+def _wine_files(folder, n_sites=4):
+    """scikit-learn's wine as users write it: CSV files with a header and a class column, rows dealt to the sites."""
+    from sklearn.datasets import load_wine
+
+    frame = load_wine(as_frame=True).frame.rename(columns={"target": "class"}).sample(frac=1.0, random_state=7)
+    paths = []
+    for g, rows in enumerate(np.array_split(np.arange(len(frame)), n_sites)):
+        paths.append(folder / f"site{g}.csv")
+        frame.iloc[rows].to_csv(paths[-1], index=False)
+    return paths
+
+
+def test_a_run_says_which_sites_chose_their_bound(tmp_path):
+    """Before, a files site that chose its bound said nothing; a deployed site said it in its own log only."""
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    paths = _wine_files(tmp_path)
+    overrides = ["algorithm=fedgem", "scenario=files", f"scenario.paths=[{','.join(map(str, paths))}]",
+                 "scenario.label_column=class", "algorithm.standardize=federated", "engine=inprocess"]
+    result = run_inprocess(compose_config([*overrides, "scenario.n_components=auto"]))
+    assert result["fedgem"]["local_clusters_at_bound"] == [0, 1, 2, 3]
+    assert any(w.startswith("UserWarning: FedGEM: 4 of 4 sites chose their K_g at their bound (sites 0, 1, 2, 3)")
+               for w in result["warnings"])  # the run's warnings, which its summary prints too
+    given = run_inprocess(compose_config([*overrides, "scenario.n_components=3"]))
+    assert "local_clusters_at_bound" not in given["fedgem"]  # a site told its K_g chose nothing
+
+
+def test_a_users_site_at_its_bound_is_named_by_the_strategy():
+    from sklearn.datasets import load_wine
+
+    from fedica.clients import make_client_app
+    from fedica.server.fedgem import FedGEMStrategy
+    from fedica.server.inprocess import InProcessGrid
+
+    X = load_wine().data
+    sites = np.array_split(X[np.random.default_rng(0).permutation(len(X))], 4)
+    grid = InProcessGrid(make_client_app(lambda context: sites[int(context.node_config["partition-id"])]),
+                         [{"partition-id": g, "num-partitions": 4} for g in range(4)])
+    strategy = FedGEMStrategy(standardize="federated", min_available_nodes=4, min_clients=2)
+    with pytest.warns(UserWarning, match="sites chose their K_g at their bound"):
+        strategy.start(grid=grid)
+    assert strategy.server.local_clusters_at_bound
+    bounds = [local_bound(s, 10) for s in sites]
+    assert all(m.n_components == bounds[g] for g, m in strategy.server.models.items()
+               if g in strategy.server.local_clusters_at_bound)
