@@ -22,7 +22,7 @@ from fedica.data.common import ClientData
 from fedica.fedgem.local import choose_n_components
 from fedica.seeding import generator, sklearn_seed
 
-# ``n_components: auto``: each client chooses its K_g (the ICL, fedica.fedgem.local.estimate_n_components), from
+# ``n_components: auto``: each client chooses its K_g (the ICL, fedica.fedgem.local.choose_n_components), from
 # 1 to MAX_AUTO_COMPONENTS (fewer on a small site).
 AUTO_COMPONENTS = "auto"
 MAX_AUTO_COMPONENTS = 10
@@ -292,7 +292,7 @@ def read_recording(path) -> Recording:
     if "eeg" not in types:
         kinds = ", ".join(f"{kind} ({types.count(kind)})" for kind in sorted(set(types)))
         raise DataFileError(path, f"has no EEG channel (its channel types: {kinds}); RF-ICA reads the EEG channels")
-    raw.pick("eeg", exclude="bads")
+    _pick_eeg(raw)
     data = np.ascontiguousarray(raw.get_data(), dtype=np.float64)
     names = tuple(raw.ch_names)
     bad = np.argwhere(~np.isfinite(data))
@@ -405,8 +405,12 @@ def site_columns(path, *, delimiter: str = ",") -> tuple[str, ...] | None:
         return table_header(path, delimiter=delimiter)
     import mne  # an optional extra; a recording site has read its file through it already
 
-    raw = mne.io.read_raw(Path(path), preload=False, verbose="error")
-    return tuple(raw.pick("eeg", exclude="bads").ch_names)
+    return tuple(_pick_eeg(mne.io.read_raw(Path(path), preload=False, verbose="error")).ch_names)
+
+
+def _pick_eeg(raw):
+    """The channels RF-ICA reads of a recording: its EEG channels but those the file marks bad (in place)."""
+    return raw.pick("eeg", exclude="bads")
 
 
 def table_extent(path, *, delimiter: str = ",") -> tuple[int, int]:
