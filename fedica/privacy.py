@@ -59,7 +59,7 @@ from sklearn.cluster import KMeans
 from fedica.fedgem.local import responsibilities
 from fedica.parameters import DP_UNITS
 from fedica.protocol.messages import (
-    GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_ROUND, GEM_SILHOUETTE, SCALE_SPREAD_KEY,
+    CLUSTER_SHAPE_KEY, GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_ROUND, GEM_SILHOUETTE, SCALE_SPREAD_KEY,
 )
 from fedica.protocol.tasks import Site
 from fedica.seeding import generator, sklearn_seed
@@ -371,8 +371,8 @@ def private_reply(task: str, site: Site, arrays: Mapping[str, Any], values: Mapp
             reply_arrays = {"maximisers": maximisers, "dp-counts": counts}
             if task == GEM_ROUND:
                 reply_arrays["radii"] = ((maximisers - centroids) ** 2).sum(axis=1)
-    if NOISE_KEY in values and SCALE_SPREAD_KEY in reply_values:  # a data-dependent number no noise covers
-        reply_values = {k: v for k, v in reply_values.items() if k != SCALE_SPREAD_KEY}
+    if NOISE_KEY in values:  # data-dependent numbers no noise covers
+        reply_values = {k: v for k, v in reply_values.items() if k not in (SCALE_SPREAD_KEY, CLUSTER_SHAPE_KEY)}
     if task in (GEM_INIT, GEM_ROUND, GEM_FINAL, GEM_EVALUATE) and "dp-n-points" in site.state:
         reply_values = {**reply_values, "n-points": int(site.state["dp-n-points"][0])}
     return reply_arrays, reply_values

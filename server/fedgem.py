@@ -59,6 +59,9 @@ class FedGEMStrategy(ProtocolStrategy):
     feature_scale_spread_ : float or None
         How far the sites' feature scales are apart (as ``fedica.FedGEM.feature_scale_spread_``; over 10
         the run warned); None for a private run.
+    cluster_anisotropy_ : float or None
+        How far the sites' clusters are from spheres (as ``fedica.FedGEM.cluster_anisotropy_``; over 2 the run
+        warned that K_hat may count more clusters than the data hold); None for a private run.
     server : FedGEMServer
         The protocol's state (everything the run computed).
     """
@@ -157,6 +160,10 @@ class FedGEMStrategy(ProtocolStrategy):
     @property
     def feature_scale_spread_(self) -> float | None:
         return self.server.feature_scale_spread
+
+    @property
+    def cluster_anisotropy_(self) -> float | None:
+        return self.server.cluster_anisotropy
 
     @property
     def privacy_(self) -> dict[str, Any] | None:

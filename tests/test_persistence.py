@@ -228,6 +228,7 @@ def test_fedgem_from_result_is_the_runs_model(fedgem_run, tmp_path):
     assert model.n_clusters_ == result["metrics"]["fedgem"]["super_clusters"]
     assert model.upsilon_ == section["upsilon"]
     assert model.feature_scale_spread_ == section["feature_scale_spread"] and model.feature_scale_spread_ >= 1
+    assert model.cluster_anisotropy_ == section["cluster_anisotropy"] and model.cluster_anisotropy_ > 0
     assert model.history_ == result["history"] and model.rejected_ == result["clients"]["rejected"]
     assert model.get_params()["rounds"] == 6 and model.random_state == 4
     assert {k: v for k, v in model.get_params().items() if k in config["algorithm"]} == {

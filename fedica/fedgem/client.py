@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from fedica.evaluation.metrics import adjusted_rand, contingency, mean_silhouettes
-from fedica.fedgem.geometry import Identity, feature_scale_spread, geometry
+from fedica.fedgem.geometry import Identity, cluster_anisotropy, feature_scale_spread, geometry
 from fedica.fedgem.local import assign_labels, kmeans_init, kmeanspp_init
 from fedica.fedgem.standardisation import site_moments
 from fedica.protocol.messages import (
-    GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_MOMENTS, GEM_ROUND, GEM_SILHOUETTE, K_AT_BOUND_KEY,
-    REPORT_SCALE_SPREAD_KEY, SCALE_SPREAD_KEY,
+    CLUSTER_SHAPE_KEY, GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_MOMENTS, GEM_ROUND, GEM_SILHOUETTE,
+    K_AT_BOUND_KEY, REPORT_CLUSTER_SHAPE_KEY, REPORT_SCALE_SPREAD_KEY, SCALE_SPREAD_KEY,
 )
 from fedica.protocol.tasks import Handler, Site
 from fedica.seeding import generator
@@ -93,13 +93,18 @@ def final_step(X: np.ndarray, centroids: np.ndarray, values: Mapping[str, Any],
 
     A spherical client also sends its final variances: the final radius is a squared length, and
     the server needs the model's unit of length for it (docs/ALGORITHMS.md section 2.11).
+    A server that asks (``report-cluster-shape``) also gets the site's ``cluster-anisotropy`` under its final
+    maximisers, one number: how far its clusters are from spheres (:func:`fedica.fedgem.geometry.cluster_anisotropy`).
     """
     start = time.perf_counter()
     model = model_geometry(values)
     maximisers, _, variances = model.em_steps(X, centroids, uniform_weights(centroids.shape[0]), variances, 1)
     seconds = time.perf_counter() - start
     arrays = {"maximisers": maximisers} if variances is None else {"maximisers": maximisers, "variances": variances}
-    return arrays, {"n-points": X.shape[0], "fit-seconds": seconds}
+    reply_values = {"n-points": X.shape[0], "fit-seconds": seconds}
+    if values.get(REPORT_CLUSTER_SHAPE_KEY, False) and (anisotropy := cluster_anisotropy(X, maximisers)) is not None:
+        reply_values[CLUSTER_SHAPE_KEY] = anisotropy
+    return arrays, reply_values
 
 
 def silhouettes(X: np.ndarray, candidates: Any, n_components: int, values: Mapping[str, Any], partition_id: int) -> Reply:

@@ -22,7 +22,7 @@ import numpy as np
 from fedica import privacy
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.evaluation import ClientEvaluation, EvaluationStage
-from fedica.fedgem.geometry import FEATURE_SCALE_SPREAD_LIMIT, geometry
+from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT, FEATURE_SCALE_SPREAD_LIMIT, geometry
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.overlaps import TooManyOverlaps
 from fedica.fedgem.selection import EVIDENCE_MINORITY, Candidate, bic, evidence_path_sizes, icl, merge_path, path_sizes
@@ -54,6 +54,8 @@ from fedica.protocol import (
     GEM_SILHOUETTE,
     K_AT_BOUND_KEY,
     InvalidReply,
+    CLUSTER_SHAPE_KEY,
+    REPORT_CLUSTER_SHAPE_KEY,
     REPORT_SCALE_SPREAD_KEY,
     SCALE_SPREAD_KEY,
     OverBudget,
@@ -180,6 +182,8 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         self.aggregated: dict[float, tuple[FinalAggregation, np.ndarray, dict[int, str]] | TooManyOverlaps] = {}
         # The median site's feature_scale_spread (None when no site reported one: a private run never asks).
         self.feature_scale_spread: float | None = None
+        # The median site's cluster_anisotropy under its final local model (None when no site reported one).
+        self.cluster_anisotropy: float | None = None
         # The admitted sites that chose their K_g at their bound (they may hold more clusters than they fit).
         self.local_clusters_at_bound: list[int] = []
         # Under standardize: federated, every feature's location and scale the sites standardise by (None: the data's
@@ -216,7 +220,8 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             replies = yield Request(GEM_ROUND, round_number, payloads, {"local-steps": s.local_steps, **model})
             self._collaborative_round(round_number, replies)
         payloads = {p: self._site_model(m) for p, m in self.models.items()}
-        self._final_stage((yield Request(GEM_FINAL, "final", payloads, model)))
+        final_values = model if self.privacy is not None else {**model, REPORT_CLUSTER_SHAPE_KEY: True}
+        self._final_stage((yield Request(GEM_FINAL, "final", payloads, final_values)))
         if s.upsilon != "auto":
             self.upsilon = float(s.upsilon)
             self._aggregate()
@@ -361,6 +366,23 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                 "not to be trusted; standardise each feature by one scale shared by all sites (standardize='federated')",
                 UserWarning, stacklevel=2)
 
+    def _check_cluster_shapes(self, anisotropies: list[float]) -> None:
+        """Warn when the sites' clusters are far from the spheres the model fits (ALGORITHMS.md 2.11.3).
+
+        The median over the sites kept at the final stage, so that no minority of clients can raise or silence
+        the warning.
+        """
+        if not anisotropies:
+            return
+        self.cluster_anisotropy = float(np.median(anisotropies))
+        if self.cluster_anisotropy > CLUSTER_ANISOTROPY_LIMIT:
+            warnings.warn(
+                f"FedGEM: the clusters are not spheres: within them the largest variance is {self.cluster_anisotropy:.3g} "
+                f"times what spherical clusters reach by chance (cluster_anisotropy, median of {len(anisotropies)} "
+                f"sites; over {CLUSTER_ANISOTROPY_LIMIT:g}): the model fits an elongated or correlated cluster with "
+                "several spherical components, so K_hat may count more clusters than the data hold and split one "
+                "between them", UserWarning, stacklevel=2)
+
     @staticmethod
     def _site_model(model: ClientModel) -> dict[str, np.ndarray]:
         """What a round or the final stage sends a site: the centroids it adopts, and a spherical site's variances at them.
@@ -416,11 +438,16 @@ class FedGEMServer(EvaluationStage, ProtocolState):
     def _final_stage(self, replies: list[Reply]) -> None:
         # eps of the final components holds each one's drift from the centroids the server sent; a
         # spherical site also sends its variances, the unit of length of its final radii.
+        shapes: dict[int, float] = {}
+
         def drift(reply, model, maximisers):
             radii = self.geometry.uncertainty_radius(maximisers, model.centroids)
+            if (shape := optional_float(reply.values, CLUSTER_SHAPE_KEY, minimum=0.0)) is not None:
+                shapes[reply.partition_id] = shape
             return radii if self.privacy is None else self._private_radii(reply, radii, maximisers)
 
         self.final = self._collect(replies, "final", drift, variances=self.geometry.learns_variance)
+        self._check_cluster_shapes([shapes[p] for p in self.final.partitions if p in shapes])
         if self.privacy is not None:
             by_client = {reply.partition_id: reply for reply in replies}  # those kept passed checked_counts
             self.final_counts = np.concatenate([np.asarray(by_client[p].arrays["dp-counts"], dtype=np.float64)

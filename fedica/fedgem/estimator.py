@@ -184,6 +184,12 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         :data:`~fedica.fedgem.geometry.FEATURE_SCALE_SPREAD_LIMIT` (10) the fit warned that the features'
         units weigh them and its result is not to be trusted: standardise the features (``standardize``). None for a
         private fit, whose sites report no such number.
+    cluster_anisotropy_ : float or None
+        The median site's :func:`~fedica.fedgem.geometry.cluster_anisotropy` under its final local model: how far its
+        clusters are from spheres, about 1 for spherical clusters; above
+        :data:`~fedica.fedgem.geometry.CLUSTER_ANISOTROPY_LIMIT` (2) the fit warned that the model spends several
+        components on an elongated cluster, so that K_hat may exceed the clusters the data hold. None for a private
+        fit, and in a result written before it.
     history_ : list of dict
         Per round: ``super_clusters``, ``mean_radius``, ``centroid_shift``, ...
     rejected_ : list of dict
@@ -350,6 +356,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         model.upsilon_ = float(section["upsilon"])
         model.tuning_ = section["upsilon_tuning"]
         model.feature_scale_spread_ = section.get("feature_scale_spread")  # None in a result written before it
+        model.cluster_anisotropy_ = section.get("cluster_anisotropy")  # likewise
         # Only a standardised run records them (its centres are in the data's units, as means_ here).
         model.feature_location_, model.feature_scale_ = (
             (np.asarray(section["feature_location"], dtype=np.float64), np.asarray(section["feature_scale"], dtype=np.float64))
@@ -514,6 +521,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.tuning_ = server.tuning
         self.privacy_ = None if server.privacy is None else server.privacy.record()
         self.feature_scale_spread_ = server.feature_scale_spread
+        self.cluster_anisotropy_ = server.cluster_anisotropy
         self.history_ = server.history
         self.rejected_ = server.rejected
 

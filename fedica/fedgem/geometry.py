@@ -29,8 +29,8 @@ from scipy.spatial.distance import cdist
 from fedica.fedgem import local
 from fedica.fedgem.selection import log_likelihoods
 
-__all__ = ["COVARIANCE_TYPES", "FEATURE_SCALE_SPREAD_LIMIT", "LABELLINGS", "VARIANCE_FLOOR", "Identity", "Spherical",
-           "feature_scale_spread", "geometry", "separation"]
+__all__ = ["CLUSTER_ANISOTROPY_LIMIT", "COVARIANCE_TYPES", "FEATURE_SCALE_SPREAD_LIMIT", "LABELLINGS", "VARIANCE_FLOOR",
+           "Identity", "Spherical", "cluster_anisotropy", "feature_scale_spread", "geometry", "separation"]
 
 # The values of the parameter covariance_type (fedica.parameters declares it with this tuple).
 COVARIANCE_TYPES = ("identity", "spherical")
@@ -77,6 +77,53 @@ def feature_scale_spread(X: np.ndarray) -> float:
     deviations = X.std(axis=0)
     deviations = deviations[deviations > 0]
     return float(deviations.max() / np.median(deviations)) if deviations.size else 1.0
+
+
+# Both types make every component a sphere. When the median site's cluster_anisotropy exceeds this, the run warns
+# that its clusters are elongated or correlated, so that the model spends several components on one cluster and
+# K_hat may exceed the clusters the data hold (docs/ALGORITHMS.md section 2.11.3). Measured (RESULTS.md, "Clusters
+# that are not spheres"), median over a run's sites: the generated blobs, section 6.2's and the MNIST-sized
+# workloads .91 to 1.20; scikit-learn's iris and wine, standardised, 1.0 to 1.5, where K_hat is within one of the
+# classes on most seeds; breast cancer, digits and Waveform 2.3 to 4.7, where it is 1 to 17 clusters too many.
+CLUSTER_ANISOTROPY_LIMIT = 2.0
+
+
+def cluster_anisotropy(X: np.ndarray, centroids: np.ndarray) -> float | None:
+    """How far a site's clusters are from spheres, in units of what sampling noise gives spheres.
+
+    Each point is assigned to its nearest centroid; ``W`` is the pooled within-cluster covariance of the
+    residuals over ``n - k`` degrees of freedom (``k`` the clusters that hold a point), over the ``p`` columns
+    that vary within the clusters (a digit's border pixels are constant). The anisotropy is ``W``'s largest
+    eigenvalue over its mean eigenvalue, divided by ``(1 + sqrt(p / (n - k)))^2``: the largest eigenvalue
+    over the mean that spherical Gaussian clusters reach by sampling noise alone (the Marchenko-Pastur
+    edge), so that spheres score about 1 at any size and dimension, and a cluster whose spread along one
+    direction is ``a`` times its spread across scores about ``a^2 / (1 + (a^2 - 1) / p)`` divided by that edge.
+    The ratio does not depend on the data's unit, its origin or a rotation.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_features)
+    centroids : ndarray of shape (n_components, n_features)
+
+    Returns
+    -------
+    anisotropy : float or None
+        None when fewer than 2 columns vary within the clusters or fewer than 2 degrees of freedom remain:
+        no shape to measure.
+    """
+    labels = local.assign_labels(X, centroids)
+    residuals = X - centroids[labels]
+    residuals = residuals[:, residuals.std(axis=0) > 0]
+    n_columns = residuals.shape[1]
+    degrees = X.shape[0] - np.unique(labels).size
+    if n_columns < 2 or degrees < 2:
+        return None
+    eigenvalues = np.linalg.eigvalsh(residuals.T @ residuals / degrees)
+    mean = eigenvalues.mean()
+    if not mean > 0:
+        return None
+    noise_edge = (1.0 + np.sqrt(n_columns / degrees)) ** 2
+    return float(eigenvalues[-1] / mean / noise_edge)
 
 
 def separation(maximisers: np.ndarray) -> float:

@@ -21,6 +21,7 @@ from fedica.protocol.messages import (
     AFCL_INIT,
     AFCL_ROUND,
     CATEGORY,
+    CLUSTER_SHAPE_KEY,
     COLUMNS_KEY,
     ERROR_KEY,
     EVALUATE,
@@ -35,6 +36,7 @@ from fedica.protocol.messages import (
     GEM_SILHOUETTE,
     K_AT_BOUND_KEY,
     RAY_NODE_KEY,
+    REPORT_CLUSTER_SHAPE_KEY,
     REPORT_SCALE_SPREAD_KEY,
     REPLY_SIZE_FLOOR,
     RFICA_FIT,
@@ -68,8 +70,9 @@ from fedica.protocol.state import ProtocolState, Rejection, record_rejection
 from fedica.protocol.tasks import ArraySite, ClientTasks, Handler, Site, Transform
 
 __all__ = [
-    "AFCL_INIT", "AFCL_ROUND", "CATEGORY", "COLUMNS_KEY", "ERROR_KEY", "EVALUATE", "FFCM_INIT", "FFCM_ROUND", "GEM_EVALUATE",
-    "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_MOMENTS", "GEM_ROUND", "GEM_SILHOUETTE", "K_AT_BOUND_KEY", "RAY_NODE_KEY", "REPORT_SCALE_SPREAD_KEY",
+    "AFCL_INIT", "AFCL_ROUND", "CATEGORY", "CLUSTER_SHAPE_KEY", "COLUMNS_KEY", "ERROR_KEY", "EVALUATE", "FFCM_INIT", "FFCM_ROUND", "GEM_EVALUATE",
+    "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_MOMENTS", "GEM_ROUND", "GEM_SILHOUETTE", "K_AT_BOUND_KEY", "RAY_NODE_KEY", "REPORT_CLUSTER_SHAPE_KEY",
+    "REPORT_SCALE_SPREAD_KEY",
     "RFICA_FIT", "SCALE_SPREAD_KEY", "TRAIN",
     "ArraySite", "ClientTasks", "Handler", "InMemoryFederation", "InvalidReply", "Journal", "JournalError",
     "MisalignedSites", "NotEnoughClients", "OverBudget",

@@ -45,6 +45,10 @@ SCALE_SPREAD_KEY = "feature-scale-spread"
 # FedGEM's init reply of a site that chose its K_g and chose its bound (true; absent otherwise): it may hold more
 # clusters than it fits, and the run's result says so.
 K_AT_BOUND_KEY = "k-at-bound"
+# FedGEM's final request asks for (a true value), and its reply then carries, one number of the site's data under its
+# final local model: how far its clusters are from spheres (fedica.fedgem.geometry.cluster_anisotropy).
+REPORT_CLUSTER_SHAPE_KEY = "report-cluster-shape"
+CLUSTER_SHAPE_KEY = "cluster-anisotropy"
 # The FFCM and AFCL comparators (fedica.evaluation.ffcm, fedica.evaluation.afcl).
 FFCM_INIT = "ffcm_init"
 FFCM_ROUND = "ffcm_round"

@@ -112,6 +112,7 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
             "upsilon": server.upsilon,
             "upsilon_tuning": server.tuning,
             "feature_scale_spread": server.feature_scale_spread,
+            "cluster_anisotropy": server.cluster_anisotropy,
             "participation": federation.participation,
             "hostile_clients": books.hostile_partitions,
         },

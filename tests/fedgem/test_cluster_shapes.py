@@ -1,0 +1,170 @@
+"""The shape check: a run whose clusters are not the spheres its model fits says so.
+
+FedGEM fits spherical components. An elongated or correlated cluster (scikit-learn's breast cancer and
+digits, Waveform) takes several of them, and K_hat then counts more clusters than the data hold. Each site
+reports one number under its final local model (``cluster_anisotropy``), and the server warns on the median.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+from scipy.stats import special_ortho_group
+from sklearn.datasets import load_breast_cancer, load_digits, load_iris, load_wine
+
+from fedica import FedGEM
+from fedica.data.common import ClientData
+from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
+from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT, cluster_anisotropy
+from fedica.fedgem.local import kmeans_init
+from fedica.privacy import private_reply
+from fedica.protocol import (
+    CLUSTER_SHAPE_KEY, GEM_FINAL, REPORT_CLUSTER_SHAPE_KEY, ArraySite, InMemoryFederation, drive,
+)
+from fedica.tasks import CLIENT_TASKS
+
+SHAPE_WARNING = "the clusters are not spheres"
+
+
+def _spheres(rng, n_per_cluster, dim, n_clusters=3, stretch=1.0):
+    """Gaussian clusters far apart; with ``stretch`` each cluster's spread along the first axis is that many times the rest."""
+    scale = np.ones(dim)
+    scale[0] = stretch
+    centres = 30.0 * rng.normal(size=(n_clusters, dim))
+    X = np.vstack([c + rng.normal(size=(n_per_cluster, dim)) * scale for c in centres])
+    return X, centres
+
+
+@pytest.mark.parametrize("n_per_cluster, dim", [(40, 2), (200, 10), (60, 64), (2000, 5)])
+def test_spherical_clusters_score_about_one_at_any_size_and_dimension(n_per_cluster, dim):
+    rng = np.random.default_rng(dim)
+    X, centres = _spheres(rng, n_per_cluster, dim)
+    assert 0.75 < cluster_anisotropy(X, centres) < 1.25
+
+
+def test_an_elongated_cluster_scores_its_variance_ratio_over_the_noise_edge():
+    rng = np.random.default_rng(0)
+    X, centres = _spheres(rng, 20_000, 4, stretch=3.0)
+    degrees = X.shape[0] - 3
+    expected = 9.0 / (1 + 8.0 / 4) / (1 + np.sqrt(4 / degrees)) ** 2  # a^2 / (1 + (a^2 - 1) / p), then the edge
+    assert cluster_anisotropy(X, centres) == pytest.approx(expected, rel=0.03)
+    assert cluster_anisotropy(X, centres) > CLUSTER_ANISOTROPY_LIMIT
+
+
+def test_the_anisotropy_is_free_of_the_unit_the_origin_and_a_rotation():
+    rng = np.random.default_rng(1)
+    X, centres = _spheres(rng, 300, 6, stretch=2.0)
+    rotation = special_ortho_group.rvs(6, random_state=2)
+    shift = rng.normal(size=6) * 1e3
+    reference = cluster_anisotropy(X, centres)
+    for c in (1e-3, 1e3):
+        moved = cluster_anisotropy((c * X) @ rotation + shift, (c * centres) @ rotation + shift)
+        assert moved == pytest.approx(reference, rel=1e-9)
+
+
+def test_constant_columns_are_no_shape_and_a_site_without_shape_reports_none():
+    rng = np.random.default_rng(3)
+    X, centres = _spheres(rng, 100, 5)
+    padded = np.column_stack([X, np.zeros(len(X)), np.full(len(X), 7.0)])
+    padded_centres = np.column_stack([centres, np.zeros(3), np.full(3, 7.0)])
+    assert cluster_anisotropy(padded, padded_centres) == pytest.approx(cluster_anisotropy(X, centres), rel=1e-12)
+    assert cluster_anisotropy(X[:, :1], centres[:, :1]) is None  # one varying column
+    assert cluster_anisotropy(X[:4], X[:3]) is None  # 4 points in 3 clusters: 1 degree of freedom
+    assert cluster_anisotropy(np.ones((10, 3)), np.ones((1, 3))) is None
+
+
+def _standardised(X):
+    deviation = X.std(axis=0)
+    return (X - X.mean(axis=0)) / np.where(deviation > 0, deviation, 1.0)
+
+
+def _sites(X, n_sites, seed=0):
+    order = np.random.default_rng(seed).permutation(len(X))
+    return [X[part] for part in np.array_split(order, n_sites)]
+
+
+@pytest.mark.parametrize("loader, n_classes, elongated", [(load_breast_cancer, 2, True), (load_digits, 10, True),
+                                                           (load_iris, 3, False), (load_wine, 3, False)])
+def test_the_limit_separates_the_bundled_data_sets(loader, n_classes, elongated):
+    # Standardised, each site clustered into the classes: breast cancer's and digits' classes are not spheres.
+    X, _ = loader(return_X_y=True)
+    scores = [cluster_anisotropy(site, kmeans_init(site, n_classes, random_state=0)) for site in _sites(_standardised(X), 4)]
+    assert (np.median(scores) > CLUSTER_ANISOTROPY_LIMIT) == elongated
+
+
+def test_a_fit_on_breast_cancer_warns_and_records_the_anisotropy_and_one_on_spheres_does_not():
+    X, _ = load_breast_cancer(return_X_y=True)
+    with pytest.warns(UserWarning, match=SHAPE_WARNING + r": .* \d\.\d+ times .*median of 4 sites"):
+        elongated = FedGEM(random_state=0).fit(_sites(_standardised(X), 4))
+    assert elongated.cluster_anisotropy_ > CLUSTER_ANISOTROPY_LIMIT
+    rng = np.random.default_rng(4)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*" + SHAPE_WARNING)
+        spheres = FedGEM(random_state=0).fit([_spheres(rng, 80, 4)[0] for _ in range(4)], 3)
+    assert 0.5 < spheres.cluster_anisotropy_ < 1.5
+
+
+def _server_after_run(sites, transform=None):
+    server = FedGEMServer(FedGEMSettings(rounds=2, upsilon=1.0, same_client_rule="strict", min_clients=2, seed=0),
+                          evaluate=False)
+    tasks = CLIENT_TASKS if transform is None else CLIENT_TASKS.with_transforms(transform)
+    array_sites = {g: ArraySite(ClientData(X, None, X[:0], None, 3), g, None) for g, X in enumerate(sites)}
+    federation = InMemoryFederation(array_sites, tasks, server.rejected)
+    asked = []
+
+    def answer(request):
+        if request.task == GEM_FINAL:
+            asked.append(request.values.get(REPORT_CLUSTER_SHAPE_KEY))
+        return federation.answer(request)
+
+    drive(server.run(), answer)
+    assert asked == [True]
+    return server
+
+
+def _reporting(values_by_site):
+    def transform(task, site, arrays, values, reply):
+        if task == GEM_FINAL and site.partition_id in values_by_site:
+            return reply[0], {**reply[1], CLUSTER_SHAPE_KEY: values_by_site[site.partition_id]}
+        return reply
+    return transform
+
+
+def test_a_minority_of_clients_can_neither_raise_nor_silence_the_warning():
+    rng = np.random.default_rng(5)
+    round_sites = [_spheres(np.random.default_rng(0), 60, 3)[0] + 0.1 * rng.normal(size=(180, 3)) for _ in range(5)]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*" + SHAPE_WARNING)
+        server = _server_after_run(round_sites, _reporting({0: 1e9, 1: 1e9}))
+    assert server.cluster_anisotropy < 1.5
+    long_sites = [_spheres(np.random.default_rng(0), 60, 3, stretch=4.0)[0] + 0.1 * rng.normal(size=(180, 3))
+                  for _ in range(5)]
+    with pytest.warns(UserWarning, match=SHAPE_WARNING):
+        server = _server_after_run(long_sites, _reporting({0: 1.0, 1: 1.0}))
+    assert server.cluster_anisotropy > CLUSTER_ANISOTROPY_LIMIT
+
+
+@pytest.mark.parametrize("value, reason", [(float("nan"), "must be a finite number >= 0"),
+                                           (-1.0, "must be a finite number >= 0"),
+                                           ("long", "is not a number"), (True, "is not a number")])
+def test_a_malformed_anisotropy_rejects_the_final_reply_with_its_reason(value, reason):
+    sites = [_spheres(np.random.default_rng(0), 60, 3)[0] + 0.1 * np.random.default_rng(g).normal(size=(180, 3))
+             for g in range(3)]
+    server = _server_after_run(sites, _reporting({1: value}))
+    assert server.final.partitions == [0, 2]
+    rejection = next(r for r in server.rejected if r["client"] == 1)
+    assert rejection["round"] == "final" and CLUSTER_SHAPE_KEY in rejection["reason"] and reason in rejection["reason"]
+
+
+def test_a_private_fit_asks_for_no_anisotropy_and_a_private_site_never_sends_one():
+    rng = np.random.default_rng(6)
+    sites = [np.vstack([rng.normal(size=(200, 2)), rng.normal(size=(200, 2)) + 8]) for _ in range(4)]
+    model = FedGEM(covariance_type="identity", rounds=3, dp_epsilon=4.0, dp_clip=20.0, random_state=0).fit(sites, 2)
+    assert model.cluster_anisotropy_ is None
+    # A server that asks anyway in a private request gets no number the noise does not cover.
+    site = ArraySite(ClientData(sites[0], None, sites[0][:0], None, 2), 0, None)
+    site.state["centroids"] = np.array([[0.0, 0.0], [8.0, 8.0]])
+    values = {"dp-noise": 1.0, "dp-clip": 20.0, "dp-seed": 0, "seed": 0, REPORT_CLUSTER_SHAPE_KEY: True}
+    reply = CLIENT_TASKS.handlers[GEM_FINAL](site, {"centroids": site.state["centroids"]}, values)
+    assert CLUSTER_SHAPE_KEY in reply[1]
+    assert CLUSTER_SHAPE_KEY not in private_reply(GEM_FINAL, site, {"centroids": site.state["centroids"]}, values, reply)[1]
