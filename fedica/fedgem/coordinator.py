@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -350,38 +350,35 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                           "may hold more clusters than it fits; give their n_components, or more points per site",
                           UserWarning, stacklevel=2)
 
-    def _check_feature_scales(self, spreads: list[float]) -> None:
-        """Warn when the sites' features are in units the isotropic model cannot weigh alike (ALGORITHMS.md 2.11.1).
+    @staticmethod
+    def _sites_median_check(values: list[float], limit: float, warning: Callable[[float, int], str]) -> float | None:
+        """The median of one number per site (None with none), with a ``UserWarning`` when it exceeds ``limit``.
 
-        The median over the admitted sites, so that no minority of clients can raise or silence the warning.
+        A median, so that fewer than half of the clients can neither raise the warning nor silence it. ``warning``
+        gives the text from the median and the count of sites.
         """
-        if not spreads:
-            return
-        self.feature_scale_spread = float(np.median(spreads))
-        if self.feature_scale_spread > FEATURE_SCALE_SPREAD_LIMIT:
-            warnings.warn(
-                f"FedGEM: the features' scales differ {self.feature_scale_spread:.3g}-fold (largest column standard "
-                f"deviation over the median column's, median of {len(spreads)} sites; over {FEATURE_SCALE_SPREAD_LIMIT:g}, "
-                "the model's one variance per component weighs the features by their units): K_hat and the labels are "
-                "not to be trusted; standardise each feature by one scale shared by all sites (standardize='federated')",
-                UserWarning, stacklevel=2)
+        if not values:
+            return None
+        median = float(np.median(values))
+        if median > limit:
+            warnings.warn(warning(median, len(values)), UserWarning, stacklevel=3)
+        return median
+
+    def _check_feature_scales(self, spreads: list[float]) -> None:
+        """Warn when the sites' features are in units the isotropic model cannot weigh alike (ALGORITHMS.md 2.11.1)."""
+        self.feature_scale_spread = self._sites_median_check(spreads, FEATURE_SCALE_SPREAD_LIMIT, lambda spread, n: (
+            f"FedGEM: the features' scales differ {spread:.3g}-fold (largest column standard deviation over the median "
+            f"column's, median of {n} sites; over {FEATURE_SCALE_SPREAD_LIMIT:g}, the model's one variance per component "
+            "weighs the features by their units): K_hat and the labels are not to be trusted; standardise each feature "
+            "by one scale shared by all sites (standardize='federated')"))
 
     def _check_cluster_shapes(self, anisotropies: list[float]) -> None:
-        """Warn when the sites' clusters are far from the spheres the model fits (ALGORITHMS.md 2.11.3).
-
-        The median over the sites kept at the final stage, so that no minority of clients can raise or silence
-        the warning.
-        """
-        if not anisotropies:
-            return
-        self.cluster_anisotropy = float(np.median(anisotropies))
-        if self.cluster_anisotropy > CLUSTER_ANISOTROPY_LIMIT:
-            warnings.warn(
-                f"FedGEM: the clusters are not spheres: within them the largest variance is {self.cluster_anisotropy:.3g} "
-                f"times what spherical clusters reach by chance (cluster_anisotropy, median of {len(anisotropies)} "
-                f"sites; over {CLUSTER_ANISOTROPY_LIMIT:g}): the model fits an elongated or correlated cluster with "
-                "several spherical components, so K_hat may count more clusters than the data hold and split one "
-                "between them", UserWarning, stacklevel=2)
+        """Warn when the sites' clusters are far from the spheres the model fits (ALGORITHMS.md 2.11.3)."""
+        self.cluster_anisotropy = self._sites_median_check(anisotropies, CLUSTER_ANISOTROPY_LIMIT, lambda shape, n: (
+            f"FedGEM: the clusters are not spheres: within them the largest variance is {shape:.3g} times what "
+            f"spherical clusters reach by chance (cluster_anisotropy, median of {n} sites; over "
+            f"{CLUSTER_ANISOTROPY_LIMIT:g}): the model fits an elongated or correlated cluster with several spherical "
+            "components, so K_hat may count more clusters than the data hold and split one between them"))
 
     @staticmethod
     def _site_model(model: ClientModel) -> dict[str, np.ndarray]:

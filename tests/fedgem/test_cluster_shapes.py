@@ -13,15 +13,10 @@ from scipy.stats import special_ortho_group
 from sklearn.datasets import load_breast_cancer, load_digits, load_iris, load_wine
 
 from fedica import FedGEM
-from fedica.data.common import ClientData
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT, cluster_anisotropy
 from fedica.fedgem.local import kmeans_init
-from fedica.privacy import private_reply
-from fedica.protocol import (
-    CLUSTER_SHAPE_KEY, GEM_FINAL, REPORT_CLUSTER_SHAPE_KEY, ArraySite, InMemoryFederation, drive,
-)
-from fedica.tasks import CLIENT_TASKS
+from fedica.protocol import CLUSTER_SHAPE_KEY, GEM_FINAL, REPORT_CLUSTER_SHAPE_KEY, drive
 
 SHAPE_WARNING = "the clusters are not spheres"
 
@@ -104,12 +99,10 @@ def test_a_fit_on_breast_cancer_warns_and_records_the_anisotropy_and_one_on_sphe
     assert 0.5 < spheres.cluster_anisotropy_ < 1.5
 
 
-def _server_after_run(sites, transform=None):
+def _server_after_run(federation_of, sites, transform=None):
     server = FedGEMServer(FedGEMSettings(rounds=2, upsilon=1.0, same_client_rule="strict", min_clients=2, seed=0),
                           evaluate=False)
-    tasks = CLIENT_TASKS if transform is None else CLIENT_TASKS.with_transforms(transform)
-    array_sites = {g: ArraySite(ClientData(X, None, X[:0], None, 3), g, None) for g, X in enumerate(sites)}
-    federation = InMemoryFederation(array_sites, tasks, server.rejected)
+    federation = federation_of(server, sites, 3, transform)
     asked = []
 
     def answer(request):
@@ -122,49 +115,28 @@ def _server_after_run(sites, transform=None):
     return server
 
 
-def _reporting(values_by_site):
-    def transform(task, site, arrays, values, reply):
-        if task == GEM_FINAL and site.partition_id in values_by_site:
-            return reply[0], {**reply[1], CLUSTER_SHAPE_KEY: values_by_site[site.partition_id]}
-        return reply
-    return transform
-
-
-def test_a_minority_of_clients_can_neither_raise_nor_silence_the_warning():
+def test_a_minority_of_clients_can_neither_raise_nor_silence_the_warning(sending, federation_of):
     rng = np.random.default_rng(5)
     round_sites = [_spheres(np.random.default_rng(0), 60, 3)[0] + 0.1 * rng.normal(size=(180, 3)) for _ in range(5)]
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*" + SHAPE_WARNING)
-        server = _server_after_run(round_sites, _reporting({0: 1e9, 1: 1e9}))
+        server = _server_after_run(federation_of, round_sites, sending(GEM_FINAL, CLUSTER_SHAPE_KEY, {0: 1e9, 1: 1e9}))
     assert server.cluster_anisotropy < 1.5
     long_sites = [_spheres(np.random.default_rng(0), 60, 3, stretch=4.0)[0] + 0.1 * rng.normal(size=(180, 3))
                   for _ in range(5)]
     with pytest.warns(UserWarning, match=SHAPE_WARNING):
-        server = _server_after_run(long_sites, _reporting({0: 1.0, 1: 1.0}))
+        server = _server_after_run(federation_of, long_sites, sending(GEM_FINAL, CLUSTER_SHAPE_KEY, {0: 1.0, 1: 1.0}))
     assert server.cluster_anisotropy > CLUSTER_ANISOTROPY_LIMIT
 
 
 @pytest.mark.parametrize("value, reason", [(float("nan"), "must be a finite number >= 0"),
                                            (-1.0, "must be a finite number >= 0"),
                                            ("long", "is not a number"), (True, "is not a number")])
-def test_a_malformed_anisotropy_rejects_the_final_reply_with_its_reason(value, reason):
+def test_a_malformed_anisotropy_rejects_the_final_reply_with_its_reason(value, reason, sending, federation_of):
     sites = [_spheres(np.random.default_rng(0), 60, 3)[0] + 0.1 * np.random.default_rng(g).normal(size=(180, 3))
              for g in range(3)]
-    server = _server_after_run(sites, _reporting({1: value}))
+    server = _server_after_run(federation_of, sites, sending(GEM_FINAL, CLUSTER_SHAPE_KEY, {1: value}))
     assert server.final.partitions == [0, 2]
     rejection = next(r for r in server.rejected if r["client"] == 1)
     assert rejection["round"] == "final" and CLUSTER_SHAPE_KEY in rejection["reason"] and reason in rejection["reason"]
 
-
-def test_a_private_fit_asks_for_no_anisotropy_and_a_private_site_never_sends_one():
-    rng = np.random.default_rng(6)
-    sites = [np.vstack([rng.normal(size=(200, 2)), rng.normal(size=(200, 2)) + 8]) for _ in range(4)]
-    model = FedGEM(covariance_type="identity", rounds=3, dp_epsilon=4.0, dp_clip=20.0, random_state=0).fit(sites, 2)
-    assert model.cluster_anisotropy_ is None
-    # A server that asks anyway in a private request gets no number the noise does not cover.
-    site = ArraySite(ClientData(sites[0], None, sites[0][:0], None, 2), 0, None)
-    site.state["centroids"] = np.array([[0.0, 0.0], [8.0, 8.0]])
-    values = {"dp-noise": 1.0, "dp-clip": 20.0, "dp-seed": 0, "seed": 0, REPORT_CLUSTER_SHAPE_KEY: True}
-    reply = CLIENT_TASKS.handlers[GEM_FINAL](site, {"centroids": site.state["centroids"]}, values)
-    assert CLUSTER_SHAPE_KEY in reply[1]
-    assert CLUSTER_SHAPE_KEY not in private_reply(GEM_FINAL, site, {"centroids": site.state["centroids"]}, values, reply)[1]

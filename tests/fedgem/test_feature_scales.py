@@ -17,7 +17,9 @@ from fedica.data.common import ClientData
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 from fedica.fedgem.geometry import FEATURE_SCALE_SPREAD_LIMIT, feature_scale_spread
 from fedica.privacy import private_reply
-from fedica.protocol import GEM_INIT, REPORT_SCALE_SPREAD_KEY, SCALE_SPREAD_KEY, ArraySite, InMemoryFederation
+from fedica.protocol import (
+    CLUSTER_SHAPE_KEY, GEM_FINAL, GEM_INIT, REPORT_CLUSTER_SHAPE_KEY, REPORT_SCALE_SPREAD_KEY, SCALE_SPREAD_KEY, ArraySite,
+)
 from fedica.results import format_summary
 from fedica.tasks import CLIENT_TASKS
 
@@ -69,12 +71,10 @@ def test_a_fit_on_wine_as_shipped_warns_and_records_the_spread_and_standardised_
     assert adjusted_rand_score(truth, np.concatenate(standardised.labels_)) > 0.8
 
 
-def _server_after_init(sites, transform=None):
+def _server_after_init(federation_of, sites, transform=None):
     server = FedGEMServer(FedGEMSettings(rounds=1, upsilon=1.0, same_client_rule="strict", min_clients=2, seed=0),
                           evaluate=False)
-    tasks = CLIENT_TASKS if transform is None else CLIENT_TASKS.with_transforms(transform)
-    array_sites = {g: ArraySite(ClientData(X, None, X[:0], None, 2), g, None) for g, X in enumerate(sites)}
-    federation = InMemoryFederation(array_sites, tasks, server.rejected)
+    federation = federation_of(server, sites, 2, transform)
     protocol = server.run()
     request = next(protocol)
     assert request.task == GEM_INIT and request.values[REPORT_SCALE_SPREAD_KEY] is True
@@ -82,49 +82,45 @@ def _server_after_init(sites, transform=None):
     return server
 
 
-def _reporting(values_by_site):
-    def transform(task, site, arrays, values, reply):
-        if task == GEM_INIT and site.partition_id in values_by_site:
-            return reply[0], {**reply[1], SCALE_SPREAD_KEY: values_by_site[site.partition_id]}
-        return reply
-    return transform
-
-
-def test_a_minority_of_clients_can_neither_raise_nor_silence_the_warning():
+def test_a_minority_of_clients_can_neither_raise_nor_silence_the_warning(sending, federation_of):
     rng = np.random.default_rng(1)
     alike = [rng.normal(size=(60, 3)) for _ in range(5)]
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*" + SCALE_WARNING)
-        server = _server_after_init(alike, _reporting({0: 1e9, 1: 1e9}))
+        server = _server_after_init(federation_of, alike, sending(GEM_INIT, SCALE_SPREAD_KEY, {0: 1e9, 1: 1e9}))
     assert server.feature_scale_spread < 2
     apart = [X * np.array([1.0, 1.0, 1000.0]) for X in alike]
     with pytest.warns(UserWarning, match=SCALE_WARNING):
-        server = _server_after_init(apart, _reporting({0: 1.0, 1: 1.0}))
+        server = _server_after_init(federation_of, apart, sending(GEM_INIT, SCALE_SPREAD_KEY, {0: 1.0, 1: 1.0}))
     assert server.feature_scale_spread > 500
 
 
 @pytest.mark.parametrize("value, reason", [(float("nan"), "must be a finite number >= 1"),
                                            (0.5, "must be a finite number >= 1"),
                                            ("wide", "is not a number"), (True, "is not a number")])
-def test_a_malformed_spread_rejects_the_reply_with_its_reason(value, reason):
+def test_a_malformed_spread_rejects_the_reply_with_its_reason(value, reason, sending, federation_of):
     rng = np.random.default_rng(2)
-    server = _server_after_init([rng.normal(size=(60, 3)) for _ in range(3)], _reporting({1: value}))
+    server = _server_after_init(federation_of, [rng.normal(size=(60, 3)) for _ in range(3)], sending(GEM_INIT, SCALE_SPREAD_KEY, {1: value}))
     assert sorted(server.models) == [0, 2]
     assert server.rejected[0]["client"] == 1 and SCALE_SPREAD_KEY in server.rejected[0]["reason"]
     assert reason in server.rejected[0]["reason"]
 
 
-def test_a_private_fit_asks_for_no_spread_and_a_private_site_never_sends_one():
+def test_a_private_fit_asks_for_neither_the_spread_nor_the_shape_and_a_private_site_never_sends_them():
     rng = np.random.default_rng(3)
     sites = [np.vstack([rng.normal(size=(200, 2)), rng.normal(size=(200, 2)) + 8]) for _ in range(4)]
     model = FedGEM(covariance_type="identity", rounds=3, dp_epsilon=4.0, dp_clip=20.0, random_state=0).fit(sites, 2)
-    assert model.feature_scale_spread_ is None
+    assert model.feature_scale_spread_ is None and model.cluster_anisotropy_ is None
     # A server that asks anyway in a private request gets no number the noise does not cover.
     site = ArraySite(ClientData(sites[0], None, sites[0][:0], None, 2), 0, None)
-    values = {"dp-noise": 1.0, "dp-clip": 20.0, "dp-seed": 0, "seed": 0, "n-init": 1, REPORT_SCALE_SPREAD_KEY: True}
-    reply = CLIENT_TASKS.handlers[GEM_INIT](site, {}, values)
-    assert SCALE_SPREAD_KEY in reply[1]
-    assert SCALE_SPREAD_KEY not in private_reply(GEM_INIT, site, {}, values, reply)[1]
+    private = {"dp-noise": 1.0, "dp-clip": 20.0, "dp-seed": 0, "seed": 0, "n-init": 1}
+    centroids = {"centroids": np.array([[0.0, 0.0], [8.0, 8.0]])}
+    for task, arrays, ask, key in ((GEM_INIT, {}, REPORT_SCALE_SPREAD_KEY, SCALE_SPREAD_KEY),
+                                   (GEM_FINAL, centroids, REPORT_CLUSTER_SHAPE_KEY, CLUSTER_SHAPE_KEY)):
+        values = {**private, ask: True}
+        reply = CLIENT_TASKS.handlers[task](site, arrays, values)
+        assert key in reply[1]
+        assert key not in private_reply(task, site, arrays, values, reply)[1]
 
 
 def test_the_summary_prints_the_run_s_own_warnings_not_the_expected_ones():
