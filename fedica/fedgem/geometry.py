@@ -86,6 +86,8 @@ def feature_scale_spread(X: np.ndarray) -> float:
 # workloads .91 to 1.20; scikit-learn's iris and wine, standardised, 1.0 to 1.5, where K_hat is within one of the
 # classes on most seeds; breast cancer, digits and Waveform 2.3 to 4.7, where it is 1 to 17 clusters too many.
 CLUSTER_ANISOTROPY_LIMIT = 2.0
+# A column whose within-cluster spread is under this share of the widest column's is constant (rounding only).
+_CONSTANT_COLUMN = 1e-12
 
 
 def cluster_anisotropy(X: np.ndarray, centroids: np.ndarray) -> float | None:
@@ -93,7 +95,8 @@ def cluster_anisotropy(X: np.ndarray, centroids: np.ndarray) -> float | None:
 
     Each point is assigned to its nearest centroid; ``W`` is the pooled within-cluster covariance of the
     residuals over ``n - k`` degrees of freedom (``k`` the clusters that hold a point), over the ``p`` columns
-    that vary within the clusters (a digit's border pixels are constant). The anisotropy is ``W``'s largest
+    that vary within the clusters (a digit's border pixels are constant; a column whose spread is under
+    ``1e-12`` of the widest column's is taken as constant). The anisotropy is ``W``'s largest
     eigenvalue over its mean eigenvalue, divided by ``(1 + sqrt(p / (n - k)))^2``: the largest eigenvalue
     over the mean that spherical Gaussian clusters reach by sampling noise alone (the Marchenko-Pastur
     edge), so that spheres score about 1 at any size and dimension, and a cluster whose spread along one
@@ -113,7 +116,9 @@ def cluster_anisotropy(X: np.ndarray, centroids: np.ndarray) -> float | None:
     """
     labels = local.assign_labels(X, centroids)
     residuals = X - centroids[labels]
-    residuals = residuals[:, residuals.std(axis=0) > 0]
+    spread = residuals.std(axis=0)
+    # A constant column's centroid is a weighted mean of one value, which may differ from it in the last bits.
+    residuals = residuals[:, spread > _CONSTANT_COLUMN * spread.max()]
     n_columns = residuals.shape[1]
     degrees = X.shape[0] - np.unique(labels).size
     if n_columns < 2 or degrees < 2:

@@ -63,6 +63,9 @@ def test_constant_columns_are_no_shape_and_a_site_without_shape_reports_none():
     padded = np.column_stack([X, np.zeros(len(X)), np.full(len(X), 7.0)])
     padded_centres = np.column_stack([centres, np.zeros(3), np.full(3, 7.0)])
     assert cluster_anisotropy(padded, padded_centres) == pytest.approx(cluster_anisotropy(X, centres), rel=1e-12)
+    # A constant column's centroid off by rounding (a weighted mean of one value) is still no shape.
+    rounded = padded_centres + np.array([0, 0, 0, 0, 0, 0, 1]) * np.array([[0.0], [8.9e-16], [-8.9e-16]])
+    assert cluster_anisotropy(padded, rounded) == pytest.approx(cluster_anisotropy(X, centres), rel=1e-12)
     assert cluster_anisotropy(X[:, :1], centres[:, :1]) is None  # one varying column
     assert cluster_anisotropy(X[:4], X[:3]) is None  # 4 points in 3 clusters: 1 degree of freedom
     assert cluster_anisotropy(np.ones((10, 3)), np.ones((1, 3))) is None
