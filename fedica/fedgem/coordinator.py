@@ -45,6 +45,7 @@ from fedica.fedgem.trust import (
 )
 from fedica.fedgem.tuning import select_upsilon
 from fedica.protocol import (
+    CLUSTER_SHAPE_KEY,
     GEM_EVALUATE,
     GEM_FINAL,
     GEM_INIT,
@@ -53,11 +54,10 @@ from fedica.protocol import (
     GEM_ROUND,
     GEM_SILHOUETTE,
     K_AT_BOUND_KEY,
-    InvalidReply,
-    CLUSTER_SHAPE_KEY,
     REPORT_CLUSTER_SHAPE_KEY,
     REPORT_SCALE_SPREAD_KEY,
     SCALE_SPREAD_KEY,
+    InvalidReply,
     OverBudget,
     ProtocolState,
     Reply,
@@ -434,7 +434,8 @@ class FedGEMServer(EvaluationStage, ProtocolState):
 
     def _final_stage(self, replies: list[Reply]) -> None:
         # eps of the final components holds each one's drift from the centroids the server sent; a
-        # spherical site also sends its variances, the unit of length of its final radii.
+        # spherical site also sends its variances, the unit of length of its final radii. A site's
+        # cluster-anisotropy is read with them, so that a malformed one rejects the reply in _collect.
         shapes: dict[int, float] = {}
 
         def drift(reply, model, maximisers):
