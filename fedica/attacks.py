@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedica.evaluation.metrics import ari_from_contingency
+from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT
 from fedica.seeding import generator
 
 # RF-ICA: a junk estimate instead of the honest one (hostile_ica_estimate) ...
@@ -24,7 +25,7 @@ GEM_ATTACKS = ("inflated_radius", "inflated_count", "random_centroids")
 # (the last four know the defences: docs/ALGORITHMS.md section 3.2).
 GEM_PROTOCOL_ATTACKS = ("split_components", "poison_tuning", "fake_evaluation",
                         "overflow_row", "likelihood_shift", "midpoint_cluster", "forged_metrics", "consistent_forgery",
-                        "skewed_moments")
+                        "skewed_moments", "forged_shape")
 # Either algorithm: a node answers under another client's partition id.
 SPOOF_PARTITION = "spoof_partition"
 ATTACKS = ("none", *ICA_ATTACKS, *GEM_ATTACKS, *GEM_PROTOCOL_ATTACKS, SPOOF_PARTITION)
@@ -53,6 +54,8 @@ LIKELIHOOD_SHIFT = -1.0e13
 # multiple of its own test count (a typical client's: just under the count cap's 10x the median).
 # skewed_moments: the factor by which a client shrinks its first feature's deviation and inflates every other's.
 SKEW_FACTOR = 1.0e6
+# forged_shape: the anisotropy a client claims where its own is under the shape check's limit (a false alarm).
+FORGED_ANISOTROPY = 1.0e6
 FORGED_COUNT_FACTOR = 40
 FORGED_LOCAL_ARI = -1.0
 FORGED_TEST_FACTOR = 9.9
@@ -324,6 +327,16 @@ def skewed_moments(moments: np.ndarray) -> np.ndarray:
     skewed[1, 0] /= SKEW_FACTOR
     skewed[1, 1:] *= SKEW_FACTOR
     return skewed
+
+
+def forged_anisotropy(honest: float) -> float:
+    """A ``forged_shape`` client's ``cluster-anisotropy``: the shape check's verdict turned round.
+
+    It knows the limit (:data:`fedica.fedgem.geometry.CLUSTER_ANISOTROPY_LIMIT`) and that the server takes the
+    median: where its own clusters pass as spheres it claims :data:`FORGED_ANISOTROPY`, to raise a false alarm;
+    where they do not, it claims 0, to silence the warning. Every hostile client on one data set sends the same.
+    """
+    return FORGED_ANISOTROPY if honest <= CLUSTER_ANISOTROPY_LIMIT else 0.0
 
 
 def forged_contingency(global_ids: np.ndarray, true_labels: np.ndarray,

@@ -25,6 +25,7 @@ from fedica.data.scenarios import ica_scenario_data, ica_scenario_truth, scenari
 from fedica.fedgem.local import uncertainty_radius
 from fedica.rfica import client as rfica_client
 from fedica.protocol import (
+    CLUSTER_SHAPE_KEY,
     GEM_EVALUATE,
     GEM_FINAL,
     GEM_INIT,
@@ -296,6 +297,15 @@ def _skewed_moments(task: str, arrays: Arrays, values: Values, honest: tuple[Arr
     return {**reply_arrays, "moments": attacks.skewed_moments(reply_arrays["moments"])}, reply_values
 
 
+def _forged_shape(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
+                  rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """Turn the shape check's verdict round in the final reply (:func:`fedica.attacks.forged_anisotropy`)."""
+    reply_arrays, reply_values = honest
+    if task != GEM_FINAL or CLUSTER_SHAPE_KEY not in reply_values:
+        return honest
+    return reply_arrays, {**reply_values, CLUSTER_SHAPE_KEY: attacks.forged_anisotropy(reply_values[CLUSTER_SHAPE_KEY])}
+
+
 # The attacks that know the server's defences (issue 25), each a reply rewrite of every task.
 _ADAPTIVE_GEM_ATTACKS = {
     "overflow_row": _overflow_row,
@@ -304,6 +314,7 @@ _ADAPTIVE_GEM_ATTACKS = {
     "forged_metrics": _forged_metrics,
     "consistent_forgery": _consistent_forgery,
     "skewed_moments": _skewed_moments,
+    "forged_shape": _forged_shape,
 }
 
 

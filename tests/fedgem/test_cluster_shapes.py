@@ -140,3 +140,21 @@ def test_a_malformed_anisotropy_rejects_the_final_reply_with_its_reason(value, r
     rejection = next(r for r in server.rejected if r["client"] == 1)
     assert rejection["round"] == "final" and CLUSTER_SHAPE_KEY in rejection["reason"] and reason in rejection["reason"]
 
+
+
+@pytest.mark.parametrize("workload, elongated", [("s62_nominal", False), ("digits", True)])
+def test_hostile_sites_that_know_the_rule_can_neither_raise_nor_silence_the_warning_in_a_run(workload, elongated):
+    """``forged_shape``: a quarter of the sites claim an anisotropy of 1e6 where theirs passes and 0 where it does not."""
+    from fedica.config import validate_config
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    def run(*overrides):
+        result = run_inprocess(validate_config(compose_config([
+            "algorithm=fedgem", f"+workload={workload}", "engine=inprocess", "baselines=false", *overrides])))
+        return result, any(SHAPE_WARNING in warning for warning in result["warnings"])
+
+    (honest, honest_warned), (attacked, attacked_warned) = run(), run("attack=forged_shape")
+    assert attacked["fedgem"]["hostile_clients"] and honest_warned == attacked_warned == elongated
+    assert (attacked["fedgem"]["cluster_anisotropy"] > CLUSTER_ANISOTROPY_LIMIT) == elongated
+    assert attacked["metrics"]["fedgem"]["k_hat"] == honest["metrics"]["fedgem"]["k_hat"]
