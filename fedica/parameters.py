@@ -13,8 +13,11 @@ and :data:`RFICA_PARAMETERS` come:
 - the keys of the ``algorithm`` config section and their rules (:mod:`fedica.config`), so that a
   config error reads ``algorithm.name=value: rule`` with the same rule;
 - ``conf/algorithm/<name>.yaml``, which ``tests/test_parameters.py`` holds to exactly these keys
-  and their config defaults (:meth:`Declaration.config_defaults`: the library's default, unless a
-  parameter declares the paper's value for the config apart, as RF-ICA's ``clustering`` does).
+  and these defaults (:meth:`Declaration.config_defaults`), so that ``fedica-run`` and the library
+  compute the same model;
+- the papers' protocols as presets: where the library measured a better setting than the paper's,
+  the parameter declares the paper's value apart (``paper=``), and :meth:`Declaration.paper_preset`
+  gathers them for ``conf/algorithm/<name>_paper.yaml`` and the estimators' ``paper()``.
 
 The option lists stay in the modules that implement them (FastICA's contrasts and starts, the
 benchmark rules); FedGEM's tuning criteria (``UPSILON_CRITERIA``) are defined here because
@@ -60,8 +63,8 @@ MAX_KMEANS_RESTARTS = 1_000
 # (record), or everything one site holds (client).
 DP_UNITS = ("record", "client")
 
-# Parameter.config_default when the config's default is the library's.
-_SAME_DEFAULT = object()
+# Parameter.paper when the paper's protocol uses the library's default.
+_SAME_AS_DEFAULT = object()
 
 # A violated rule: the exception to raise (TypeError: no constraint takes a value of this type)
 # and the rule, worded "must be ...".
@@ -199,10 +202,11 @@ class Parameter:
     in_config : bool, default=True
         A key of the config's ``algorithm`` section; False: a library argument only (the config
         has it at the top level, e.g. ``seed``, or not at all).
-    config_default : object, optional
-        The config's default (``conf/algorithm/<name>.yaml``) where it differs from the library's
-        ``default``: the paper's experiments keep the paper's model while the library defaults to
-        a better one. Omitted: the same as ``default`` (:attr:`run_default`).
+    paper : object, optional
+        The paper's value, where the library's ``default`` is a setting measured better than the
+        paper's protocol: the paper preset (``algorithm=<name>_paper``, ``<Estimator>.paper()``)
+        takes it, so that the papers' experiments keep the papers' numbers. Omitted: the paper's
+        protocol uses ``default`` (:attr:`paper_value`).
     """
 
     name: str
@@ -211,12 +215,12 @@ class Parameter:
     doc: str
     none: bool = False
     in_config: bool = True
-    config_default: Any = field(default=_SAME_DEFAULT)
+    paper: Any = field(default=_SAME_AS_DEFAULT)
 
     @property
-    def run_default(self) -> Any:
-        """The default of a ``fedica-run`` config (the algorithm's YAML): ``config_default``, else ``default``."""
-        return self.default if self.config_default is _SAME_DEFAULT else self.config_default
+    def paper_value(self) -> Any:
+        """The value of the paper's protocol: ``paper``, else ``default``."""
+        return self.default if self.paper is _SAME_AS_DEFAULT else self.paper
 
     def violation(self, value: Any) -> Violation | None:
         """The broken rule of ``value``, or None when it is allowed."""
@@ -247,9 +251,8 @@ class Declaration(Mapping[str, Parameter]):
         for p in parameters:  # a declaration whose default breaks its own rule is a bug here, not the user's
             if p.violation(p.default) is not None:
                 raise AssertionError(f"{algorithm}: the default of {p.name} breaks its rule")
-            if p.config_default is not _SAME_DEFAULT and (not p.in_config or p.violation(p.config_default)):
-                raise AssertionError(
-                    f"{algorithm}: the config default of {p.name} breaks its rule or has no config key")
+            if p.paper is not _SAME_AS_DEFAULT and (not p.in_config or p.violation(p.paper)):
+                raise AssertionError(f"{algorithm}: the paper's value of {p.name} breaks its rule or has no config key")
 
     def __getitem__(self, name: str) -> Parameter:
         return self._parameters[name]
@@ -265,8 +268,12 @@ class Declaration(Mapping[str, Parameter]):
         return {name: p.default for name, p in self._parameters.items()}
 
     def config_defaults(self) -> dict[str, Any]:
-        """The config's default of every key of the ``algorithm`` section (:attr:`Parameter.run_default`)."""
-        return {name: p.run_default for name, p in self._parameters.items() if p.in_config}
+        """The default of every key of the config's ``algorithm`` section: the library's."""
+        return {name: p.default for name, p in self._parameters.items() if p.in_config}
+
+    def paper_preset(self) -> dict[str, Any]:
+        """The paper's value of every parameter whose library default differs from it (the paper preset)."""
+        return {name: p.paper for name, p in self._parameters.items() if p.paper is not _SAME_AS_DEFAULT}
 
     @property
     def config_keys(self) -> tuple[str, ...]:
@@ -306,11 +313,11 @@ FEDGEM_PARAMETERS = Declaration(
               "How upsilon=auto chooses: the sites' federated ICL, or their local silhouettes."),
     # The library lets the federation's evidence join a site's over-split (measured: K_hat 68-74 -> 50-51 at 1,000
     # sites, section 6.2's cluster imbalance .927 -> .971, no workload worse, RESULTS.md "A site's over-split");
-    # the config keeps the paper's strict rule, so every experiment's result stays the paper's method's.
+    # the paper preset keeps the paper's strict rule.
     Parameter("same_client_rule", (Options(SAME_CLIENT_RULES),), "evidence",
               "Two components of one site never share a global cluster (strict), or may when one client or a small "
               "minority of clients hold both clusters and the sites' ICL agrees (evidence).",
-              config_default="strict"),
+              paper="strict"),
     Parameter("guard_factor", _real(0, closed="neither"), 1.5,
               "The tuning prefers K_hat <= guard_factor * sqrt(sum K_g)."),
     Parameter("n_init", _integer(1, MAX_SEEDINGS), 3, "k-means++ seedings per site; the best starts the site."),
@@ -331,17 +338,17 @@ FEDGEM_PARAMETERS = Declaration(
               "Memory budget of one server step, in overlapping pairs of balls; None: no budget.", none=True),
     Parameter("participation", _real(0, 1, "right"), 1.0, "Share of the sites asked in each round."),
     # The library learns each component's variance (results independent of the data's units); the
-    # config keeps the paper's identity covariance, so every experiment's result stays the paper's model's.
+    # paper preset keeps the paper's identity covariance.
     Parameter("covariance_type", (Options(COVARIANCE_TYPES),), "spherical",
               "Each component's covariance: spherical (sigma_k^2 I, learned by its site) or identity (the paper's).",
-              config_default="identity"),
+              paper="identity"),
     # The library labels a site's points with its own mixture over every global centre (measured: global ARI .933 ->
     # .995 at 1,000 sites, the real data sets' mean .525 -> .560, RESULTS.md "How a site labels its points"); the
-    # config keeps the paper's consensus model, so every experiment's result stays the paper's method's.
+    # paper preset keeps the paper's consensus model.
     Parameter("labelling", (Options(LABELLINGS),), "adapted",
               "How a site labels its points: the nearest centre of its own components' clusters (consensus, the "
               "paper's), or its own mixture over every global centre, weights fitted to its points (adapted).",
-              config_default="consensus"),
+              paper="consensus"),
     # Off by default: a feature's unit can be the user's weighting (digits' pixels, one unit, cluster better as
     # shipped than standardised: RESULTS.md "Features in different units"); the scale check warns when it is not.
     Parameter("standardize", (Options(STANDARDIZE_MODES),), None,
@@ -365,16 +372,16 @@ FEDGEM_PARAMETERS = Declaration(
 RFICA_PARAMETERS = Declaration(
     "rfica",
     # logcosh halves the sites' error on every workload of issue 23 (docs/RESULTS.md, "The sites' solver and
-    # contrast"); the config keeps the paper's kurtosis, so that every fedica-run keeps its numbers.
+    # contrast"); the paper preset keeps the paper's kurtosis.
     Parameter("contrast", (Options(CONTRASTS),), LOGCOSH,
               "The local ICA's contrast: logcosh (robust to outliers) or the paper's cube (kurtosis).",
-              config_default=CUBE),
+              paper=CUBE),
     Parameter("init", (Options(INITS),), "random", "Each site's own random FastICA start, or one shared by all."),
     # Picard converges where FastICA reaches its iterations (a noisy site; 64 channels: 100 sites in 51 s where
-    # FastICA had not finished after 13 min); the config keeps the paper's FastICA.
+    # FastICA had not finished after 13 min); the paper preset keeps the paper's FastICA.
     Parameter("local_solver", (Options(SOLVERS),), "picard",
               "The sites' ICA: Picard's orthogonal mode (python-picard, the solver of MNE's ICA) or the paper's "
-              "FastICA.", config_default="fastica"),
+              "FastICA.", paper="fastica"),
     Parameter("n_components", (Interval("integer", 1), Interval("real", 0, 1, "neither")), None,
               "The components estimated: a count, or a share of the variance kept; None: every channel.", none=True),
     Parameter("whitening", (Options(WHITENINGS),), None,
@@ -386,19 +393,18 @@ RFICA_PARAMETERS = Declaration(
     # matched measured better or equal on every workload (docs/RESULTS.md); the paper's runs keep k-means.
     Parameter("clustering", (Options(CLUSTERINGS),), "matched",
               "The server's clustering of columns: matched (one column per site per cluster) or the paper's k-means.",
-              config_default="kmeans"),
+              paper="kmeans"),
     # trimmed_mean measured as robust as the trimmed median on every attack and as accurate as a pooled fit on honest
-    # sites, where a median of a few estimates is not (docs/RESULTS.md); the config keeps the paper's plain median,
-    # as it keeps k-means, so that every fedica-run keeps its numbers.
+    # sites, where a median of a few estimates is not (docs/RESULTS.md); the paper preset keeps the plain median.
     Parameter("center", (Options(CENTERS),), "trimmed_mean",
               "Each cluster's centre: the mean of the members within the cluster's spread of its geometric median, "
               "the geometric median re-taken without the others, or the paper's plain geometric median.",
-              config_default="geometric_median"),
+              paper="geometric_median"),
     # The refinement brings the one-shot estimate to the pooled FastICA's accuracy where the sites' own estimates
-    # fall short (docs/RESULTS.md, issue 23); the config keeps the paper's one-shot protocol.
+    # fall short (docs/RESULTS.md, issue 23); the paper preset keeps the paper's one-shot protocol.
     Parameter("refine_rounds", _integer(0, MAX_ROUNDS), 20,
               "Most steps of the federated FastICA refinement after the one-shot aggregate (one exchange each, "
-              "stopping once converged); 0: the paper's one-shot protocol.", config_default=0),
+              "stopping once converged); 0: the paper's one-shot protocol.", paper=0),
     Parameter("min_clients", _integer(1), 2, "Fewest valid sites the round needs.", in_config=False),
     Parameter("random_state", _integer(0), 0, "Seeds every random stream (the config's seed).", in_config=False),
     # Differential privacy of the one release, per site (fedica.rfica.privacy, docs/ALGORITHMS.md section 1.9).

@@ -104,12 +104,12 @@ def test_todays_defaults_are_unchanged():
                                            "dp_epsilon": None, "dp_delta": 1e-5, "n_jobs": None}
 
 
-def test_only_the_measured_improvements_have_a_config_default_apart():
+def test_only_the_measured_improvements_have_a_paper_value_apart():
     # The library defaults to the measured improvements (learned variances: results independent of the data's
     # units; a site's over-split joined on the federation's evidence; a site's points labelled by its own mixture;
-    # one column per site per cluster; the trimmed mean; Picard with logcosh); the config, which runs the paper's
-    # experiments, keeps the paper's identity covariance, strict same-client rule, consensus labels, k-means,
-    # geometric median, FastICA and cube, so the paper's numbers stay as they were.
+    # one column per site per cluster; the trimmed mean; Picard with logcosh; the refinement); the paper preset,
+    # which runs the paper's experiments, keeps the paper's identity covariance, strict same-client rule, consensus
+    # labels, k-means, geometric median, FastICA, cube and one shot, so the paper's numbers stay as they were.
     expected = {"fedgem": {"covariance_type": ("spherical", "identity"), "same_client_rule": ("evidence", "strict"),
                            "labelling": ("adapted", "consensus")},
                 "rfica": {"clustering": ("matched", "kmeans"), "center": ("trimmed_mean", "geometric_median"),
@@ -118,17 +118,25 @@ def test_only_the_measured_improvements_have_a_config_default_apart():
     for declaration in (FEDGEM_PARAMETERS, RFICA_PARAMETERS):
         library, config = declaration.defaults(), declaration.config_defaults()
         assert list(config) == list(declaration.config_keys)
-        apart = {k: (library[k], v) for k, v in config.items() if v != library[k]}
+        assert config == {k: library[k] for k in declaration.config_keys}  # one set of defaults
+        apart = {k: (library[k], v) for k, v in declaration.paper_preset().items()}
         assert apart == expected[declaration.algorithm]
     assert FEDGEM_PARAMETERS["covariance_type"].constraints[0].values is geometry.COVARIANCE_TYPES
 
 
-def test_a_config_default_breaking_its_rule_or_without_a_config_key_is_refused_when_declared():
-    with pytest.raises(AssertionError, match="the config default of c breaks its rule"):
-        parameters.Declaration("x", Parameter("c", (Options(("a", "b")),), "a", "", config_default="z"))
-    with pytest.raises(AssertionError, match="the config default of c breaks its rule or has no config key"):
-        parameters.Declaration("x", Parameter("c", (Options(("a", "b")),), "a", "", in_config=False,
-                                              config_default="b"))
+def test_a_paper_value_breaking_its_rule_or_without_a_config_key_is_refused_when_declared():
+    with pytest.raises(AssertionError, match="the paper's value of c breaks its rule"):
+        parameters.Declaration("x", Parameter("c", (Options(("a", "b")),), "a", "", paper="z"))
+    with pytest.raises(AssertionError, match="the paper's value of c breaks its rule or has no config key"):
+        parameters.Declaration("x", Parameter("c", (Options(("a", "b")),), "a", "", in_config=False, paper="b"))
+
+
+@pytest.mark.parametrize("estimator, declaration", [(fedica.FedGEM, FEDGEM_PARAMETERS),
+                                                    (fedica.RFICA, RFICA_PARAMETERS)])
+def test_the_estimators_paper_preset_is_the_declared_one(estimator, declaration):
+    assert estimator.paper().get_params() == {**declaration.defaults(), **declaration.paper_preset()}
+    assert estimator.paper(random_state=3).get_params() == {**declaration.defaults(), **declaration.paper_preset(),
+                                                            "random_state": 3}
 
 
 def _signature_defaults(function):
@@ -161,19 +169,39 @@ def test_the_server_settings_and_the_strategies_take_the_declared_defaults():
 
 @pytest.mark.parametrize("name, declaration", [("fedgem", FEDGEM_PARAMETERS), ("rfica", RFICA_PARAMETERS)])
 def test_the_algorithm_yaml_holds_exactly_the_declared_keys_and_defaults(name, declaration):
-    from omegaconf import OmegaConf
-
     conf = yaml.safe_load((CONF_DIR / "algorithm" / f"{name}.yaml").read_text())
     values = {k: v for k, v in conf.items() if k not in ("defaults", "name")}
     assert list(values) == list(declaration.config_keys)
-    # A key may take the scenario's value where the scenario names one (scenario=files: the library's model);
-    # a scenario that names none gives the config default.
-    values = OmegaConf.to_container(OmegaConf.create({"scenario": {}, "algorithm": values}), resolve=True)["algorithm"]
     assert values == {k: list(v) if isinstance(v, tuple) else v for k, v in declaration.config_defaults().items()}
     for key, value in values.items():
-        default = declaration[key].run_default
-        assert (list(default) if isinstance(default, tuple) else default) == value, key
+        default = declaration[key].default
         assert type(value) is type(default) or isinstance(default, tuple), key
+
+
+@pytest.mark.parametrize("name, declaration", [("fedgem", FEDGEM_PARAMETERS), ("rfica", RFICA_PARAMETERS)])
+def test_the_paper_yaml_is_the_algorithm_with_the_declared_paper_values(name, declaration):
+    from hydra import compose, initialize_config_module
+
+    conf = yaml.safe_load((CONF_DIR / "algorithm" / f"{name}_paper.yaml").read_text())
+    assert conf["defaults"] == [name, "_self_"]
+    assert {k: v for k, v in conf.items() if k != "defaults"} == declaration.paper_preset()
+    with initialize_config_module("fedica.conf", version_base=None):
+        library = compose("config", [f"algorithm={name}"])
+        paper = compose("config", [f"algorithm={name}_paper"])
+    assert paper.algorithm == {**library.algorithm, **declaration.paper_preset()}
+    assert paper.scenario == library.scenario
+
+
+def test_every_paper_experiment_runs_the_paper_preset():
+    # The papers' figures and tables keep their numbers: every experiment composes algorithm=<name>_paper.
+    from hydra import compose, initialize_config_module
+
+    experiments = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+    assert len(experiments) >= 17
+    with initialize_config_module("fedica.conf", version_base=None):
+        for experiment in experiments:
+            cfg = compose("config", [f"+experiment={experiment}"], return_hydra_config=True)
+            assert cfg.hydra.runtime.choices.algorithm == f"{cfg.algorithm.name}_paper", experiment
 
 
 # ---------------------------------------------------------------- the strategies refuse at construction
@@ -279,11 +307,8 @@ def test_rfica_aggregate_names_a_wrong_count_of_sample_sizes(no_work):
         fedica.RFICA().aggregate(np.stack([np.eye(2)] * 3), [10, 10])
 
 
-def test_scenario_files_takes_the_librarys_fedgem_model():
-    # A user's files come in their own units: scenario=files names the library's covariance (learned variances)
-    # and same-client rule, which the FedGEM config takes unless algorithm.<key> is given.
+def test_scenario_files_names_no_model_of_its_own():
+    # One set of defaults: a user's files are clustered with the algorithm's (the library's) model, as every scenario.
     files = yaml.safe_load((CONF_DIR / "scenario" / "files.yaml").read_text())
-    for key in ("covariance_type", "same_client_rule"):
-        assert files[key] == FEDGEM_PARAMETERS[key].default != FEDGEM_PARAMETERS[key].run_default
-        assert yaml.safe_load((CONF_DIR / "algorithm" / "fedgem.yaml").read_text())[key] == (
-            f"${{oc.select:scenario.{key},{FEDGEM_PARAMETERS[key].run_default}}}")
+    assert not {"covariance_type", "same_client_rule", "labelling"} & set(files)
+    assert "oc.select" not in (CONF_DIR / "algorithm" / "fedgem.yaml").read_text()

@@ -53,9 +53,7 @@ from fedica.data.recordings import (
     recordings_true_mixing,
 )
 from fedica.data.signals import signals_client_data, signals_roles, signals_true_mixing
-from fedica.fedgem.geometry import COVARIANCE_TYPES, LABELLINGS
 from fedica.fedgem.standardisation import STANDARDISATION_KEY, decode_standardisation, in_request_units, standardised
-from fedica.parameters import SAME_CLIENT_RULES
 from fedica.validation import check_partition, check_seed
 
 if TYPE_CHECKING:  # the config's checker of one section; fedica.config imports this module, not the reverse
@@ -216,9 +214,7 @@ def _check_files(sc: Checker) -> None:
     # null: held out only when there are labels to score it against (load_client_file's test_fraction).
     sc.each(lambda: _check_file_list(sc), lambda: _check_write_sources_off(sc),
             lambda: sc.get("test_fraction") is None or sc.number("test_fraction", low=0, high=1, high_open=True),
-            lambda: _check_n_components(sc), lambda: sc.choice("covariance_type", COVARIANCE_TYPES),
-            lambda: sc.choice("same_client_rule", SAME_CLIENT_RULES), lambda: sc.choice("labelling", LABELLINGS),
-            lambda: sc.get("standardize") is None or sc.choice("standardize", FILE_STANDARDIZE))
+            lambda: _check_n_components(sc), lambda: sc.get("standardize") is None or sc.choice("standardize", FILE_STANDARDIZE))
 
 
 def _check_sklearn_real(sc: Checker) -> None:
@@ -390,8 +386,7 @@ def _labelled(name: str, keys: tuple[str, ...], make: Callable[..., ClientData],
 # How many copies of its points a blobs run holds at its peak (see its entry's data_values).
 BLOBS_COPIES = 3
 _CLASS_KEYS = ("n_clients", "test_fraction", "k_min", "k_max")
-_FILE_KEYS = ("paths", "label_column", "n_components", "test_fraction", "write_sources", "covariance_type",
-              "same_client_rule", "labelling", "standardize")
+_FILE_KEYS = ("paths", "label_column", "n_components", "test_fraction", "write_sources", "standardize")
 # scenario=files' standardize (FedGEM only; null: the files' own units): every column by the mean and standard
 # deviation of every row of every file (pool; the local engines only, which read every file on this machine),
 # or each file by its own (site).

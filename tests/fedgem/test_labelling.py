@@ -35,7 +35,7 @@ def _log_likelihood(X, centres, weights, variance):
 
 def test_the_options_are_the_declared_ones():
     assert LABELLINGS == ("consensus", "adapted")
-    assert fedica.parameters.FEDGEM_PARAMETERS["labelling"].config_default == "consensus"
+    assert fedica.parameters.FEDGEM_PARAMETERS["labelling"].paper == "consensus"
 
 
 @pytest.mark.parametrize("covariance_type", ["identity", "spherical"])
