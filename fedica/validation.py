@@ -81,6 +81,33 @@ def check_test_fraction(test_fraction) -> float:
     return float(test_fraction)
 
 
+def is_site_list(X) -> bool:
+    """Whether ``X`` is the federation's list form (one array per site) rather than scikit-learn's one array."""
+    return isinstance(X, (list, tuple)) and len(X) > 0 and all(
+        len(getattr(site, "shape", ())) == 2
+        or (isinstance(site, (list, tuple)) and len(site) > 0 and isinstance(site[0], (list, tuple)))
+        for site in X)
+
+
+def sites_of_rows(X, groups) -> tuple[list, list[np.ndarray] | None]:
+    """scikit-learn's form of a federation: the rows of one array ``X``, assigned to sites by ``groups``.
+
+    ``X`` is already checked (a 2-D float array or a DataFrame); ``groups`` (as scikit-learn's ``GroupKFold``
+    takes them) holds one site label per row, any hashable values, the sites in their sorted order; None: one
+    site, a federation of one. Returns the sites' rows and, with ``groups``, each site's row indices in ``X``
+    (so that per-row results go back in ``X``'s order); None without.
+    """
+    if groups is None:
+        return [X], None
+    labels = np.asarray(groups)
+    if labels.ndim != 1 or labels.shape[0] != X.shape[0]:
+        raise ValueError(f"groups must hold one site label per row of X ({X.shape[0]}), got shape {labels.shape}")
+    _, codes = np.unique(labels, return_inverse=True)
+    rows = [np.flatnonzero(codes == g) for g in range(codes.max() + 1)]
+    take = (lambda index: X.iloc[index]) if hasattr(X, "iloc") else (lambda index: X[index])
+    return [take(index) for index in rows], rows
+
+
 def check_sites(sites, *, min_sites: int, min_rows) -> list[np.ndarray]:
     """A federation given as arrays: a sequence of 2-D float arrays, one per site, with one width.
 

@@ -22,6 +22,7 @@ ICA = ["scenario.n_clients=8", "scenario.r=4", "scenario.n_normal=2000", "scenar
        "scenario.corrupt_ratio=0.25", "engine=inprocess", "seed=5"]
 
 
+@pytest.mark.slow
 def test_import_fedica_imports_no_flower_hydra_or_ray():
     code = ("import sys, fedica; fedica.FedGEM; fedica.RFICA; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'flwr', 'hydra', 'omegaconf', 'ray'}))")
@@ -68,7 +69,7 @@ def test_fedgem_estimator_conventions_and_predict():
     assert set(np.unique(model.predict(sites[0].X_test))) <= set(range(model.n_clusters_))
     with pytest.raises(ValueError, match="features"):
         model.fit([np.zeros((10, 2)), np.zeros((10, 3))], 2)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match="^X has 5 features, but FedGEM is expecting 2 features as input"):
         model.predict(np.zeros((4, 5)))
 
 
@@ -105,16 +106,20 @@ def test_rfica_fit_equals_the_inprocess_federated_run():
     sites = [ica_client_data(p, n_clients=sc["n_clients"], r=sc["r"], corrupt_ratio=sc["corrupt_ratio"],
                              n_normal=sc["n_normal"], n_corrupt=sc["n_corrupt"], sparsity=sc["sparsity"],
                              orthogonal=sc["orthogonal"], seed=cfg["seed"]).T for p in range(sc["n_clients"])]
-    # The run's algorithm settings (the paper's contrast and clustering, where the library's defaults differ).
+    # The run's algorithm settings: the library's defaults (one set for both).
+    defaults = fedica.RFICA().get_params()
+    assert {k: v for k, v in cfg["algorithm"].items() if k != "name"} == {k: defaults[k] for k in cfg["algorithm"]
+                                                                          if k != "name"}
     settings = {k: v for k, v in cfg["algorithm"].items() if k != "name"}
     model = fedica.RFICA(random_state=cfg["seed"], **settings).fit(sites)
     np.testing.assert_allclose(model.mixing_, np.asarray(result["rfica"]["estimate"]), rtol=0, atol=1e-12)
     np.testing.assert_allclose(model.f_ica_, np.asarray(result["rfica"]["estimates"]["f-ica"]), rtol=0, atol=1e-12)
     assert ica_error(model.mixing_, ica_true_mixing(r=sc["r"], orthogonal=True, seed=cfg["seed"])) == pytest.approx(
         result["metrics"]["rf-ica"]["error"], abs=1e-12)
-    # aggregate() on the sites' own estimates is the server step alone: the same estimate.
+    # aggregate() on the sites' own estimates is the server step alone: the one-shot estimate, before the refinement.
     again = fedica.RFICA(random_state=cfg["seed"], **settings).aggregate(model.site_mixings_, [s.shape[0] for s in sites])
-    np.testing.assert_allclose(again.mixing_, model.mixing_, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(again.mixing_, model.one_shot_mixing_, rtol=0, atol=1e-12)
+    assert model.refinement_ and np.abs(model.mixing_ - model.one_shot_mixing_).max() > 1e-6
 
 
 def test_rfica_reports_every_site_s_local_ica():
@@ -272,7 +277,7 @@ def test_the_new_methods_refuse_unfitted_estimators_and_wrong_widths(fitted_fedg
             getattr(fedica.FedGEM(), method)(X)
         with pytest.raises(ValueError) as info:
             getattr(fitted_fedgem[1], method)(np.zeros((4, 5)))
-        assert str(info.value) == "X must have shape (n_samples, 2), got (4, 5)"
+        assert str(info.value) == "X has 5 features, but FedGEM is expecting 2 features as input."  # scikit-learn's
     with pytest.raises(NotFittedError):
         fedica.RFICA().inverse_transform(X)
 

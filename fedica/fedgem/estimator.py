@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 from scipy.spatial.distance import cdist
 from scipy.special import logsumexp
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.exceptions import NotFittedError
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from fedica.data.common import ClientData
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
@@ -26,12 +26,12 @@ from fedica.persistence import SaveLoadMixin, read_result
 from fedica.protocol import ArraySite, InMemoryFederation
 from fedica.seeding import generator, sklearn_seed
 from fedica.tasks import CLIENT_TASKS
-from fedica.validation import check_columns, check_seed, check_sites, column_names
+from fedica.validation import check_columns, check_seed, check_sites, column_names, is_site_list, sites_of_rows
 
 _P = FEDGEM_PARAMETERS  # short, for the signature below
 
 
-class FedGEM(SaveLoadMixin, BaseEstimator):
+class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
     """Federated generalized EM for isotropic Gaussian mixtures when the global K is unknown.
 
     Each site runs EM steps on its own points and shares, per component, its M-step maximiser
@@ -104,8 +104,7 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     covariance_type : {"spherical", "identity"}, default="spherical"
         Each component's covariance. "spherical": ``sigma_k^2 I`` with ``sigma_k^2`` learned by its
         site (never merged), which makes the result independent of the data's units; "identity":
-        the paper's unit covariance (the default of ``fedica-run``'s config, for the paper's
-        experiments). docs/ALGORITHMS.md section 2.11.
+        the paper's unit covariance (:meth:`paper`). docs/ALGORITHMS.md section 2.11.
     labelling : {"adapted", "consensus"}, default="adapted"
         How a site's points get their global ids (``labels_``, ``predict(X, site)``). "adapted": by
         the site's own mixture over every global centre, its weights (and, under "spherical", one
@@ -154,8 +153,9 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     feature_location_, feature_scale_ : ndarray of shape (n_features,) or None
         Under ``standardize="federated"``: every feature's location and scale, the points' standardisation
         ``(X - feature_location_) / feature_scale_`` that the sites clustered; None otherwise.
-    labels_ : list of ndarray of shape (n_samples_g,)
-        Each site's points labelled with global cluster ids (``labelling``: by the site's own mixture,
+    labels_ : ndarray of shape (n_samples,), or list of ndarray of shape (n_samples_g,)
+        Fitted on one array ``X``: its rows' global cluster ids, in its order (-1 for the rows of a site left
+        out of the final stage). Fitted on a list of sites: each site's points labelled with global cluster ids (``labelling``: by the site's own mixture,
         or by its consensus model).
     site_mapping_ : list of ndarray of shape (K_g,)
         The global id of each of a site's local components.
@@ -251,13 +251,20 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.dp_clip = dp_clip
         self.dp_unit = dp_unit
 
-    def fit(self, sites: Sequence[Any], n_local_clusters: int | Sequence[int] | None = None) -> FedGEM:
+    def fit(self, X, y=None, *, groups=None, n_local_clusters: int | Sequence[int] | None = None) -> FedGEM:
         """Run FedGEM over the sites.
 
         Parameters
         ----------
-        sites : sequence of array-like of shape (n_samples_g, n_features)
-            One array per site, all with the same number of features.
+        X : array-like of shape (n_samples, n_features), or a sequence of them
+            scikit-learn's form: one array (or DataFrame) whose rows ``groups`` assigns to sites; the
+            federation's form: one array per site, all with the same features.
+        y : None
+            Ignored (scikit-learn's convention for a clusterer). In the federation's form only, a second
+            positional argument is taken as ``n_local_clusters``, as fedica has always read it.
+        groups : array-like of shape (n_samples,), default=None
+            With one array ``X``: each row's site (any labels, as scikit-learn's ``GroupKFold`` takes them;
+            the sites in their sorted order). None: one site, a federation of one.
         n_local_clusters : int, sequence of int or None, default=None
             K_g of every site (one int), of each site (a sequence), or None: each site chooses
             its own (:func:`fedica.fedgem.local.choose_n_components`: the ICL over spherical
@@ -271,8 +278,21 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         # Every argument is checked before any work: a mistake is one line naming it, not a failure after the rounds.
         FEDGEM_PARAMETERS.check(self.get_params())
         seed = check_seed(self.random_state)
-        data = check_sites(sites, min_sites=2, min_rows=lambda d: 2)
-        self.feature_names_in_ = column_names(sites)
+        one_array = not is_site_list(X)
+        if not one_array:
+            if groups is not None:
+                raise ValueError("groups: give either one array X with groups, or a list of sites without")
+            if n_local_clusters is None and y is not None:
+                n_local_clusters = y
+            sites, rows = X, None
+            names = column_names(sites)
+        else:
+            names = column_names([X])
+            X = validate_data(self, X, dtype=np.float64, ensure_min_samples=2)
+            sites, rows = sites_of_rows(X, groups)
+        data = check_sites(sites, min_sites=1, min_rows=lambda d: 2)
+        self.n_features_in_ = data[0].shape[1]
+        self.feature_names_in_ = names
         if self.dp_epsilon is not None and n_local_clusters is None:
             raise ValueError("n_local_clusters=None: a private fit needs each site's K_g (a site's own choice is not private)")
         # The sites choose K_g on the points they will fit: standardised by what the protocol's first exchange
@@ -291,25 +311,44 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
             component_cap_factor=self.component_cap_factor, max_hostile_fraction=self.max_hostile_fraction,
             max_overlap_pairs=self.max_overlap_pairs,
             participation=self.participation, covariance_type=self.covariance_type, labelling=self.labelling,
-            standardize=self.standardize, min_clients=self.min_clients, seed=seed,
+            standardize=self.standardize, seed=seed,
+            # The sites are all here: a federation of fewer sites than min_clients is the one the caller has.
+            min_clients=min(self.min_clients, len(data)),
             dp_epsilon=self.dp_epsilon, dp_delta=self.dp_delta, dp_clip=self.dp_clip, dp_unit=self.dp_unit)
         server = FedGEMServer(settings, evaluate=False)
         sites = {g: ArraySite(ClientData(X, None, X[:0], None, int(k)), g)
                  for g, (X, k) in enumerate(zip(data, self.n_local_clusters_))}
         InMemoryFederation(sites, CLIENT_TASKS, server.rejected).run(server.run())
         self._store(server, data)
+        if one_array:
+            self.labels_ = _labels_in_row_order(self.labels_, rows, data)
         return self
 
-    def fit_predict(self, sites: Sequence[Any], n_local_clusters: int | Sequence[int] | None = None) -> list:
-        """Fit on the sites (:meth:`fit`), then return ``labels_``.
+    def fit_predict(self, X, y=None, *, groups=None, n_local_clusters: int | Sequence[int] | None = None):
+        """Fit (:meth:`fit`), then return ``labels_``.
 
         Returns
         -------
-        labels : list of ndarray of shape (n_samples_g,)
-            Each site's points labelled with global cluster ids (None for a site left out of the
-            final stage).
+        labels : ndarray of shape (n_samples,), or a list of them
+            With one array ``X``: its rows' global cluster ids, in its order (-1 for the rows of a site
+            left out of the final stage). With a list of sites: each site's (None for a site left out).
         """
-        return self.fit(sites, n_local_clusters).labels_
+        return self.fit(X, y, groups=groups, n_local_clusters=n_local_clusters).labels_
+
+    @classmethod
+    def paper(cls, **params) -> FedGEM:
+        """FedGEM as the paper runs it: the preset ``algorithm=fedgem_paper`` of ``fedica-run``.
+
+        The identity covariance, two components of one site never in one global cluster, and each
+        site labelling its points by its consensus model (the values ``paper=`` in
+        :data:`fedica.parameters.FEDGEM_PARAMETERS`); ``params`` set any parameter besides.
+
+        Returns
+        -------
+        estimator : FedGEM
+            Unfitted.
+        """
+        return cls(**{**FEDGEM_PARAMETERS.paper_preset(), **params})
 
     @classmethod
     def from_result(cls, path: str | os.PathLike) -> FedGEM:
@@ -445,8 +484,8 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
     def _rows(self, X) -> np.ndarray:
         check_is_fitted(self, "means_")
         check_columns(X, getattr(self, "feature_names_in_", None))  # None in an estimator saved before it
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[1] != self.means_.shape[1]:
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        if X.shape[1] != self.means_.shape[1]:  # an estimator rebuilt from a result or an older file names no width
             raise ValueError(f"X must have shape (n_samples, {self.means_.shape[1]}), got {X.shape}")
         return X
 
@@ -524,6 +563,16 @@ class FedGEM(SaveLoadMixin, BaseEstimator):
         self.cluster_anisotropy_ = server.cluster_anisotropy
         self.history_ = server.history
         self.rejected_ = server.rejected
+
+
+def _labels_in_row_order(site_labels: list, rows: list[np.ndarray] | None, data: list[np.ndarray]) -> np.ndarray:
+    """The sites' labels as one array in the order of the rows of scikit-learn's one ``X`` (-1: a site left out)."""
+    rows = rows if rows is not None else [np.arange(data[0].shape[0])]
+    labels = np.full(sum(index.size for index in rows), -1, dtype=np.int64)
+    for index, site in zip(rows, site_labels):
+        if site is not None:
+            labels[index] = site
+    return labels
 
 
 # The global mixture of predict_proba and score_samples (docs/ALGORITHMS.md section 2.12) is

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from numbers import Integral
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from fedica.data.common import ClientData
 from fedica.parameters import RFICA_PARAMETERS
@@ -22,7 +21,7 @@ from fedica.rfica.coordinator import (
 )
 from fedica.rfica.privacy import check_covered
 from fedica.tasks import CLIENT_TASKS
-from fedica.validation import check_columns, check_seed, check_sites, column_names
+from fedica.validation import check_columns, check_seed, check_sites, column_names, is_site_list, sites_of_rows
 
 _P = RFICA_PARAMETERS  # short, for the signature below
 
@@ -49,13 +48,13 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     ----------
     contrast : {"logcosh", "cube"}, default="logcosh"
         The local ICA's contrast: ``"logcosh"`` (robust to outliers; half the error of the cube on
-        every measured workload) or the paper's kurtosis criterion ``"cube"`` (the config's default).
+        every measured workload) or the paper's kurtosis criterion ``"cube"``.
     init : {"random", "shared"}, default="random"
         Each site's own random FastICA start, or one start shared by all (paper appendix D).
     local_solver : {"picard", "fastica"}, default="picard"
         The sites' ICA: python-picard's orthogonal Picard (Picard-O, the solver of MNE's ICA; it
         converges on the noisy sites where FastICA reaches its iterations), or scikit-learn's
-        symmetric FastICA (the paper's, and the config's default).
+        symmetric FastICA (the paper's).
     n_components : int, float or None, default=None
         The components estimated: a count (at most n_features); a float in (0, 1), the share of
         the variance kept (the fewest principal components that keep it, as MNE's ICA counts);
@@ -77,17 +76,16 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     clustering : {"matched", "kmeans"}, default="matched"
         The server's clustering of all sites' columns: k-means refined so that every site has
         exactly one column in each cluster (docs/ALGORITHMS.md section 1.4.1), or the paper's
-        ``"kmeans"`` (the config's default, so the paper's experiments keep it).
+        ``"kmeans"``.
     center : {"trimmed_mean", "trimmed_geometric_median", "geometric_median"}, default="trimmed_mean"
         Each cluster's centre (a column of ``mixing_``): the mean of its members within the
         cluster's own spread of its geometric median (docs/ALGORITHMS.md section 1.4.2; never
         more than half of a cluster is left out), the geometric median re-taken from those members,
-        or the paper's plain geometric median (the config's default, so that every ``fedica-run``
-        keeps its numbers).
+        or the paper's plain geometric median.
     min_clients : int, default=2
     random_state : int, default=0
-        Seeds every random stream; the same seed, data and parameters give the same result as ``fedica-run``
-        (whose ``clustering`` is the paper's ``kmeans`` unless ``algorithm.clustering=matched``).
+        Seeds every random stream; the same seed, data and parameters give the same result as ``fedica-run``,
+        whose defaults are these.
     dp_epsilon : float or None, default=None
         Differential privacy of each site's one release, per site (docs/ALGORITHMS.md section 1.9):
         every site sends its estimate's unit columns plus Gaussian noise calibrated so that the
@@ -101,8 +99,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         averages over its samples at the current estimate, the server combines them robustly (a
         site whose averages stand far beyond the others' is set aside) and steps; it stops once
         converged (typically 3 to 10 steps). It brings the estimate to the pooled FastICA's
-        accuracy where the sites' own estimates fall short. 0: the paper's one-shot protocol (the
-        config's default). Only :meth:`fit` refines (:meth:`aggregate` has no data).
+        accuracy where the sites' own estimates fall short. 0: the paper's one-shot protocol. Only :meth:`fit` refines (:meth:`aggregate` has no data).
 
     n_jobs : int or None, default=None
         Threads on which the sites compute their ICA and refinement averages, as scikit-learn
@@ -187,14 +184,20 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.dp_delta = dp_delta
         self.n_jobs = n_jobs
 
-    def fit(self, sites: Sequence, y=None) -> RFICA:
+    def fit(self, X, y=None, *, groups=None) -> RFICA:
         """Run the local ICA on every site, then the robust aggregation.
 
         Parameters
         ----------
-        sites : sequence of array-like of shape (n_samples_g, n_features)
-            One array of observations per site, the same channels everywhere, in any memory
-            order (a C- or an F-ordered array gives the same result).
+        X : array-like of shape (n_samples, n_features), or a sequence of them
+            scikit-learn's form: one array (or DataFrame) of observations whose rows ``groups``
+            assigns to sites; the federation's form: one array per site, the same channels
+            everywhere. Any memory order (a C- or an F-ordered array gives the same result).
+        y : None
+            Ignored (scikit-learn's convention).
+        groups : array-like of shape (n_samples,), default=None
+            With one array ``X``: each row's site (any labels, as scikit-learn's ``GroupKFold`` takes
+            them; the sites in their sorted order). None: one site, a federation of one.
 
         Returns
         -------
@@ -202,11 +205,20 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         """
         RFICA_PARAMETERS.check(self.get_params())  # before any work: a mistake is one line naming the argument
         check_covered(self.get_params())
+        if is_site_list(X):
+            if groups is not None:
+                raise ValueError("groups: give either one array X with groups, or a list of sites without")
+            sites, names = X, column_names(X)
+        else:
+            names = column_names([X])
+            X = validate_data(self, X, dtype=np.float64, ensure_min_samples=2)
+            sites, _ = sites_of_rows(X, groups)
         data = check_sites(sites, min_sites=1, min_rows=lambda d: d + 1)
-        self.feature_names_in_ = column_names(sites)
+        self.n_features_in_ = data[0].shape[1]
+        self.feature_names_in_ = names
         if isinstance(self.n_components, Integral) and self.n_components > data[0].shape[1]:
             raise ValueError(f"n_components={self.n_components}: must be at most the {data[0].shape[1]} features")
-        state = self._state(data[0].shape[1])
+        state = self._state(data[0].shape[1], len(data))
         sites = {g: ArraySite(ClientData(X, None, X[:0], None, 1), g) for g, X in enumerate(data)}
         InMemoryFederation(sites, CLIENT_TASKS, state.rejected, n_jobs=self.n_jobs).run(rfica_protocol(state))
         sizes = np.array([X.shape[0] for X in data], dtype=float)
@@ -239,7 +251,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         if sizes.shape != (stack.shape[0],) or sizes.dtype.kind not in "iu" or np.any(sizes < 1):
             raise ValueError(f"n_samples={n_samples!r}: must be one positive integer count per site "
                              f"({stack.shape[0]} sites)")
-        state = self._state(stack.shape[1])
+        state = self._state(stack.shape[1], stack.shape[0])
         state.components = stack.shape[2]
         receive_estimates(state, [Reply(g, {"mixing": m}, {"n-samples": int(n)}) for g, (m, n) in enumerate(zip(stack, sizes))])
         if not state.estimates:
@@ -254,8 +266,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         """The sources of observations ``X``, shape (n_samples, n_features)."""
         check_is_fitted(self, "components_")
         check_columns(X, getattr(self, "feature_names_in_", None))  # None in an estimator saved before it
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[1] != self.components_.shape[1]:
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        if X.shape[1] != self.components_.shape[1]:  # an estimator rebuilt from a result names no width
             raise ValueError(f"X must have shape (n_samples, {self.components_.shape[1]}), got {X.shape}")
         return (X - self.mean_) @ self.components_.T
 
@@ -276,6 +288,21 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         if S.ndim != 2 or S.shape[1] != self.mixing_.shape[1]:
             raise ValueError(f"S must have shape (n_samples, {self.mixing_.shape[1]}), got {S.shape}")
         return S @ self.mixing_.T + self.mean_
+
+    @classmethod
+    def paper(cls, **params) -> RFICA:
+        """RF-ICA as the paper runs it: the preset ``algorithm=rfica_paper`` of ``fedica-run``.
+
+        FastICA with the kurtosis contrast at every site, k-means over every site's columns, each
+        cluster's plain geometric median and no refinement (the values ``paper=`` in
+        :data:`fedica.parameters.RFICA_PARAMETERS`); ``params`` set any parameter besides.
+
+        Returns
+        -------
+        estimator : RFICA
+            Unfitted.
+        """
+        return cls(**{**RFICA_PARAMETERS.paper_preset(), **params})
 
     @classmethod
     def from_result(cls, path: str | os.PathLike) -> RFICA:
@@ -323,13 +350,14 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         model.smallest_channel_scale_ = section.get("smallest_channel_scale")
         return model
 
-    def _state(self, r: int) -> RFICAState:
+    def _state(self, r: int, n_sites: int) -> RFICAState:
         return RFICAState(contrast=self.contrast, init=self.init, local_solver=self.local_solver,
                           n_components=self.n_components, whitening=self.whitening, benchmark=self.benchmark,
                           kmeans_restarts=self.kmeans_restarts, gm_tol=self.gm_tol, clustering=self.clustering,
                           center=self.center, dp_epsilon=self.dp_epsilon, dp_delta=self.dp_delta,
                           refine_rounds=self.refine_rounds, seed=check_seed(self.random_state),
-                          min_clients=self.min_clients, r=r)
+                          # The sites are all here: a federation of fewer than min_clients is the caller's.
+                          min_clients=min(self.min_clients, n_sites), r=r)
 
     def _store(self, state: RFICAState) -> RFICA:
         agg = state.aggregate

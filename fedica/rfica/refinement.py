@@ -146,6 +146,11 @@ def refinement_step(statistics, unmixing, *, gm_tol=1e-10):
     return fastica_step(unmixing, covariance, mean[r * r:2 * r * r].reshape(r, r), mean[2 * r * r:]), kept
 
 
+# The fewest columns in a cluster for which the refinement's spread guard applies: a minority needs a majority
+# beside it, and the spread of one or two columns (zero for one site: a federation of one) bounds nothing.
+MIN_GUARDED_MEMBERS = 3
+
+
 def within_one_shot_spread(refined, clusters, *, gm_tol=1e-10) -> np.ndarray:
     """Which refined columns lie within the spread the one-shot aggregate's cut allows their cluster.
 
@@ -153,7 +158,8 @@ def within_one_shot_spread(refined, clusters, *, gm_tol=1e-10) -> np.ndarray:
     aggregated them); the bound is :data:`WIDE_CUT_FACTOR` times the trimmed centre's cut around
     the cluster's geometric median (docs/ALGORITHMS.md 1.4.2). A refinement that a minority
     steers (every step within its own cut, so the steps compound) ends outside; an honest one
-    moves towards the pooled fit, inside the honest columns' own spread.
+    moves towards the pooled fit, inside the honest columns' own spread. A cluster of fewer than
+    :data:`MIN_GUARDED_MEMBERS` columns is inside: no minority can steer it.
 
     Parameters
     ----------
@@ -167,6 +173,8 @@ def within_one_shot_spread(refined, clusters, *, gm_tol=1e-10) -> np.ndarray:
     """
     inside = np.ones(refined.shape[1], dtype=bool)
     for j, members in enumerate(clusters):
+        if members.shape[0] < MIN_GUARDED_MEMBERS:
+            continue  # one or two sites hold no minority to guard against, and their spread is no measure of one
         median = geometric_median(members, tol=gm_tol)
         spread = np.median(np.linalg.norm(members - median, axis=1))
         bound = WIDE_CUT_FACTOR * trim_cut(max(members.shape[1] - 1, 1), members.shape[0]) * spread
