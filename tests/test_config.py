@@ -53,13 +53,18 @@ def test_default_configs_are_valid(rfica_cfg, fedgem_cfg):
 
 
 @pytest.mark.parametrize("scenario", ["blobs", "waveform", "digits"])
-def test_every_fedgem_scenario_composes(scenario):
-    validate_config(compose_config(["algorithm=fedgem", f"scenario={scenario}"]))
+def test_every_fedgem_scenario_composes_with_the_librarys_defaults(scenario):
+    checked = validate_config(compose_config(["algorithm=fedgem", f"scenario={scenario}"]))
+    assert (checked["algorithm"]["name"], checked["scenario"]["name"]) == ("fedgem", scenario)
+    defaults = {k: list(v) if isinstance(v, tuple) else v for k, v in parameters.FEDGEM_PARAMETERS.config_defaults().items()}
+    assert {k: v for k, v in checked["algorithm"].items() if k != "name"} == defaults  # no scenario names its own
 
 
 @pytest.mark.parametrize("engine", ["simulation", "inprocess", "deployment"])
 def test_every_engine_composes(engine):
-    validate_config(compose_config([f"engine={engine}"]))
+    checked = validate_config(compose_config([f"engine={engine}"]))
+    assert checked["engine"]["name"] == engine
+    assert set(checked["engine"]) == {"name", *config.SECTION_KEYS["engine"][engine]}
 
 
 # ---------------------------------------------------------------- the returned config
@@ -186,6 +191,7 @@ def _fedica_run(tmp_path, *overrides):
         (["seed=${nope}"], "Interpolation key 'nope' not found"),
     ],
 )
+@pytest.mark.slow
 def test_fedica_run_refuses_with_one_line_and_status_2(tmp_path, overrides, line):
     done = _fedica_run(tmp_path, *overrides)
     assert done.returncode == 2, done.stderr
@@ -194,6 +200,7 @@ def test_fedica_run_refuses_with_one_line_and_status_2(tmp_path, overrides, line
     assert not (tmp_path / "run" / "result.json").exists()
 
 
+@pytest.mark.slow
 def test_fedica_run_refuses_in_a_sweep(tmp_path):
     done = _fedica_run(tmp_path, "-m", "+experiment=rfica_fig1_k", "seed=0,1", "+scenario.n_client=5",
                        f"hydra.sweep.dir={tmp_path / 'sweep'}")
@@ -304,14 +311,21 @@ def test_engine_mistakes_are_one_line(overrides, message):
     assert "\n" not in str(info.value)
 
 
-def test_good_deployment_options_pass():
-    validate_config(compose_config(["engine=deployment", "engine.tls=true", "engine.node_auth=true",
-                                    "engine.run_timeout=60", "engine.out_dir=outputs/deploy-check", "engine.host=0.0.0.0"]))
-    validate_config(compose_config(["engine.client_num_cpus=0.5"]))
-    for address in ("auto", "10.0.0.5:6379", "ray-head.lan:6379", "'[fd00::1]:6379'"):
-        validate_config(compose_config([f"engine.ray_address={address}"]))
-    # The cluster's nodes, not this machine, hold a clustered run's CPUs.
-    validate_config(compose_config(["engine.ray_address=auto", "engine.client_num_cpus=1000"]))
+def test_good_deployment_options_pass_unchanged():
+    engine = validate_config(compose_config(["engine=deployment", "engine.tls=true", "engine.node_auth=true",
+                                             "engine.run_timeout=60", "engine.out_dir=outputs/deploy-check",
+                                             "engine.host=0.0.0.0"]))["engine"]
+    assert (engine["tls"], engine["node_auth"], engine["run_timeout"], engine["out_dir"], engine["host"]) == (
+        True, True, 60, "outputs/deploy-check", "0.0.0.0")
+    assert validate_config(compose_config(["engine.client_num_cpus=0.5"]))["engine"]["client_num_cpus"] == 0.5
+    for override, address in (("auto", "auto"), ("10.0.0.5:6379", "10.0.0.5:6379"),
+                              ("ray-head.lan:6379", "ray-head.lan:6379"), ("'[fd00::1]:6379'", "[fd00::1]:6379")):
+        assert validate_config(compose_config([f"engine.ray_address={override}"]))["engine"]["ray_address"] == address
+    # The cluster's nodes, not this machine, hold a clustered run's CPUs; on this machine the same count is refused.
+    clustered = validate_config(compose_config(["engine.ray_address=auto", "engine.client_num_cpus=1000"]))
+    assert clustered["engine"]["client_num_cpus"] == 1000
+    with pytest.raises(ConfigError, match=r"^engine\.client_num_cpus=1000"):
+        validate_config(compose_config(["engine.client_num_cpus=1000"]))
 
 
 def test_scenario_must_fit_the_algorithm():
@@ -384,7 +398,11 @@ def _yaml_keys(path):
 @pytest.mark.parametrize("group", ["algorithm", "scenario", "engine"])
 def test_schema_has_exactly_the_keys_of_each_yaml(group):
     files = {path.stem: path for path in (CONF_DIR / group).glob("*.yaml")}
-    assert set(files) == set(config.SECTION_KEYS[group])
+    # A preset (algorithm=<name>_paper) is its algorithm's file with some values changed, no key of its own.
+    presets = {stem for stem in files if group == "algorithm" and stem.removesuffix("_paper") in files and stem.endswith("_paper")}
+    assert set(files) - presets == set(config.SECTION_KEYS[group])
+    for stem in presets:
+        assert set(yaml.safe_load(files.pop(stem).read_text())) - {"defaults"} <= set(config.SECTION_KEYS[group][stem[:-6]])
     for name, path in files.items():
         assert _yaml_keys(path) == {"name", *config.SECTION_KEYS[group][name]}, path
         assert yaml.safe_load(path.read_text())["name"] == name, path
@@ -448,6 +466,7 @@ def test_the_config_rooms_import_no_private_name():
                 assert not private, f"{path.relative_to(REPO)} imports {private} from {node.module}"
 
 
+@pytest.mark.slow
 def test_a_misspelt_or_directory_data_path_stops_the_run_before_it_starts(tmp_path):
     good = tmp_path / "site0.csv"
     good.write_text("f0,f1\n" + "\n".join(f"{i}.0,{i % 3}.0" for i in range(30)) + "\n")

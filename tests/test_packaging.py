@@ -31,6 +31,7 @@ def installed(tmp_path_factory):
     return target
 
 
+@pytest.mark.slow
 def test_installing_adds_no_generic_top_level_package(installed):
     top_level = {p.name for p in installed.iterdir() if p.is_dir() and not p.name.endswith((".dist-info", "__pycache__")) and p.name != "bin"}
     assert top_level == {"fedica"}
@@ -39,6 +40,7 @@ def test_installing_adds_no_generic_top_level_package(installed):
         assert (installed / "fedica" / module).is_file(), module
 
 
+@pytest.mark.slow
 def test_installed_package_imports_its_flower_side_and_not_the_generic_names(installed, tmp_path):
     code = (
         "import importlib\n"

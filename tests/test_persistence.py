@@ -206,7 +206,7 @@ def _fedica_run(out_dir, *overrides):
 
 @pytest.fixture(scope="module")
 def fedgem_run(tmp_path_factory):
-    done, out = _fedica_run(tmp_path_factory.mktemp("fedgem"), "algorithm=fedgem", "scenario.n_clients=5",
+    done, out = _fedica_run(tmp_path_factory.mktemp("fedgem"), "algorithm=fedgem_paper", "scenario.n_clients=5",
                             "baselines=false", "seed=4", "algorithm.rounds=6")
     assert done.returncode == 0, done.stderr[-2000:]
     return out / "result.json"
@@ -219,6 +219,7 @@ def rfica_run(tmp_path_factory):
     return out / "result.json"
 
 
+@pytest.mark.slow
 def test_fedgem_from_result_is_the_runs_model(fedgem_run, tmp_path):
     result = json.loads(fedgem_run.read_text())
     section, config = result["fedgem"], result["config"]
@@ -251,6 +252,7 @@ def test_fedgem_from_result_is_the_runs_model(fedgem_run, tmp_path):
     assert_identical(_fitted(again), _fitted(model), "attributes")
 
 
+@pytest.mark.slow
 def test_rfica_from_result_is_the_runs_model(rfica_run):
     result = json.loads(rfica_run.read_text())
     section = result["rfica"]
@@ -268,6 +270,7 @@ def test_rfica_from_result_is_the_runs_model(rfica_run):
     np.testing.assert_allclose(model.inverse_transform(model.transform(X)), X, rtol=0, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_from_result_refuses_the_other_algorithm_a_stopped_run_and_non_results(fedgem_run, rfica_run, tmp_path):
     assert _one_line_error(fedica.RFICA.from_result, fedgem_run) == "a result of algorithm 'fedgem', not 'rfica'"
     assert _one_line_error(fedica.FedGEM.from_result, rfica_run) == "a result of algorithm 'rfica', not 'fedgem'"

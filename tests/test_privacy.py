@@ -223,7 +223,7 @@ def test_the_private_start_finds_the_clusters_when_the_noise_is_small():
 ])
 def test_the_config_refuses_a_private_run_it_cannot_make_in_one_line(overrides, message):
     with initialize_config_dir(config_dir=str(fedica.conf.__path__[0]), version_base=None):
-        cfg = OmegaConf.to_container(compose(config_name="config", overrides=["algorithm=fedgem"]), resolve=True)
+        cfg = OmegaConf.to_container(compose(config_name="config", overrides=["algorithm=fedgem_paper"]), resolve=True)
     cfg["algorithm"].update(overrides)
     with pytest.raises(ConfigError, match=message) as caught:
         validate_config(cfg)
@@ -254,8 +254,9 @@ def test_the_server_rejects_a_private_reply_without_its_noisy_counts_by_name(mon
     assert "'dp-counts' must hold 2 finite counts" in reasons[(0, 1)]
 
 
+@pytest.mark.slow
 def test_a_private_fedica_run_records_its_privacy_in_the_result_and_the_summary(tmp_path):
-    command = [sys.executable, "-m", "fedica", "algorithm=fedgem", "engine=inprocess", "baselines=false",
+    command = [sys.executable, "-m", "fedica", "algorithm=fedgem_paper", "engine=inprocess", "baselines=false",
                "algorithm.rounds=2", "algorithm.dp_epsilon=2", "algorithm.dp_clip=8", f"hydra.run.dir={tmp_path}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,
                           env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}, cwd=Path(__file__).resolve().parents[1])

@@ -1,5 +1,6 @@
 """README stays true: its set-up commands and its library example run as written, its Flower app's files parse."""
 
+import pytest
 import subprocess
 import sys
 import tomllib
@@ -26,12 +27,13 @@ def test_readme_run_command_is_an_installed_console_script():
     assert 'fedica-run = "fedica.scripts.run:cli"' in pyproject
 
 
-def _python_blocks():
-    """README's python code blocks, in order."""
-    text = ROOT.joinpath("README.md").read_text()
+def _python_blocks(document="README.md"):
+    """A document's python code blocks, in order."""
+    text = ROOT.joinpath(document).read_text()
     return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
 
 
+@pytest.mark.slow
 def test_readme_library_example_runs_and_finds_the_global_k():
     library_example = _python_blocks()[0]
     out = subprocess.run([sys.executable, "-c", library_example], capture_output=True, text=True, check=True,
@@ -39,11 +41,12 @@ def test_readme_library_example_runs_and_finds_the_global_k():
     assert out.splitlines()[0] == "4"
 
 
-def test_readme_flower_app_files_parse_and_name_their_components():
-    # They run under `flwr run` on a local SuperLink in tests/server/test_own_app.py (marked flwr_run, slow).
-    text = ROOT.joinpath("README.md").read_text()
+def test_the_flower_app_files_parse_and_name_their_components():
+    # docs/FLOWER_APP.md, which README links; they run under `flwr run` on a local SuperLink in
+    # tests/server/test_own_app.py (slow).
+    text = ROOT.joinpath("docs", "FLOWER_APP.md").read_text()
     [pyproject] = [b.split("```", 1)[0] for b in text.split("```toml\n")[1:] if b.startswith("# pyproject.toml")]
-    files = {name: block for block in _python_blocks() for name in ("server_app", "client_app")
+    files = {name: block for block in _python_blocks("docs/FLOWER_APP.md") for name in ("server_app", "client_app")
              if block.startswith(f"# {name}.py")}
     components = tomllib.loads(pyproject)["tool"]["flwr"]["app"]["components"]
     assert components == {"serverapp": "server_app:app", "clientapp": "client_app:app"}

@@ -180,6 +180,7 @@ def test_without_mne_a_recording_is_one_line_saying_how_to_install_it(tmp_path, 
         for site, path in enumerate(paths)]
 
 
+@pytest.mark.slow
 def test_fedica_run_on_recordings_end_to_end_and_its_picture(tmp_path):
     import matplotlib.image
 

@@ -142,6 +142,7 @@ def test_config_rules_and_memory_refusal(monkeypatch):
         _validate(*big)
 
 
+@pytest.mark.slow
 def test_fedica_run_end_to_end_writes_truth_and_poor_sites(tmp_path):
     out = tmp_path / "run"
     done = subprocess.run(

@@ -469,6 +469,7 @@ def _fedgem_files(paths, *overrides):
                                                          *overrides])))
 
 
+@pytest.mark.slow
 def test_a_fedgem_files_run_without_labels_trains_on_every_row_and_writes_its_labels(tmp_path):
     import json
     import os

@@ -199,7 +199,7 @@ def test_a_quarter_of_the_sites_skewing_their_moments_changes_neither_k_hat_nor_
 
     def run(*overrides):
         return run_inprocess(validate_config(compose_config([
-            "algorithm=fedgem", "scenario=sklearn_real", "scenario.dataset=wine", "scenario.n_clients=4",
+            "algorithm=fedgem_paper", "scenario=sklearn_real", "scenario.dataset=wine", "scenario.n_clients=4",
             "engine=inprocess", "baselines=false", "algorithm.standardize=federated", *overrides])))
 
     honest, attacked = run(), run("attack=skewed_moments", "attack.fraction=0.25")

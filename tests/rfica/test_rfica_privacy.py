@@ -259,8 +259,9 @@ def test_the_strategy_says_whose_seed_the_noise_came_from(monkeypatch):
     assert "noise secret at each site); per exchange: mixing 4" in line
 
 
+@pytest.mark.slow
 def test_a_private_fedica_run_records_its_privacy_in_the_result_and_the_summary(tmp_path):
-    command = [sys.executable, "-m", "fedica", "algorithm=rfica", "scenario=ica_paper", "engine=inprocess",
+    command = [sys.executable, "-m", "fedica", "algorithm=rfica_paper", "scenario=ica_paper", "engine=inprocess",
                "scenario.n_clients=6", "scenario.r=3", "scenario.n_normal=500", "scenario.n_corrupt=100",
                "algorithm.dp_epsilon=2", f"hydra.run.dir={tmp_path}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,

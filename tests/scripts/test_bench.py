@@ -79,6 +79,7 @@ def _bench_command():
     return [script] if script else [sys.executable, "-m", "fedica.scripts.bench"]
 
 
+@pytest.mark.slow
 def test_help_is_plain_text_and_explains_every_option():
     done = subprocess.run([*_bench_command(), "--help"], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -153,6 +154,7 @@ def test_table_has_one_line_per_quantity_with_value_and_unit():
     assert bench.format_table({"machine": {}}) == "(no numbers)"
 
 
+@pytest.mark.slow
 def test_a_child_run_reports_its_wall_time_peak_memory_and_result():
     from fedica.scripts.bench_scale import child_run, scale_headline
 
@@ -167,6 +169,7 @@ def test_a_child_run_reports_its_wall_time_peak_memory_and_result():
     assert ("scale: fedgem_G1000_inprocess, wall time", run["wall_s"], "s") in rows
 
 
+@pytest.mark.slow
 def test_the_central_gmm_yardstick_runs_as_a_whole_process_on_the_scenario_s_points():
     from fedica.scripts.bench_scale import central_gmm_run, scale_headline
 

@@ -15,6 +15,7 @@ def _ignored_signals(pid):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status")
+@pytest.mark.slow
 def test_a_process_started_during_the_shutdown_can_still_be_interrupted():
     with processes.uninterruptible():
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])

@@ -19,6 +19,9 @@ import tempfile
 import numpy as np
 import pytest
 
+# Every test here reads the runs that its module's fixtures start as real processes.
+pytestmark = pytest.mark.slow
+
 NOISE = {
     "Flower's deprecation banner": re.compile(r"DEPRECATED FEATURE|This is a deprecated feature"),
     "a Flower log line": re.compile(r"^(\x1b\[\d+m)?(DEBUG|INFO|WARNING) *(\x1b\[0m)? *:", re.MULTILINE),

@@ -64,6 +64,7 @@ def uninterrupted(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path, killed_run, uninterrupted):
     folder, completed = killed_run
     assert 2 <= completed < 20 and not (folder / "result.json").exists()
@@ -80,6 +81,7 @@ def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path, kill
     assert not (folder / "partial_result.json").exists()  # superseded by the result
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_a_partial_result_and_the_run_resumes(tmp_path, uninterrupted):
     folder = tmp_path / "run"
     process, completed = stopped_run(folder, signal.SIGINT, after=3)
@@ -91,6 +93,7 @@ def test_ctrl_c_leaves_a_partial_result_and_the_run_resumes(tmp_path, uninterrup
     assert without_timings(folder) == without_timings(uninterrupted)
 
 
+@pytest.mark.slow
 def test_a_missing_or_foreign_journal_is_refused_in_one_line(tmp_path, killed_run):
     folder, _ = killed_run
     foreign = fedica_run("seed=1", f"resume={folder}", f"hydra.run.dir={tmp_path / 'foreign'}")
@@ -105,6 +108,7 @@ def test_a_missing_or_foreign_journal_is_refused_in_one_line(tmp_path, killed_ru
                            "interrupted run") and "journal.json is missing" in line
 
 
+@pytest.mark.slow
 def test_a_spherical_run_killed_mid_rounds_resumes_to_the_uninterrupted_result(tmp_path):
     """A spherical site's variances come back with every round's centroids: the resumed sites, fresh, compute the
     same rounds as the uninterrupted run's, which kept theirs."""

@@ -18,6 +18,9 @@ from fedica.scripts import plot
 
 from fedica.data.scenarios import ica_scenario_data, scenario_client_data
 
+# Every test here reads the runs that its module's fixtures start as real processes.
+pytestmark = pytest.mark.slow
+
 SMALL_BLOBS = ["algorithm=fedgem", "scenario=blobs", "scenario.n_clients=4", "scenario.n_train=1000",
                "scenario.n_test=1000", "algorithm.rounds=3", "baselines=false"]
 

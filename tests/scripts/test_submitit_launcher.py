@@ -1,5 +1,6 @@
 """Sweeps through Hydra's submitit launchers: the same results as the joblib default, resume, progress, presets."""
 
+import pytest
 import json
 import os
 import re
@@ -47,6 +48,7 @@ def _without_clock(result):
     return {key: value for key, value in result.items() if key != "timings"}
 
 
+@pytest.mark.slow
 def test_a_submitit_local_sweep_writes_the_runs_results_and_resumes(tmp_path):
     # The command line's launcher wins over the experiment's (conf/sweep.yaml: fedica_joblib).
     first = _fedica_run(tmp_path, "-m", *SMALL_SENSITIVITY, "hydra/launcher=submitit_local", "hydra.sweep.dir=sweep")
@@ -78,6 +80,7 @@ def test_a_submitit_local_sweep_writes_the_runs_results_and_resumes(tmp_path):
     assert _without_clock(json.loads(paths[1].read_text())) == _without_clock(json.loads(expected))
 
 
+@pytest.mark.slow
 def test_a_failed_submitit_run_ends_the_sweep_with_its_own_message(tmp_path):
     overrides = [o for o in SMALL_SENSITIVITY if not o.startswith(("seed=", "algorithm.rounds="))]
     done = _fedica_run(tmp_path, "-m", *overrides, "seed=0", "algorithm.rounds=-1",
@@ -113,6 +116,7 @@ def test_the_launcher_presets_compose_with_the_experiments():
     assert local.launcher.submitit_folder == "multirun/rfica_fig1_k/.submitit/%j"
 
 
+@pytest.mark.slow
 def test_help_names_launchers_that_exist(tmp_path):
     help_text = _fedica_run(tmp_path, "--help").stdout
     named = re.search(r"^Sweep launchers.*?(?=^\s*$)", help_text, re.MULTILINE | re.DOTALL).group(0)

@@ -67,6 +67,7 @@ def _sweep(sweep_dir, *extra):
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=Path(__file__).resolve().parents[2])
 
 
+@pytest.mark.slow
 def test_a_sweep_started_again_skips_complete_runs_and_plots(tmp_path):
     sweep_dir = tmp_path / "sweep"
     first = _sweep(sweep_dir)
@@ -124,6 +125,7 @@ def _fedica_run(*args):
                           cwd=Path(__file__).resolve().parents[2])
 
 
+@pytest.mark.slow
 def test_fedica_run_help_says_what_fedica_is_and_how_to_run_it():
     done = _fedica_run("--help")
     assert done.returncode == 0, done.stderr
@@ -132,7 +134,7 @@ def test_fedica_run_help_says_what_fedica_is_and_how_to_run_it():
     assert "fedica" in text and "RF-ICA" in text and "FedGEM" in text
     for group in ("algorithm", "scenario", "engine", "attack", "experiment"):
         assert re.search(rf"^{group}: ", text, re.MULTILINE), group
-    assert re.search(r"^algorithm: fedgem, rfica$", text, re.MULTILINE)
+    assert re.search(r"^algorithm: fedgem, fedgem_paper, rfica, rfica_paper$", text, re.MULTILINE)
     for command in ("fedica-run ", "fedica-run algorithm=fedgem scenario=blobs", "fedica-run -m +experiment=fedgem_sensitivity"):
         assert re.search(rf"^\s+{re.escape(command)}\s+#", text, re.MULTILINE), command
     # Hydra's own help is still there.
@@ -141,6 +143,7 @@ def test_fedica_run_help_says_what_fedica_is_and_how_to_run_it():
     assert "--hydra-help" in hydra_help.stdout and "--multirun" in hydra_help.stdout
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_sweep_ends_in_one_line_and_keeps_the_completed_runs(tmp_path):
     script = Path(sys.executable).with_name("fedica-run")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "fedica"]

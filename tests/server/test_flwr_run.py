@@ -110,6 +110,7 @@ def test_in_deployment_the_server_keeps_waiting_for_nodes_that_connect_late():
 # ---------------------------------------------------------------- a real `flwr run` (conftest.py's flwr_env)
 
 
+@pytest.mark.slow
 def test_flwr_run_with_too_few_supernodes_fails_at_once_with_one_clear_line(flwr_env, tmp_path):
     out = tmp_path / "out"
     overrides = f"overrides='algorithm=fedgem scenario=blobs node_wait_timeout={LONG_WAIT}' out-dir='{out}'"

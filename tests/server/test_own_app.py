@@ -1,8 +1,8 @@
-"""README's "In your own Flower app" runs as written: its three files under ``flwr run`` on a local SuperLink (issue 26).
+"""docs/FLOWER_APP.md (linked from README) runs as written: its three files under ``flwr run`` on a local SuperLink.
 
-The files are README.md's own code blocks, written unchanged into an app folder (the RF-ICA
-app is built from them by the substitutions README's sentence on it names); the commands are
-README's ``flwr run`` line with the site folder filled in, then ``flwr ls --run-id`` for the
+The files are that document's own code blocks, written unchanged into an app folder (the RF-ICA
+app is built from them by the substitutions its sentence on it names); the commands are
+its ``flwr run`` line with the site folder filled in, then ``flwr ls --run-id`` for the
 final status, because ``flwr run`` exits 0 whatever happened. Each test gets its own SuperLink
 (conftest.py's ``flwr_env``, which marks it ``flwr_run``); the last test, without one, checks the
 refusal of a relative path in-process.
@@ -23,27 +23,26 @@ from fedica.scripts.deploy import processes
 from flwr.app import Context, RecordDict
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO.joinpath("README.md").read_text()
-SECTION = README[README.index("## In your own Flower app\n"):README.index("## Layout\n")]
+SECTION = REPO.joinpath("docs", "FLOWER_APP.md").read_text()
 # A hang guard: a run of these apps takes well under a minute here.
 RUN_TIMEOUT = 240
 
 
 def _block(language, first_line):
-    """The code block of ``language`` in README's section whose first line is ``first_line``."""
+    """The code block of ``language`` in the document whose first line is ``first_line``."""
     [block] = [b.split("```", 1)[0] for b in SECTION.split(f"```{language}\n")[1:] if b.startswith(first_line + "\n")]
     return block
 
 
 def _inline(prefix):
-    """README's section's one inline code span (outside its code blocks, line breaks as spaces) that starts with ``prefix``."""
+    """The document's one inline code span (outside its code blocks, line breaks as spaces) that starts with ``prefix``."""
     prose = re.sub(r"```.*?```", "", SECTION, flags=re.S)
     [span] = {" ".join(s.split()) for s in re.findall(r"`([^`]+)`", prose) if " ".join(s.split()).startswith(prefix)}
     return span
 
 
 def _rfica_server(fedgem_server):
-    """The RF-ICA server file, by README's sentence: RFICAStrategy for FedGEMStrategy, the mixing printed for the two prints."""
+    """The RF-ICA server file, by the document's sentence: RFICAStrategy for FedGEMStrategy, the mixing printed for the two prints."""
     lines = fedgem_server.replace("import FedGEMStrategy", "import RFICAStrategy").splitlines()
     lines = [f"    strategy = {_inline('RFICAStrategy(')}" if "FedGEMStrategy(" in line else line for line in lines]
     prints = [i for i, line in enumerate(lines) if line.startswith("    print(")]  # main's own, not the except clause's
@@ -81,7 +80,7 @@ def _recording_sites(folder):
 
 
 def _readme_run_command(data_dir, **federation):
-    """README's ``flwr run`` line, its data-dir set to ``data_dir`` (and its federation config replaced, if given)."""
+    """The document's ``flwr run`` line, its data-dir set to ``data_dir`` (and its federation config replaced, if given)."""
     [line] = [line.strip() for line in SECTION.splitlines() if line.strip().startswith("flwr run .")]
     args = shlex.split(line)
     args[args.index("-c") + 1] = f"data-dir='{data_dir}'"
@@ -104,9 +103,10 @@ def _flwr_run(app_dir, env, args):
     return out, entry
 
 
+@pytest.mark.slow
 def test_the_readme_fedgem_app_and_its_rfica_variant_run_on_one_superlink(flwr_env, tmp_path):
     assert "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1" in SECTION
-    assert flwr_env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"  # as README says, where the SuperLink starts
+    assert flwr_env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"  # as the document says, where the SuperLink starts
     fedgem_server = _block("python", "# server_app.py")
     fedgem = _app(tmp_path / "fedgem-app", fedgem_server)
     out, entry = _flwr_run(fedgem, flwr_env, _readme_run_command(_blob_sites(tmp_path / "blobs")))
@@ -122,6 +122,7 @@ def test_the_readme_fedgem_app_and_its_rfica_variant_run_on_one_superlink(flwr_e
     assert len(rows) == 4 and all(len(row.split()) == 4 for row in rows), printed
 
 
+@pytest.mark.slow
 def test_a_relative_data_path_and_too_few_supernodes_fail_the_run_in_one_line(flwr_env, tmp_path):
     app = _app(tmp_path / "fedgem-app", _block("python", "# server_app.py"))
     _blob_sites(app / "sites")  # a relative 'sites' would name these only if the SuperLink ran in the app's folder

@@ -17,7 +17,7 @@ from fedica.fedgem.trust import (
 )
 from fedica.protocol import InvalidReply
 
-S62 = ["engine=inprocess", "algorithm=fedgem", "+workload=s62_nominal", "scenario.n_clients=20", "baselines=false"]
+S62 = ["engine=inprocess", "algorithm=fedgem_paper", "+workload=s62_nominal", "scenario.n_clients=20", "baselines=false"]
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_node_partitions_run_config_is_parsed_or_refused_in_one_line():
         parse_node_partitions("123;0")
 
 
-BLOBS_G5 = ["engine=inprocess", "algorithm=fedgem", "+workload=blobs_g5_k10", "baselines=false", "seed=1"]
+BLOBS_G5 = ["engine=inprocess", "algorithm=fedgem_paper", "+workload=blobs_g5_k10", "baselines=false", "seed=1"]
 
 
 @pytest.mark.parametrize("criterion", ["likelihood", "silhouette"])
