@@ -27,7 +27,7 @@ from fedica.server.records import CLIENT_ERROR_CODE, decode_array, encode_array,
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 
-from fedica.data.common import ClientData
+from fedica.sites import ClientData
 from fedica.data.files import site_columns
 from fedica.data.scenarios import ica_scenario_data, scenario_client_data
 from fedica.fedgem.local import choose_n_components

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedica.evaluation.metrics import ari_from_contingency
+from fedica.metrics import ari_from_contingency
 from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT
 from fedica.seeding import generator
 

@@ -19,9 +19,8 @@ and :data:`RFICA_PARAMETERS` come:
   the parameter declares the paper's value apart (``paper=``), and :meth:`Declaration.paper_preset`
   gathers them for ``conf/algorithm/<name>_paper.yaml`` and the estimators' ``paper()``.
 
-The option lists stay in the modules that implement them (FastICA's contrasts and starts, the
-benchmark rules); FedGEM's tuning criteria (``UPSILON_CRITERIA``) are defined here because
-:mod:`fedica.fedgem.coordinator`, which implements them, imports this module.
+The option lists are declared here with their parameters, and the modules that implement the options
+import them: this module is the library's bottom layer and imports no algorithm.
 """
 
 from __future__ import annotations
@@ -34,13 +33,33 @@ from typing import Any
 
 import numpy as np
 
-from fedica.fedgem.geometry import COVARIANCE_TYPES, LABELLINGS
-from fedica.fedgem.standardisation import STANDARDIZE_MODES
-from fedica.rfica.aggregation import BENCHMARK_RULES, CENTERS, CLUSTERINGS
-from fedica.rfica.local import CONTRASTS, CUBE, INITS, LOGCOSH, SOLVERS, WHITENINGS
 
 __all__ = ["Interval", "Options", "PositiveNumbers", "Parameter", "Declaration", "UPSILON_CRITERIA", "SAME_CLIENT_RULES", "LOCAL_STARTS", "DP_UNITS",
            "FEDGEM_PARAMETERS", "RFICA_PARAMETERS"]
+
+# The option lists of the parameters below, declared with them; the modules that implement each option import
+# its list from here (the library's bottom layer: this module imports no algorithm).
+# FedGEM: each component's covariance; how a site labels its points with the global model (docs/ALGORITHMS.md
+# section 2.8: the nearest centre of its own components' clusters, or the posterior of its own mixture over every
+# global centre); the data's standardisation (None: the data's own units).
+COVARIANCE_TYPES = ("identity", "spherical")
+LABELLINGS = ("consensus", "adapted")
+STANDARDIZE_MODES = ("federated",)
+# RF-ICA: the benchmark site (medoid: chosen from the estimates alone; largest and best_objective let a site's claimed
+# n_k decide ties); the clustering of all columns (kmeans, the paper's; matched: one column per site per cluster); a
+# cluster's centre (geometric_median, the paper's eq. 7; trimmed_geometric_median, re-taken without the members far
+# beyond the cluster's own spread; trimmed_mean, the mean of the same kept members, as efficient as a pooled fit).
+BENCHMARK_RULES = ("medoid", "largest", "best_objective")
+CLUSTERINGS = ("kmeans", "matched")
+CENTERS = ("geometric_median", "trimmed_geometric_median", "trimmed_mean")
+# RF-ICA's local ICA: its contrast (cube: the paper's kurtosis, eq. 8; logcosh: robust to outliers), its start, its
+# solver (scikit-learn's symmetric FastICA, or python-picard's orthogonal Picard) and how the sites reach the subspace
+# of n_components (docs/ALGORITHMS.md section 1.8).
+CUBE, LOGCOSH = "cube", "logcosh"
+CONTRASTS = (CUBE, LOGCOSH)
+INITS = ("random", "shared")
+SOLVERS = ("fastica", "picard")
+WHITENINGS = ("federated", "local")
 
 # How ``upsilon="auto"`` chooses the final partition (fedica.fedgem.coordinator implements both).
 UPSILON_CRITERIA = ("likelihood", "silhouette")

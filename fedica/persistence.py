@@ -35,7 +35,7 @@ from sklearn.utils.validation import check_is_fitted
 from fedica.parameters import Declaration
 from fedica.version import __version__
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "DOCUMENT_MEMBER", "SaveLoadMixin", "read_result"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "DOCUMENT_MEMBER", "SaveLoadMixin", "read_result", "write_atomic"]
 
 FORMAT = "fedica.estimator"
 # Increased with any change of the layout that an older fedica would misread; load refuses a newer one.
@@ -140,16 +140,7 @@ class SaveLoadMixin:
                     "attributes": {name: encoder.encode(value, name)
                                    for name, value in _fitted_attributes(self).items()}}
         members = {DOCUMENT_MEMBER: np.array(json.dumps(document, allow_nan=False)), **encoder.arrays}
-        path = Path(path)
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                np.savez_compressed(handle, **members)
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        return path
+        return write_atomic(path, lambda handle: np.savez_compressed(handle, **members))
 
     @classmethod
     def load(cls, path: str | os.PathLike):
@@ -257,3 +248,23 @@ def read_result(path: str | os.PathLike, algorithm: str, declaration: Declaratio
     params.update({name: config[key] for name, key in (("random_state", "seed"), ("min_clients", "min_clients"))
                    if name in declaration and key in config})
     return result, params
+
+
+def write_atomic(path: str | os.PathLike, write: Any) -> Path:
+    """``write(handle)`` into a binary temporary file beside ``path``, flushed to disk, then renamed over ``path``.
+
+    So ``path`` is either absent, as it was, or complete: the rename is atomic on POSIX file systems.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

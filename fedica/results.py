@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedica.persistence import write_atomic
 
 RESULT_FILE = "result.json"
 # What a run that stopped early had computed; a sweep does not count it as complete.
@@ -41,26 +42,6 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
     """Write ``data`` as JSON so that ``path`` is either absent or complete (:func:`write_atomic`)."""
     return write_atomic(path, lambda handle: handle.write(
         json.dumps(to_jsonable(data), indent=2, allow_nan=False).encode()))
-
-
-def write_atomic(path: str | os.PathLike, write: Any) -> Path:
-    """``write(handle)`` into a binary temporary file beside ``path``, flushed to disk, then renamed over ``path``.
-
-    So ``path`` is either absent, as it was, or complete: the rename is atomic on POSIX file systems.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def is_complete_result(path: str | os.PathLike) -> bool:

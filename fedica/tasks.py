@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from fedica.evaluation import afcl, ffcm
 from fedica.fedgem import client as fedgem_client
+from fedica.fedgem.privacy import private_reply
 from fedica.hostile import hostile_reply
-from fedica.privacy import private_reply
 from fedica.protocol.tasks import ClientTasks
 from fedica.rfica import client as rfica_client
 from fedica.rfica.privacy import private_mixing_reply

@@ -24,10 +24,16 @@ ICA = ["scenario.n_clients=8", "scenario.r=4", "scenario.n_normal=2000", "scenar
 
 @pytest.mark.slow
 def test_import_fedica_imports_no_flower_hydra_or_ray():
+    # Nor any experiment room: only what the estimators need (no config, scenarios, comparators, attacks).
     code = ("import sys, fedica; fedica.FedGEM; fedica.RFICA; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'flwr', 'hydra', 'omegaconf', 'ray'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'flwr', 'hydra', 'omegaconf', 'ray'})); "
+            "print(sorted({'.'.join(m.split('.')[:2]) for m in sys.modules if m.startswith('fedica.')}))")
+    frameworks, rooms = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                       check=True).stdout.splitlines()
+    assert frameworks == "[]"
+    loaded = set(eval(rooms))  # noqa: S307 - our own subprocess's printed list
+    assert not loaded & {"fedica.config", "fedica.data", "fedica.evaluation", "fedica.attacks", "fedica.hostile",
+                         "fedica.tasks", "fedica.results"}, loaded
 
 
 def _blobs_sites(cfg):

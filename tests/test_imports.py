@@ -172,6 +172,41 @@ def test_no_import_cycle_among_fedicas_modules():
     assert not found, "import cycles: " + "; ".join(" <-> ".join(sorted(cycle)) for cycle in found)
 
 
+def room(module: str) -> str:
+    """The room of a library module: its subpackage (``fedica.fedgem``) or its top-level module (``fedica.privacy``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def room_edges(edges: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    """The rooms of ``fedica/`` and the other rooms each imports (the package's own ``__init__`` left out: it is the
+    public face that gathers the estimators, not a room)."""
+    rooms: dict[str, set[str]] = {}
+    for importer, targets in edges.items():
+        if importer == "fedica" or not importer.startswith("fedica.") or within(importer, FLOWER_SIDE):
+            continue
+        rooms.setdefault(room(importer), set()).update(
+            room(t) for t in targets if t != "fedica" and not within(t, FLOWER_SIDE) and room(t) != room(importer))
+    return rooms
+
+
+def test_no_two_rooms_of_the_library_import_each_other():
+    # The library in layers: the bottom (parameters, sites, protocol, privacy accounting, persistence, metrics, ...),
+    # the algorithms above it, the experiment rooms above those; no circle at any level (docs/dev/ARCHITECTURE.md).
+    found = cycles(room_edges(GRAPH.edges()))
+    assert not found, "rooms in a circle: " + "; ".join(" <-> ".join(sorted(cycle)) for cycle in found)
+    rooms = room_edges(GRAPH.edges())
+    for algorithm in ("fedica.fedgem", "fedica.rfica"):  # an algorithm imports no experiment room
+        assert not rooms[algorithm] & {"fedica.data", "fedica.evaluation", "fedica.config", "fedica.attacks",
+                                       "fedica.hostile", "fedica.tasks", "fedica.results"}, algorithm
+
+
+def test_the_room_check_finds_a_circle_of_rooms_that_no_module_cycle_shows():
+    edges = {"fedica.a.x": {"fedica.b.y"}, "fedica.b.z": {"fedica.a.w"}, "fedica.a.w": set(), "fedica.b.y": set(),
+             "fedica": {"fedica.a.x"}}
+    assert cycles(edges) == []
+    assert cycles(room_edges(edges)) == [frozenset({"fedica.a", "fedica.b"})]
+
+
 def test_no_module_imports_a_private_name_of_another():
     found = private_imports(GRAPH.imports())
     assert not found, "private names imported across modules: " + ", ".join(

@@ -73,10 +73,9 @@ def test_a_default_breaking_its_own_rule_is_refused_when_declared():
 # ---------------------------------------------------------------- one declaration, every user
 
 
-def test_the_option_lists_are_the_implementing_modules_own():
+def test_the_implementing_modules_take_the_declared_option_lists():
     assert RFICA_PARAMETERS["contrast"].constraints[0].values is local.CONTRASTS
     assert RFICA_PARAMETERS["local_solver"].constraints[0].values is local.SOLVERS
-    assert RFICA_PARAMETERS["whitening"].constraints[0].values is local.WHITENINGS
     assert RFICA_PARAMETERS["init"].constraints[0].values is local.INITS
     assert RFICA_PARAMETERS["benchmark"].constraints[0].values is aggregation.BENCHMARK_RULES
     assert RFICA_PARAMETERS["clustering"].constraints[0].values is aggregation.CLUSTERINGS

@@ -21,9 +21,7 @@ from fedica.config import ConfigError, validate_config
 from fedica.data.common import ClientData
 from fedica.fedgem import estimator as fedgem_estimator
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
-from fedica.hostile import hostile_reply
-from fedica.privacy import (
-    PrivacyPlan,
+from fedica.fedgem.privacy import (
     clip_rows,
     fedgem_plan,
     noise_variance,
@@ -32,6 +30,7 @@ from fedica.privacy import (
     private_step,
     widened_radii,
 )
+from fedica.privacy import PrivacyPlan
 from fedica.protocol import GEM_INIT, GEM_LIKELIHOOD, GEM_ROUND, ArraySite
 from fedica.protocol.tasks import ClientTasks
 from fedica.results import format_summary
@@ -143,7 +142,7 @@ def test_no_plan_and_untouched_replies_without_dp_epsilon():
 def test_a_fit_without_dp_epsilon_is_the_fit_without_the_privacy_transform(monkeypatch):
     sites = blob_sites()
     with_chain = fedica.FedGEM(covariance_type="identity", rounds=3).fit(sites, 2)
-    monkeypatch.setattr(fedgem_estimator, "CLIENT_TASKS", ClientTasks(CLIENT_TASKS.handlers, (hostile_reply,)))
+    monkeypatch.setattr(fedgem_estimator, "SITE_TASKS", ClientTasks(fedgem_estimator.SITE_TASKS.handlers, ()))
     without = fedica.FedGEM(covariance_type="identity", rounds=3).fit(sites, 2)
     np.testing.assert_array_equal(with_chain.means_, without.means_)
     assert with_chain.history_ == without.history_
@@ -247,7 +246,7 @@ def test_the_server_rejects_a_private_reply_without_its_noisy_counts_by_name(mon
             return {k: v for k, v in reply[0].items() if k != "dp-counts"}, reply[1]
         return reply
 
-    monkeypatch.setattr(fedgem_estimator, "CLIENT_TASKS", CLIENT_TASKS.with_transforms(drop_counts))
+    monkeypatch.setattr(fedgem_estimator, "SITE_TASKS", fedgem_estimator.SITE_TASKS.with_transforms(drop_counts))
     model = fedica.FedGEM(covariance_type="identity", rounds=2, dp_epsilon=4.0, dp_clip=6.0).fit(blob_sites(), 2)
     reasons = {(r["client"], r["round"]): r["reason"] for r in model.rejected_}
     assert set(reasons) == {(0, 1), (0, 2)}

@@ -1,7 +1,7 @@
 """The schema of a run configuration and its one validator, :func:`validate_config`.
 
 Its rooms, by purpose: :mod:`~fedica.config.schema` (which keys each section has, from their owners),
-:mod:`~fedica.config.checker` (reading a section: :class:`ConfigError`, one line naming the dotted key), the
+:mod:`~fedica.checker` (reading a section: :class:`ConfigError`, one line naming the dotted key), the
 sections' rules in :mod:`~fedica.config.algorithm` (the algorithms' parameter declarations,
 :mod:`fedica.parameters`), :mod:`~fedica.config.scenario` (the scenario registry,
 :mod:`fedica.data.scenarios`), :mod:`~fedica.config.engine` and :mod:`~fedica.config.top_level` (the top-level
@@ -10,7 +10,7 @@ keys, ``attack`` and ``plot``), :mod:`~fedica.config.validator`, which runs them
 """
 
 from fedica.config.algorithm import ALGORITHMS
-from fedica.config.checker import ConfigError
+from fedica.checker import ConfigError
 from fedica.config.composition import composition_error
 from fedica.config.engine import ENGINES
 from fedica.config.scenario import SCENARIOS_BY_ALGORITHM, client_count

@@ -7,9 +7,9 @@ the same rule (the config's line names the dotted key: ``algorithm.<key>=<value>
 
 from __future__ import annotations
 
-from fedica.config.checker import Checker
+from fedica.checker import Checker
 from fedica.parameters import DECLARATIONS
-from fedica.privacy import uncovered
+from fedica.fedgem.privacy import uncovered
 from fedica.rfica.privacy import uncovered as rfica_uncovered
 
 __all__ = ["ALGORITHMS", "ALGORITHM_KEYS", "check_algorithm"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from fedica.config.checker import closest_key, unknown_key_line
+from fedica.checker import closest_key, unknown_key_line
 from fedica.config.schema import ATTACK_KEYS, OPTIONAL_TOP_LEVEL_KEYS, PLOT_KEYS, SECTION_KEYS, TOP_LEVEL_KEYS
 
 __all__ = ["composition_error"]

@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Callable
 
-from fedica.config.checker import Checker
+from fedica.checker import Checker
 
 __all__ = ["ENGINE_KEYS", "ENGINES", "RAY_ADDRESS", "check_engine"]
 

@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedica.config.checker import Checker, ConfigError, Errors, is_list
+from fedica.checker import Checker, ConfigError, Errors, is_list
 from fedica.data.files import (
     RECORDING_SUFFIXES,
     DataFileError,

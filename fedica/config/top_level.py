@@ -6,7 +6,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedica.config.checker import Checker, ConfigError
+from fedica.checker import Checker, ConfigError
 from fedica.config.schema import ATTACKS_BY_ALGORITHM, LOG_LEVELS
 from fedica.data.files import LABELLED_TEST_FRACTION
 from fedica.evaluation.baselines import BASELINE_METHODS, FILE_METHODS

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedica.config.algorithm import ALGORITHMS, check_algorithm
-from fedica.config.checker import Checker, ConfigError, Errors, plain, unknown_keys
+from fedica.checker import Checker, ConfigError, Errors, plain, unknown_keys
 from fedica.config.engine import ENGINES, check_engine
 from fedica.config.scenario import (
     SCENARIOS_BY_ALGORITHM,

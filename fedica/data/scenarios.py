@@ -56,8 +56,8 @@ from fedica.data.signals import signals_client_data, signals_roles, signals_true
 from fedica.fedgem.standardisation import STANDARDISATION_KEY, decode_standardisation, in_request_units, standardised
 from fedica.validation import check_partition, check_seed
 
-if TYPE_CHECKING:  # the config's checker of one section; fedica.config imports this module, not the reverse
-    from fedica.config.checker import Checker
+if TYPE_CHECKING:  # the checker of one config section (fedica.checker, below fedica.config, which imports this module)
+    from fedica.checker import Checker
 
 ICA_SCENARIO = "ica_paper"  # RF-ICA's default scenario (fedica.data.ica_paper)
 # The most blobs clusters the generator places (the config refuses more before anything starts).

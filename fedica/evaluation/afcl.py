@@ -45,7 +45,7 @@ from scipy.sparse.csgraph import connected_components
 from scipy.spatial.distance import cdist, pdist, squareform
 from sklearn.cluster import kmeans_plusplus
 
-from fedica.data.common import ClientData
+from fedica.sites import ClientData
 from fedica.evaluation.comparison import (
     BaselineResult,
     answer_on_array,

@@ -21,13 +21,13 @@ from sklearn.cluster import KMeans
 from sklearn.mixture import BayesianGaussianMixture, GaussianMixture
 from threadpoolctl import threadpool_limits
 
-from fedica.data.common import ClientData
+from fedica.sites import ClientData
 from fedica.data.scenarios import scenario_client_data, true_n_clusters
 from fedica.evaluation.afcl import afcl
 from fedica.evaluation.comparison import BaselineResult, baseline_result, check_clients, run_seed
 from fedica.evaluation.ffcm import ffcm
 from fedica.fedgem.local import choose_n_components
-from fedica.evaluation.metrics import (
+from fedica.metrics import (
     adjusted_rand,
     ari_from_contingency,
     contingency,

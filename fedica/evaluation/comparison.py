@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fedica.data.common import ClientData
+from fedica.sites import ClientData
 from fedica.protocol import (
     ArraySite,
     ClientTasks,

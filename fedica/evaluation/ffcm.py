@@ -31,7 +31,7 @@ import numpy as np
 from scipy.spatial.distance import cdist
 from sklearn.cluster import KMeans, kmeans_plusplus
 
-from fedica.data.common import ClientData
+from fedica.sites import ClientData
 from fedica.evaluation.comparison import (
     BaselineResult,
     answer_on_array,

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fedica.evaluation.metrics import adjusted_rand, contingency, mean_silhouettes
+from fedica.metrics import adjusted_rand, contingency, mean_silhouettes
 from fedica.fedgem.geometry import Identity, cluster_anisotropy, feature_scale_spread, geometry
 from fedica.fedgem.local import assign_labels, kmeans_init, kmeanspp_init
 from fedica.fedgem.standardisation import site_moments

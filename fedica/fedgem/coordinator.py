@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fedica import privacy
+from fedica.fedgem import privacy
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.evaluation import ClientEvaluation, EvaluationStage
 from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT, FEATURE_SCALE_SPREAD_LIMIT, geometry
@@ -205,7 +205,7 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         s = self.settings
         # The covariance type travels with every request that runs the model, so the sites follow the server.
         model = {"covariance-type": s.covariance_type}
-        if self.privacy is not None:  # the sites add the noise the plan names (fedica.privacy.private_reply)
+        if self.privacy is not None:  # the sites add the noise the plan names (fedica.fedgem.privacy.private_reply)
             model.update(self.privacy.request_values(s.seed))
         if s.standardize == "federated":
             self._standardise((yield Request(GEM_MOMENTS, "moments", None, {})))
@@ -451,7 +451,7 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             self.final_counts = np.concatenate([np.asarray(by_client[p].arrays["dp-counts"], dtype=np.float64)
                                                 for p in self.final.partitions])
             self.final_variances = np.concatenate([  # per client: a site's v depends on its own K_g
-                self.privacy.maximiser_variance(self.final.centers[part], self.final_counts[part])
+                privacy.maximiser_variance(self.privacy, self.final.centers[part], self.final_counts[part])
                 for part in self.final.slices().values()])
         self.require(len(self.final.partitions), "FedGEM final stage")
         self.support = cluster_support(self.models, self.final, self.settings.max_hostile_fraction)
@@ -616,7 +616,7 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             self.aggregation = candidates[chosen].aggregation
 
     def _choose_privately(self, candidates: list[Candidate]) -> None:
-        """The candidate with the smallest private BIC of the final stage's noisy sums (fedica.privacy.private_criterion)."""
+        """The candidate with the smallest private BIC of the final stage's noisy sums (fedica.fedgem.privacy.private_criterion)."""
         with self.server_time():
             n_points = float(sum(self.models[p].n_points for p in self.final.partitions))
             scores = privacy.private_criterion([c.aggregation.labels for c in candidates], self.final.centers,
@@ -706,12 +706,12 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         return recomputed
 
     def _private_radii(self, reply: Reply, radii: np.ndarray, maximisers: np.ndarray) -> np.ndarray:
-        """A private reply's GEM ball, widened to hold the noiseless one (fedica.privacy.widened_radii)."""
+        """A private reply's GEM ball, widened to hold the noiseless one (fedica.fedgem.privacy.widened_radii)."""
         try:
             counts = privacy.checked_counts(reply.arrays, maximisers.shape[0])
         except ValueError as err:
             raise InvalidReply(str(err)) from None
-        return privacy.widened_radii(radii, self.privacy.maximiser_variance(maximisers, counts), debias=True)
+        return privacy.widened_radii(radii, privacy.maximiser_variance(self.privacy, maximisers, counts), debias=True)
 
     def _collect(self, replies: list[Reply], round_label: int | str, read_radii, *, variances: bool = False) -> Components:
         """Validate replies and stack every client's maximisers with the radii ``read_radii`` gives.

@@ -6,7 +6,6 @@ import os
 import warnings
 from collections.abc import Sequence
 from numbers import Integral
-from typing import Any
 
 import numpy as np
 from scipy.spatial.distance import cdist
@@ -15,7 +14,9 @@ from sklearn.base import BaseEstimator, DensityMixin
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from fedica.data.common import ClientData
+from fedica.sites import ClientData
+from fedica.fedgem import client as fedgem_client
+from fedica.fedgem.privacy import private_reply
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 from fedica.fedgem.geometry import geometry
 from fedica.fedgem.local import assign_labels, estimate_n_components, local_bound
@@ -23,12 +24,15 @@ from fedica.fedgem.selection import VARIANCE_FLOOR
 from fedica.fedgem.standardisation import federated_scale, site_moments, standardised
 from fedica.parameters import FEDGEM_PARAMETERS
 from fedica.persistence import SaveLoadMixin, read_result
-from fedica.protocol import ArraySite, InMemoryFederation
+from fedica.protocol import ArraySite, ClientTasks, InMemoryFederation
 from fedica.seeding import generator, sklearn_seed
-from fedica.tasks import CLIENT_TASKS
 from fedica.validation import check_columns, check_seed, check_sites, column_names, is_site_list, sites_of_rows
 
 _P = FEDGEM_PARAMETERS  # short, for the signature below
+
+# What the estimator's in-memory sites answer: FedGEM's own tasks, each reply through the privacy step (which
+# changes nothing unless dp_epsilon is set); no hostile-client transform, which belongs to the experiments' runs.
+SITE_TASKS = ClientTasks(handlers=fedgem_client.TASKS, transforms=(private_reply,))
 
 
 class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
@@ -318,7 +322,7 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         server = FedGEMServer(settings, evaluate=False)
         sites = {g: ArraySite(ClientData(X, None, X[:0], None, int(k)), g)
                  for g, (X, k) in enumerate(zip(data, self.n_local_clusters_))}
-        InMemoryFederation(sites, CLIENT_TASKS, server.rejected).run(server.run())
+        InMemoryFederation(sites, SITE_TASKS, server.rejected).run(server.run())
         self._store(server, data)
         if one_array:
             self.labels_ = _labels_in_row_order(self.labels_, rows, data)

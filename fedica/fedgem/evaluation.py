@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedica.evaluation.metrics import ari_from_contingency, k_hat_from_predictions, weighted_local_ari
+from fedica.metrics import ari_from_contingency, k_hat_from_predictions, weighted_local_ari
 from fedica.fedgem.trust import capped_table, outlying_tables, table_caps
 from fedica.protocol import InvalidReply, Reply, require_array
 

@@ -28,17 +28,11 @@ from scipy.spatial.distance import cdist
 
 from fedica.fedgem import local
 from fedica.fedgem.selection import log_likelihoods
+from fedica.parameters import COVARIANCE_TYPES, LABELLINGS
 
 __all__ = ["CLUSTER_ANISOTROPY_LIMIT", "COVARIANCE_TYPES", "FEATURE_SCALE_SPREAD_LIMIT", "LABELLINGS", "VARIANCE_FLOOR",
            "Identity", "Spherical", "cluster_anisotropy", "feature_scale_spread", "geometry", "separation"]
 
-# The values of the parameter covariance_type (fedica.parameters declares it with this tuple).
-COVARIANCE_TYPES = ("identity", "spherical")
-
-# The values of the parameter labelling: how a site labels its points with the global model (docs/ALGORITHMS.md
-# section 2.8): the nearest centre of its own components' clusters (consensus, the paper's), or the posterior of
-# its own mixture over every global centre (adapted, :meth:`Identity.site_mixture`).
-LABELLINGS = ("consensus", "adapted")
 
 # The EM of a site's own mixture over the global centres stops when the mean log-likelihood per point gains
 # less than this, or after SITE_MIXTURE_MAX_ITER steps (each step is one pass over a (K_hat, n) matrix).

@@ -33,15 +33,15 @@ from typing import Any
 
 import numpy as np
 
-from fedica.data.common import ClientData
+from fedica.sites import ClientData
 from fedica.fedgem.local import assign_labels
+from fedica.parameters import STANDARDIZE_MODES
+from fedica.protocol.tasks import POINT_UNITS
 
 __all__ = ["STANDARDISATION_KEY", "STANDARDIZE_MODES", "decode_standardisation", "encode_standardisation",
            "federated_scale", "in_request_units", "nearest_centres", "request_standardisation", "site_moments",
            "standardised"]
 
-# The values of the parameter standardize (fedica.parameters declares it with this tuple; None: the data's own units).
-STANDARDIZE_MODES = ("federated",)
 
 # The request value that carries the location and scale to the sites (a JSON text: Flower's config records hold
 # scalars, and a float's repr, which json writes, reads back to the same bits).
@@ -130,3 +130,7 @@ def nearest_centres(X: np.ndarray, centres: np.ndarray, fedgem_result: Mapping[s
     location = np.asarray(fedgem_result["feature_location"], dtype=np.float64)
     scale = np.asarray(fedgem_result["feature_scale"], dtype=np.float64)
     return assign_labels(standardised(X, location, scale), standardised(centres, location, scale))
+
+
+# A site's points in the units a request names (the protocol kit's ArraySite asks this for every FedGEM request).
+POINT_UNITS[STANDARDISATION_KEY] = in_request_units

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedica.data.common import apportion
-from fedica.evaluation.metrics import leave_one_out_aris
+from fedica.sites import apportion
+from fedica.metrics import leave_one_out_aris
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.geometry import Identity, separation
 from fedica.fedgem.merging import (

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from fedica.protocol.messages import Reply, Request
-from fedica.results import write_atomic
+from fedica.persistence import write_atomic
 
 JOURNAL_DIR = "journal"
 MANIFEST_FILE = "journal.json"

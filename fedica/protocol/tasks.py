@@ -20,12 +20,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedica.data.common import ClientData
-from fedica.fedgem.standardisation import STANDARDISATION_KEY, in_request_units
+from fedica.sites import ClientData
 
 # Set by fedica's in-process and simulation engines, for their clients and their server (the user's own): the
 # clients may read the files the run config names, and a private run's sites draw their noise from the run's seed.
 LOCAL_ENGINE_VARIABLE = "FEDICA_LOCAL_ENGINE"
+
+# How a site's points are brought into the units a request names: the request value's key, and the function that
+# gives the site's data in those units. An algorithm that sends such a value registers its own when its module is
+# imported (FedGEM's standardisation: fedica.fedgem.standardisation), so that the kit names no algorithm.
+POINT_UNITS: dict[str, Callable[[ClientData, Mapping[str, Any]], ClientData]] = {}
 
 Arrays = dict[str, np.ndarray]
 Values = dict[str, Any]
@@ -57,8 +61,8 @@ class Site(Protocol):
     def points(self, values: Mapping[str, Any]) -> ClientData:
         """The site's points for clustering (FedGEM, FFCM, AFCL): train and test rows, K_g.
 
-        In the units the request names: standardised when ``values`` names a standardisation
-        (:func:`fedica.fedgem.standardisation.in_request_units`; a site that chooses its own K_g
+        In the units the request names (:data:`POINT_UNITS`): standardised when ``values`` names a
+        standardisation (:func:`fedica.fedgem.standardisation.in_request_units`; a site that chooses its own K_g
         chooses on the standardised points), else the data's own.
         """
 
@@ -92,11 +96,12 @@ class ArraySite:
     _in_units: tuple[Any, ClientData] | None = field(default=None, init=False, repr=False)
 
     def points(self, values: Mapping[str, Any]) -> ClientData:
-        units = values.get(STANDARDISATION_KEY)
-        if units is None:
+        named = [(key, values[key]) for key in POINT_UNITS if values.get(key) is not None]
+        if not named:
             return self.data
-        if self._in_units is None or self._in_units[0] != units:
-            self._in_units = (units, in_request_units(self.data, values))
+        if self._in_units is None or self._in_units[0] != named:
+            key = named[0][0]
+            self._in_units = (named, POINT_UNITS[key](self.data, values))
         return self._in_units[1]
 
     def training_points(self, values: Mapping[str, Any]) -> np.ndarray:

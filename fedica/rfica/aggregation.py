@@ -21,18 +21,11 @@ from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_limits
 
+from fedica.parameters import BENCHMARK_RULES, CENTERS, CLUSTERINGS
 from fedica.rfica.geometric_median import geometric_median
 from fedica.seeding import sklearn_seed
 from fedica.validation import as_float_array, check_index, check_int
 
-# medoid: chosen from the estimates alone; largest and best_objective let a site's claimed n_k decide (ties).
-BENCHMARK_RULES = ("medoid", "largest", "best_objective")
-# kmeans: the paper's clustering of all columns; matched: k-means refined to one column per site per cluster.
-CLUSTERINGS = ("kmeans", "matched")
-# geometric_median: the paper's centre of a cluster (eq. 7); trimmed_geometric_median: the same, re-taken
-# without the members far beyond the cluster's own spread (trimmed_geometric_median below); trimmed_mean: the
-# mean of the same kept members (trimmed_mean below), as efficient as a pooled fit where the median is not.
-CENTERS = ("geometric_median", "trimmed_geometric_median", "trimmed_mean")
 
 
 # Relative gap under which two k-means objectives count as equal in choose_benchmark.

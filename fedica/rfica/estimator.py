@@ -9,21 +9,26 @@ import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from fedica.data.common import ClientData
+from fedica.sites import ClientData
 from fedica.parameters import RFICA_PARAMETERS
 from fedica.persistence import SaveLoadMixin, read_result
-from fedica.protocol import ArraySite, InMemoryFederation, Reply
+from fedica.protocol import ArraySite, ClientTasks, InMemoryFederation, Reply
+from fedica.rfica import client as rfica_client
 from fedica.rfica.coordinator import (
     RFICAState,
     aggregate_estimates,
     receive_estimates,
     rfica_protocol,
 )
-from fedica.rfica.privacy import check_covered
-from fedica.tasks import CLIENT_TASKS
+from fedica.rfica.privacy import check_covered, private_mixing_reply
 from fedica.validation import check_columns, check_seed, check_sites, column_names, is_site_list, sites_of_rows
 
 _P = RFICA_PARAMETERS  # short, for the signature below
+
+# What the estimator's in-memory sites answer: RF-ICA's own tasks, each reply through the privacy step (which
+# changes nothing unless dp_epsilon is set); no hostile-client transform, which belongs to the experiments' runs.
+SITE_TASKS = ClientTasks(handlers=rfica_client.TASKS, transforms=(private_mixing_reply,),
+                         concurrent=rfica_client.CONCURRENT_TASKS)
 
 
 class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
@@ -220,7 +225,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
             raise ValueError(f"n_components={self.n_components}: must be at most the {data[0].shape[1]} features")
         state = self._state(data[0].shape[1], len(data))
         sites = {g: ArraySite(ClientData(X, None, X[:0], None, 1), g) for g, X in enumerate(data)}
-        InMemoryFederation(sites, CLIENT_TASKS, state.rejected, n_jobs=self.n_jobs).run(rfica_protocol(state))
+        InMemoryFederation(sites, SITE_TASKS, state.rejected, n_jobs=self.n_jobs).run(rfica_protocol(state))
         sizes = np.array([X.shape[0] for X in data], dtype=float)
         self.mean_ = np.average([X.mean(axis=0) for X in data], axis=0, weights=sizes)
         return self._store(state)

@@ -16,21 +16,10 @@ from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import ThreadpoolController
 
 from fedica.concurrency import SharedContext
+from fedica.parameters import CONTRASTS, INITS, SOLVERS
 from fedica.seeding import sklearn_seed
 from fedica.validation import as_float_array, check_int
 
-# cube: the paper's kurtosis contrast (eq. 8); logcosh: robust to outliers, the library's default.
-CUBE, LOGCOSH = "cube", "logcosh"
-CONTRASTS = (CUBE, LOGCOSH)
-
-
-INITS = ("random", "shared")
-
-# The local solvers: scikit-learn's symmetric FastICA, or python-picard's orthogonal Picard (Picard-O).
-SOLVERS = ("fastica", "picard")
-
-# How the sites reach the subspace of ``n_components`` components (docs/ALGORITHMS.md section 1.8).
-WHITENINGS = ("federated", "local")
 
 # Picard's names of the two contrasts: logcosh's score is tanh; both are Picard's own densities.
 _PICARD_FUN = {"cube": "cube", "logcosh": "tanh"}

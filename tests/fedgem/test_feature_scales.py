@@ -16,7 +16,7 @@ from fedica import FedGEM
 from fedica.data.common import ClientData
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
 from fedica.fedgem.geometry import FEATURE_SCALE_SPREAD_LIMIT, feature_scale_spread
-from fedica.privacy import private_reply
+from fedica.fedgem.privacy import private_reply
 from fedica.protocol import (
     CLUSTER_SHAPE_KEY, GEM_FINAL, GEM_INIT, REPORT_CLUSTER_SHAPE_KEY, REPORT_SCALE_SPREAD_KEY, SCALE_SPREAD_KEY, ArraySite,
 )

@@ -17,7 +17,7 @@ from fedica.config import validate_config
 from fedica.data.common import ClientData
 from fedica.data.scenarios import scenario_client_data
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
-from fedica.hostile import hostile_kind
+from fedica.hostile import hostile_kind, hostile_reply
 from fedica.protocol import (
     GEM_INIT,
     GEM_ROUND,
@@ -160,7 +160,7 @@ def test_a_hostile_site_replies_the_same_in_memory_and_through_the_flower_client
     np.testing.assert_array_equal(flower_arrays[key], in_memory[0][key])
 
 
-def test_the_estimators_answer_through_the_registry(monkeypatch):
+def test_the_estimators_answer_through_their_own_tasks_without_the_hostile_transform(monkeypatch):
     import fedica.fedgem.estimator as gem_estimator
     import fedica.rfica.estimator as ica_estimator
 
@@ -171,7 +171,9 @@ def test_the_estimators_answer_through_the_registry(monkeypatch):
         return reply
 
     for module in (gem_estimator, ica_estimator):
-        monkeypatch.setattr(module, "CLIENT_TASKS", CLIENT_TASKS.with_transforms(count))
+        # A library fit is no robustness run: no hostile-client transform, only the algorithm's privacy step.
+        assert hostile_reply not in module.SITE_TASKS.transforms and len(module.SITE_TASKS.transforms) == 1
+        monkeypatch.setattr(module, "SITE_TASKS", module.SITE_TASKS.with_transforms(count))
     rng = np.random.default_rng(0)
     sites = [np.vstack([rng.normal(0, 0.3, (40, 2)), rng.normal(5, 0.3, (40, 2))]) for _ in range(3)]
     FedGEM(rounds=2, upsilon=1.0).fit(sites, n_local_clusters=2)

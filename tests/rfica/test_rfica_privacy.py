@@ -18,8 +18,7 @@ import fedica
 import fedica.conf
 from fedica.config import ConfigError, validate_config
 from fedica.data.common import ClientData
-from fedica.hostile import hostile_reply
-from fedica.privacy import SECRET_NOISE, SEEDED_NOISE, private_reply
+from fedica.privacy import SECRET_NOISE, SEEDED_NOISE
 from fedica.protocol import RFICA_FIT, ArraySite
 from fedica.protocol.messages import RFICA_COVARIANCE
 from fedica.protocol.tasks import ClientTasks
@@ -189,8 +188,7 @@ def test_a_deployed_flower_site_draws_its_noise_from_its_node_config_secret(monk
 def test_a_fit_without_dp_epsilon_is_the_fit_without_the_privacy_transform(monkeypatch):
     sites, _ = ica_sites()
     with_chain = fedica.RFICA().fit(sites)
-    monkeypatch.setattr(rfica_estimator, "CLIENT_TASKS", ClientTasks(CLIENT_TASKS.handlers,
-                                                                      (private_reply, hostile_reply)))
+    monkeypatch.setattr(rfica_estimator, "SITE_TASKS", ClientTasks(rfica_estimator.SITE_TASKS.handlers, ()))
     without = fedica.RFICA().fit(sites)
     for name in ("mixing_", "f_ica_", "simple_mean_", "simple_median_", "site_mixings_", "labels_"):
         np.testing.assert_array_equal(getattr(with_chain, name), getattr(without, name))
