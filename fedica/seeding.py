@@ -65,7 +65,6 @@ STREAMS: dict[str, Stream] = {
     "classes.split": Stream("spawn", 7),
     "classes.assign": Stream("spawn", 8),
     "files.split": Stream("spawn", 9),
-    "files.components": Stream("spawn", 10),
     # scikit-learn's bundled data sets (fedica.data.real); codes clear of the signals scenario's.
     "real.sites": Stream("spawn", 15),
     "real.split": Stream("spawn", 16),

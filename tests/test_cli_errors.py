@@ -91,7 +91,6 @@ def test_every_configuration_error_is_reported_at_once(tmp_path):
         "seed=-1: must be >= 0",
         "algorithm.rounds=-1: must be >= 0",
         "attack.fraction=2: must be in [0, 1)",
-        "scenario.n_components=None: must be given when there is no label_column (or auto: each client chooses)",
         f"scenario.paths[1]={missing}: no such file",
     ]], done.stderr
 

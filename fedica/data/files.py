@@ -81,7 +81,7 @@ def load_client_file(path, *, label_column: int | str | None = None, n_component
     path : str or os.PathLike
     label_column : int, str or None
     n_components : int, "auto" or None
-        K_g; None means the number of distinct labels (an error without labels); "auto" lets the
+        K_g; None means the number of distinct labels (without labels: "auto"); "auto" lets the
         client choose by the ICL over spherical mixtures of 1 to :data:`MAX_AUTO_COMPONENTS`
         components (fewer on a small site), fitted on its training points.
     test_fraction : float or None
@@ -107,7 +107,7 @@ def load_client_file(path, *, label_column: int | str | None = None, n_component
 
 
 def client_data_from_table(path, X: np.ndarray, y: np.ndarray | None, *, n_components: int | str | None = None,
-                           test_fraction: float | None = 0.3, seed: int = 0) -> ClientData:
+                           test_fraction: float | None = 0.3, seed: int = 0, partition_id: int = 0) -> ClientData:
     """A client's :class:`ClientData` from its file's table (:func:`read_table`): :func:`load_client_file`'s split.
 
     Parameters
@@ -118,6 +118,9 @@ def client_data_from_table(path, X: np.ndarray, y: np.ndarray | None, *, n_compo
     y : ndarray of shape (n,) or None
     n_components, test_fraction, seed
         As for :func:`load_client_file`.
+    partition_id : int, default=0
+        The site's number: a site that chooses its K_g draws from the stream ``fedgem.FedGEM.fit`` gives that
+        site, so that a run and the library choose the same K_g on the same points.
 
     Returns
     -------
@@ -133,9 +136,10 @@ def client_data_from_table(path, X: np.ndarray, y: np.ndarray | None, *, n_compo
     train, test = _split(X.shape[0], y, test_fraction, seed)
     at_bound = False
     if n_components == AUTO_COMPONENTS:
-        # The client chooses on the training points it will fit.
+        # The client chooses on the training points it will fit, from the stream the library's sites choose from
+        # (fedica.FedGEM.fit), so that a run on files and a fit on their rows choose the same K_g.
         choice = choose_n_components(X[train], MAX_AUTO_COMPONENTS,
-                                     random_state=sklearn_seed(generator(seed, "files.components")))
+                                     random_state=sklearn_seed(generator(seed, "client.kmeanspp", partition_id)))
         n_components, at_bound = choice.n_components, choice.at_bound
         _check_training_points(path, train.size, n_components, test_fraction)
     y_train = None if y is None else y[train]
@@ -173,8 +177,8 @@ def check_client_table(path, X: np.ndarray, y: np.ndarray | None, *, n_component
     if not 0.0 <= float(test_fraction) < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
     test_fraction = float(test_fraction)
-    if n_components == AUTO_COMPONENTS and X.shape[0] >= 4:
-        return AUTO_COMPONENTS, test_fraction
+    if X.shape[0] >= 4 and (n_components == AUTO_COMPONENTS or (n_components is None and y is None)):
+        return AUTO_COMPONENTS, test_fraction  # without labels to count, the site chooses (as the library's sites)
     if n_components in (None, AUTO_COMPONENTS):
         if y is None:
             raise DataFileError(path, "n_components is not given and the file has no labels to count it from")

@@ -192,9 +192,7 @@ def _check_file_list(sc: Checker) -> None:
 
 def _check_n_components(sc: Checker) -> None:
     n_components = sc.get("n_components")
-    if n_components is None:
-        if sc.get("label_column") is None:
-            sc.fail("n_components", "must be given when there is no label_column (or auto: each client chooses)")
+    if n_components is None:  # the labels' count, or without labels each site's own choice (as the library's)
         return
     values = n_components if _is_list(n_components) else [n_components]
     paths = sc.get("paths")
@@ -266,7 +264,7 @@ def _load_client_file(params: dict, partition_id: int, seed: int, standardisatio
     if standardisation is not None:  # the federation's (standardize: federated), after the scenario's own
         X = standardised(X, *decode_standardisation(standardisation, X.shape[1]))
     return client_data_from_table(path, X, y, n_components=n_components, test_fraction=params.get("test_fraction"),
-                                  seed=seed)
+                                  seed=seed, partition_id=partition_id)
 
 
 def pooled_file_scale(paths: Sequence[str], label_column: int | str | None = None) -> tuple[np.ndarray, np.ndarray]:
