@@ -33,16 +33,7 @@ RDP accountant, and ``sigma`` is calibrated by its bisection
 The noise is added by a reply transform of the client task registry (:func:`private_reply`, in
 :data:`fedica.tasks.CLIENT_TASKS` and the estimator's sites), so the estimator, the in-process engine, the simulation and a
 deployment add the same mechanism; the server's request names the noise (``dp-noise``,
-``dp-clip``) and the run's seed (``dp-seed``). Whose seed the noise is drawn from is the site's
-``noise_secret`` (:class:`fedica.protocol.tasks.Site`):
-
-- **simulation: reproducible noise.** The library's sites and those of fedica's in-process and
-  simulation engines, where the server and the sites are one user's process, take None: the
-  noise is drawn from the run's seed, so an experiment is reproducible from its config (and the
-  guarantee protects the points from whoever sees the replies, not from the run's own server);
-- **deployment: secret noise.** A ClientApp site elsewhere draws it from a secret of its own: its
-  node config's ``dp-noise-seed`` (an int its operator chooses), else fresh OS entropy drawn once
-  per site and run. The server, which knows the run's seed, cannot regenerate and subtract it.
+``dp-clip``) and the run's seed (``dp-seed``); whose seed the noise is drawn from, :mod:`fedica.privacy` says.
 """
 
 from __future__ import annotations
