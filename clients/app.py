@@ -32,7 +32,7 @@ from fedica.data.files import site_columns
 from fedica.data.scenarios import ica_scenario_data, scenario_client_data
 from fedica.fedgem.local import choose_n_components
 from fedica.fedgem.standardisation import STANDARDISATION_KEY, request_standardisation, standardised
-from fedica.hostile import hostile_kind, split_components_count
+from fedica.attacks.hostile import hostile_kind, split_components_count
 from fedica.privacy import NOISE_SECRET_KEY
 from fedica.protocol import CATEGORY, COLUMNS_KEY, ERROR_KEY, EVALUATE, RAY_NODE_KEY
 from fedica.protocol.tasks import LOCAL_ENGINE_VARIABLE

@@ -5,7 +5,7 @@ Flower ClientApp (``fedica.clients.app``) routes every message type to it, and t
 estimators (:class:`fedica.FedGEM`, :class:`fedica.RFICA`) answer their in-memory requests with
 it. The handlers are the algorithms' own (``TASKS`` of :mod:`fedica.rfica.client`,
 :mod:`fedica.fedgem.client`, :mod:`fedica.evaluation.ffcm`, :mod:`fedica.evaluation.afcl`); the
-chain holds the hostile behaviour of robustness runs (:func:`fedica.hostile.hostile_reply`), which
+chain holds the hostile behaviour of robustness runs (:func:`fedica.attacks.hostile.hostile_reply`), which
 changes only the replies of the clients a run's ``attack`` config makes hostile. A new reply
 transform (a privacy step, say) is one function appended here, or ``CLIENT_TASKS.with_transforms(step)``
 for one run.
@@ -16,7 +16,7 @@ from __future__ import annotations
 from fedica.evaluation import afcl, ffcm
 from fedica.fedgem import client as fedgem_client
 from fedica.fedgem.privacy import private_reply
-from fedica.hostile import hostile_reply
+from fedica.attacks.hostile import hostile_reply
 from fedica.protocol.tasks import ClientTasks
 from fedica.rfica import client as rfica_client
 from fedica.rfica.privacy import private_mixing_reply

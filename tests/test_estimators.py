@@ -32,7 +32,7 @@ def test_import_fedica_imports_no_flower_hydra_or_ray():
                                        check=True).stdout.splitlines()
     assert frameworks == "[]"
     loaded = set(eval(rooms))  # noqa: S307 - our own subprocess's printed list
-    assert not loaded & {"fedica.config", "fedica.data", "fedica.evaluation", "fedica.attacks", "fedica.hostile",
+    assert not loaded & {"fedica.config", "fedica.data", "fedica.evaluation", "fedica.attacks",
                          "fedica.tasks", "fedica.results"}, loaded
 
 

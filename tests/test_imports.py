@@ -197,7 +197,7 @@ def test_no_two_rooms_of_the_library_import_each_other():
     rooms = room_edges(GRAPH.edges())
     for algorithm in ("fedica.fedgem", "fedica.rfica"):  # an algorithm imports no experiment room
         assert not rooms[algorithm] & {"fedica.data", "fedica.evaluation", "fedica.config", "fedica.attacks",
-                                       "fedica.hostile", "fedica.tasks", "fedica.results"}, algorithm
+                                       "fedica.tasks", "fedica.results"}, algorithm
 
 
 def test_the_room_check_finds_a_circle_of_rooms_that_no_module_cycle_shows():

@@ -24,7 +24,7 @@ from fedica.data.files import (
     table_extent,
     table_header,
 )
-from fedica.data.scenarios import ICA_SCENARIOS, SCENARIO_NAMES, SCENARIOS, file_recording, file_table
+from fedica.data.scenarios import ICA_SCENARIOS, SCENARIO_NAMES, SCENARIOS, client_count, file_recording, file_table
 from fedica.validation import name_difference
 
 __all__ = ["SCENARIO_KEYS", "SCENARIOS_BY_ALGORITHM", "MAX_CLIENTS", "MEMORY_SHARE", "check_scenario",
@@ -46,23 +46,6 @@ FILE_TABLE_COPIES = 4
 # RF-ICA's server holds about this many r x r matrices per site (its covariance, its mixing estimate, their
 # normalised and aligned copies): a file of r columns costs the server this many r^2 numbers per site.
 ICA_MATRICES_PER_SITE = 4
-
-
-def client_count(scenario: Mapping[str, Any]) -> int:
-    """Number of clients a scenario defines.
-
-    Parameters
-    ----------
-    scenario : mapping
-        The ``scenario`` section of a run configuration.
-
-    Returns
-    -------
-    n_clients : int
-    """
-    if scenario["name"] == "files":
-        return len(scenario["paths"])
-    return int(scenario["n_clients"])
 
 
 def check_scenario(sc: Checker, algorithm: str) -> None:

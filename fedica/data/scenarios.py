@@ -687,3 +687,20 @@ def ica_poor_sites(scenario: Mapping, seed: int) -> dict[str, list[int]] | None:
     """
     name, params = _ica_params(scenario)
     return SCENARIOS[name].poor_sites(params, seed)
+
+
+def client_count(scenario: Mapping[str, Any]) -> int:
+    """Number of clients a scenario defines.
+
+    Parameters
+    ----------
+    scenario : mapping
+        The ``scenario`` section of a run configuration.
+
+    Returns
+    -------
+    n_clients : int
+    """
+    if scenario["name"] == "files":
+        return len(scenario["paths"])
+    return int(scenario["n_clients"])

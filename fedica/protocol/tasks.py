@@ -4,7 +4,7 @@ A client answers a request with the handler its task names; the handler sees the
 the site's state between messages (:class:`Site`), the request's arrays and values, and returns
 the reply's arrays and values. After the handler, every transform of the registry's chain sees
 the task, the site, the request and the reply so far, and returns the reply to send: the hostile
-behaviour of a robustness run is such a transform (:func:`fedica.hostile.hostile_reply`), and so
+behaviour of a robustness run is such a transform (:func:`fedica.attacks.hostile.hostile_reply`), and so
 would be a privacy step that adds noise to what leaves the site.
 
 fedica's Flower ClientApp (``fedica.clients.app``), the library's estimators and the in-memory

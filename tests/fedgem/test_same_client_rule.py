@@ -179,7 +179,8 @@ S62_G20 = ["engine=inprocess", "algorithm=fedgem", "+workload=s62_nominal", "sce
 def test_a_hostile_quarter_gains_nothing_from_the_evidence_rule(attack, monkeypatch):
     # midpoint_cluster plants a bridge between the two closest true clusters; split_components (one copy per true
     # centre, within the component cap) puts a hostile client in every cluster.
-    from fedica import attacks, hostile
+    from fedica import attacks
+    from fedica.attacks import hostile
     from fedica.scripts.engines import run_inprocess
     from fedica.server.app import compose_config
 

@@ -17,7 +17,7 @@ from fedica.config import validate_config
 from fedica.data.common import ClientData
 from fedica.data.scenarios import scenario_client_data
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
-from fedica.hostile import hostile_kind, hostile_reply
+from fedica.attacks.hostile import hostile_kind, hostile_reply
 from fedica.protocol import (
     GEM_INIT,
     GEM_ROUND,

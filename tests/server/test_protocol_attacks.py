@@ -45,7 +45,7 @@ def test_component_flooding_leaves_k_hat_at_the_truth(attack_free, fraction):
 def test_a_flooding_client_within_the_cap_adds_no_cluster_that_receives_test_points(attack_free, monkeypatch):
     # One copy per true centre plus a far anchor (7 components) passes the cap.
     monkeypatch.setattr(attacks, "SPLIT_COPIES", 1)
-    from fedica import hostile
+    from fedica.attacks import hostile
     hostile.planted_centroids.cache_clear()
     try:
         result, metrics = _attacked("split_components", 0.25)

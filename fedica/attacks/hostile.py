@@ -1,7 +1,7 @@
 """Hostile clients for robustness runs: what each ``attack`` kind sends instead of an honest reply.
 
-A hostile client computes its honest reply and replaces part of it (:mod:`fedica.attacks` holds
-the replacements). :func:`hostile_reply` is that replacement as a reply transform of the client
+A hostile client computes its honest reply and replaces part of it (:mod:`fedica.attacks`, this
+module's package, holds the replacements). :func:`hostile_reply` is that replacement as a reply transform of the client
 task registry (:mod:`fedica.protocol.tasks`), the last link of :data:`fedica.tasks.CLIENT_TASKS`:
 it acts on a client of fedica's own scenarios whose run's ``attack`` config makes it hostile, and
 passes every other reply through, so fedica's ClientApp and the in-memory estimators answer
@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 
 from fedica import attacks
-from fedica.config import client_count
-from fedica.data.scenarios import ica_scenario_data, ica_scenario_truth, scenario_client_data
+from fedica.data.scenarios import client_count, ica_scenario_data, ica_scenario_truth, scenario_client_data
 from fedica.fedgem.local import uncertainty_radius
 from fedica.rfica import client as rfica_client
 from fedica.protocol import (
