@@ -70,12 +70,22 @@ def without_run_specifics(folder: Path) -> dict:
     return result
 
 
+def _saved_after_first_stage(out_dir) -> bool:
+    try:
+        status = json.loads((out_dir / "partial_result.json").read_text()).get("status", "")
+    except (OSError, ValueError):
+        return False
+    return status.startswith("saved after stage 1 ")
+
+
 def test_a_deployment_whose_serverapp_is_killed_resumes_to_the_uninterrupted_result(tmp_path):
     killed = tmp_path / "killed"
     launcher = subprocess.Popen(deploy("--out-dir", str(killed)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True)
     deadline = time.monotonic() + 600
-    while not list((killed / JOURNAL_DIR).glob("stage_*.npz")) and launcher.poll() is None and time.monotonic() < deadline:
+    # Killed once stage 1 is saved and its status written (the ServerApp writes the stage file first, then
+    # partial_result.json: killed in between, the status would not exist yet).
+    while not _saved_after_first_stage(killed) and launcher.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     pid = serverapp(launcher.pid)
     assert pid is not None, "no flwr-serverapp under the launcher"
