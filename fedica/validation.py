@@ -9,6 +9,7 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
+from sklearn.utils.validation import validate_data
 
 
 def as_float_array(value, name):
@@ -89,23 +90,42 @@ def is_site_list(X) -> bool:
         for site in X)
 
 
-def sites_of_rows(X, groups) -> tuple[list, list[np.ndarray] | None]:
-    """scikit-learn's form of a federation: the rows of one array ``X``, assigned to sites by ``groups``.
+def fit_sites(estimator, X, groups, *, min_rows) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """The sites of a fit, in either form, checked; sets ``n_features_in_`` and ``feature_names_in_`` on ``estimator``.
 
-    ``X`` is already checked (a 2-D float array or a DataFrame); ``groups`` (as scikit-learn's ``GroupKFold``
-    takes them) holds one site label per row, any hashable values, the sites in their sorted order; None: one
-    site, a federation of one. Returns the sites' rows and, with ``groups``, each site's row indices in ``X``
-    (so that per-row results go back in ``X``'s order); None without.
+    scikit-learn's form: one array or DataFrame ``X`` (checked by scikit-learn's ``validate_data``) whose rows
+    ``groups`` assigns to sites (one label per row, any values, as ``GroupKFold`` takes them; the sites in their
+    sorted order); None: one site, a federation of one. The federation's form: a list of per-site arrays, without
+    ``groups``. ``min_rows(n_features)`` is the fewest rows a site needs.
+
+    Returns
+    -------
+    data : list of ndarray of shape (n_samples_g, n_features)
+    rows : list of ndarray, or None
+        In scikit-learn's form each site's row indices in ``X`` (per-row results go back in ``X``'s order);
+        None in the federation's form.
     """
-    if groups is None:
-        return [X], None
-    labels = np.asarray(groups)
-    if labels.ndim != 1 or labels.shape[0] != X.shape[0]:
-        raise ValueError(f"groups must hold one site label per row of X ({X.shape[0]}), got shape {labels.shape}")
-    _, codes = np.unique(labels, return_inverse=True)
-    rows = [np.flatnonzero(codes == g) for g in range(codes.max() + 1)]
-    take = (lambda index: X.iloc[index]) if hasattr(X, "iloc") else (lambda index: X[index])
-    return [take(index) for index in rows], rows
+    if is_site_list(X):
+        if groups is not None:
+            raise ValueError("groups: give either one array X with groups, or a list of sites without")
+        names, sites, rows = column_names(X), X, None
+    else:
+        names = column_names([X])
+        X = validate_data(estimator, X, dtype=np.float64, ensure_min_samples=2)
+        if groups is None:
+            rows = [np.arange(X.shape[0])]
+        else:
+            labels = np.asarray(groups)
+            if labels.ndim != 1 or labels.shape[0] != X.shape[0]:
+                raise ValueError(f"groups must hold one site label per row of X ({X.shape[0]}), got shape "
+                                 f"{labels.shape}")
+            _, codes = np.unique(labels, return_inverse=True)
+            rows = [np.flatnonzero(codes == g) for g in range(codes.max() + 1)]
+        sites = [X[index] for index in rows]
+    data = check_sites(sites, min_sites=1, min_rows=min_rows)
+    estimator.n_features_in_ = data[0].shape[1]
+    estimator.feature_names_in_ = names
+    return data, rows
 
 
 def check_sites(sites, *, min_sites: int, min_rows) -> list[np.ndarray]:

@@ -26,7 +26,7 @@ from fedica.parameters import FEDGEM_PARAMETERS
 from fedica.persistence import SaveLoadMixin, read_result
 from fedica.protocol import ArraySite, ClientTasks, InMemoryFederation
 from fedica.seeding import generator, sklearn_seed
-from fedica.validation import check_columns, check_seed, check_sites, column_names, is_site_list, sites_of_rows
+from fedica.validation import check_columns, check_seed, fit_sites, is_site_list
 
 _P = FEDGEM_PARAMETERS  # short, for the signature below
 
@@ -282,21 +282,9 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         # Every argument is checked before any work: a mistake is one line naming it, not a failure after the rounds.
         FEDGEM_PARAMETERS.check(self.get_params())
         seed = check_seed(self.random_state)
-        one_array = not is_site_list(X)
-        if not one_array:
-            if groups is not None:
-                raise ValueError("groups: give either one array X with groups, or a list of sites without")
-            if n_local_clusters is None and y is not None:
-                n_local_clusters = y
-            sites, rows = X, None
-            names = column_names(sites)
-        else:
-            names = column_names([X])
-            X = validate_data(self, X, dtype=np.float64, ensure_min_samples=2)
-            sites, rows = sites_of_rows(X, groups)
-        data = check_sites(sites, min_sites=1, min_rows=lambda d: 2)
-        self.n_features_in_ = data[0].shape[1]
-        self.feature_names_in_ = names
+        if is_site_list(X) and n_local_clusters is None:
+            n_local_clusters = y  # the federation's form keeps its second positional argument, the sites' K_g
+        data, rows = fit_sites(self, X, groups, min_rows=lambda d: 2)
         if self.dp_epsilon is not None and n_local_clusters is None:
             raise ValueError("n_local_clusters=None: a private fit needs each site's K_g (a site's own choice is not private)")
         # The sites choose K_g on the points they will fit: standardised by what the protocol's first exchange
@@ -324,8 +312,8 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
                  for g, (X, k) in enumerate(zip(data, self.n_local_clusters_))}
         InMemoryFederation(sites, SITE_TASKS, server.rejected).run(server.run())
         self._store(server, data)
-        if one_array:
-            self.labels_ = _labels_in_row_order(self.labels_, rows, data)
+        if rows is not None:
+            self.labels_ = _labels_in_row_order(self.labels_, rows)
         return self
 
     def fit_predict(self, X, y=None, *, groups=None, n_local_clusters: int | Sequence[int] | None = None):
@@ -569,9 +557,8 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         self.rejected_ = server.rejected
 
 
-def _labels_in_row_order(site_labels: list, rows: list[np.ndarray] | None, data: list[np.ndarray]) -> np.ndarray:
+def _labels_in_row_order(site_labels: list, rows: list[np.ndarray]) -> np.ndarray:
     """The sites' labels as one array in the order of the rows of scikit-learn's one ``X`` (-1: a site left out)."""
-    rows = rows if rows is not None else [np.arange(data[0].shape[0])]
     labels = np.full(sum(index.size for index in rows), -1, dtype=np.int64)
     for index, site in zip(rows, site_labels):
         if site is not None:

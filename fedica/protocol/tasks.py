@@ -96,12 +96,11 @@ class ArraySite:
     _in_units: tuple[Any, ClientData] | None = field(default=None, init=False, repr=False)
 
     def points(self, values: Mapping[str, Any]) -> ClientData:
-        named = [(key, values[key]) for key in POINT_UNITS if values.get(key) is not None]
-        if not named:
+        key = next((key for key in POINT_UNITS if values.get(key) is not None), None)
+        if key is None:
             return self.data
-        if self._in_units is None or self._in_units[0] != named:
-            key = named[0][0]
-            self._in_units = (named, POINT_UNITS[key](self.data, values))
+        if self._in_units is None or self._in_units[0] != values[key]:
+            self._in_units = (values[key], POINT_UNITS[key](self.data, values))
         return self._in_units[1]
 
     def training_points(self, values: Mapping[str, Any]) -> np.ndarray:

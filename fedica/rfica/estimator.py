@@ -21,7 +21,7 @@ from fedica.rfica.coordinator import (
     rfica_protocol,
 )
 from fedica.rfica.privacy import check_covered, private_mixing_reply
-from fedica.validation import check_columns, check_seed, check_sites, column_names, is_site_list, sites_of_rows
+from fedica.validation import check_columns, check_seed, fit_sites
 
 _P = RFICA_PARAMETERS  # short, for the signature below
 
@@ -210,17 +210,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         """
         RFICA_PARAMETERS.check(self.get_params())  # before any work: a mistake is one line naming the argument
         check_covered(self.get_params())
-        if is_site_list(X):
-            if groups is not None:
-                raise ValueError("groups: give either one array X with groups, or a list of sites without")
-            sites, names = X, column_names(X)
-        else:
-            names = column_names([X])
-            X = validate_data(self, X, dtype=np.float64, ensure_min_samples=2)
-            sites, _ = sites_of_rows(X, groups)
-        data = check_sites(sites, min_sites=1, min_rows=lambda d: d + 1)
-        self.n_features_in_ = data[0].shape[1]
-        self.feature_names_in_ = names
+        data, _ = fit_sites(self, X, groups, min_rows=lambda d: d + 1)
         if isinstance(self.n_components, Integral) and self.n_components > data[0].shape[1]:
             raise ValueError(f"n_components={self.n_components}: must be at most the {data[0].shape[1]} features")
         state = self._state(data[0].shape[1], len(data))
