@@ -19,8 +19,9 @@ processes to code that needs them (tests that stop a node mid-run).
 
 The package by concern: :mod:`.options` (the engine section, ports), :mod:`.errors`,
 :mod:`.overrides` (the config as Hydra overrides), :mod:`.supernodes` (node configs),
-:mod:`.bundle` (the Flower App and its run config), :mod:`.tls` (certificates and keys),
-:mod:`.processes` (starting and stopping processes, signals), :mod:`.local`
+:mod:`.bundle` (the Flower App and its run config), :mod:`.tls` (certificates and keys, written
+as new files), :mod:`.secret` (the SuperExec secret that guards each machine's Runtime API),
+:mod:`.processes` (starting and stopping processes, signals), :mod:`.localhost`
 (:class:`LocalDeployment`, :func:`run_deployment`), :mod:`.commands` (``--print-commands``) and
 :mod:`.cli` (``fedica-deploy``).
 """
@@ -58,8 +59,9 @@ from .processes import (
     start_process,
     terminate,
 )
+from .secret import make_superexec_secret
 from .supernodes import deployment_node_configs, node_config_arg
-from .tls import TlsFiles, certificate_names, make_node_key, make_tls_files
+from .tls import TlsFiles, certificate_names, make_node_key, make_tls_files, write_new_file
 
 __all__ = [
     "APP_COMPONENTS", "APP_CONFIG", "APP_DIR_NAME", "APP_PUBLISHER", "APP_SUBPACKAGES",
@@ -68,6 +70,6 @@ __all__ = [
     "DeploymentError", "DeploymentOptions", "LocalDeployment", "ManagedProcess", "PortInUse", "RunFailed", "TlsFiles",
     "app_pyproject", "build_app", "build_parser", "certificate_names", "check_ports_free", "compose",
     "config_overrides", "deployment_node_configs", "flower_environment", "flower_executable",
-    "launcher_overrides", "main", "make_node_key", "make_tls_files", "node_config_arg", "port_is_free",
-    "print_commands", "resolve_out_dir", "run_deployment", "start_process", "terminate", "write_run_config",
+    "launcher_overrides", "main", "make_node_key", "make_superexec_secret", "make_tls_files", "node_config_arg", "port_is_free",
+    "print_commands", "resolve_out_dir", "run_deployment", "start_process", "terminate", "write_new_file", "write_run_config",
 ]

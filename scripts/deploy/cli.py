@@ -90,7 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = DeploymentOptions.from_engine(cfg["engine"])
     if args.print_commands:
         out_dir = resolve_out_dir(options)
-        print(print_commands(cfg, out_dir, args.superlink_address or socket.getfqdn()), end="")
+        try:
+            text = print_commands(cfg, out_dir, args.superlink_address or socket.getfqdn())
+        except OSError as err:  # a key, certificate or secret that would overwrite a file or follow a link
+            print(f"fedica-deploy: {err}", file=sys.stderr)
+            return 2
+        print(text, end="")
         return 0
     try:
         result = run_deployment(cfg)

@@ -35,7 +35,7 @@ def print_commands(cfg: Mapping[str, Any], out_dir: Path, superlink_address: str
     results_dir = out_dir / "result"
     run_config = write_run_config(out_dir / "run_config.toml", config_overrides(cfg), results_dir)
     address = join_host_port(superlink_address, options.superlink_port)
-    superlink, connection, tls_note = _superlink_setup(options, out_dir, superlink_address, address)
+    superlink, connection, tls_note, ca_cert = _superlink_setup(options, out_dir, superlink_address, address)
 
     lines = [
         f"# fedica across machines: one SuperLink and {len(configs)} SuperNodes (docs/DEPLOYMENT.md).",
@@ -44,8 +44,11 @@ def print_commands(cfg: Mapping[str, Any], out_dir: Path, superlink_address: str
         + (", certs/" if options.tls else "") + (", keys/" if options.node_auth else ""),
         *tls_note,
         "",
-        "# 1. On the SuperLink machine (FLWR_DISABLE_UPDATE_CHECK=1 FLWR_TELEMETRY_ENABLED=0 keep it quiet):",
-        shlex.join(superlink),
+        "# 1. On the SuperLink machine (FLWR_DISABLE_UPDATE_CHECK=1 FLWR_TELEMETRY_ENABLED=0 keep it quiet): its secret,",
+        "#    the SuperLink, and the SuperExec that runs the ServerApp (the only process the secret lets take it):",
+        shlex.join(MAKE_SECRET),
+        shlex.join(superlink) + " &",
+        shlex.join(_superexec(join_host_port("127.0.0.1", options.superlink_port), ca_cert)),
         "",
         "# 2. On the SuperLink machine, the only one whose `flwr` commands it answers (from another machine, through",
         f"#    `ssh -N -L {options.superlink_port}:127.0.0.1:{options.superlink_port} <superlink machine>`), add this connection",
@@ -61,26 +64,28 @@ def print_commands(cfg: Mapping[str, Any], out_dir: Path, superlink_address: str
 
 def _superlink_setup(
     options: DeploymentOptions, out_dir: Path, superlink_address: str, address: str
-) -> tuple[list[str], list[str], list[str]]:
-    """The SuperLink's command, the submitting machine's connection entry, and a note on TLS (writes ``certs/``)."""
+) -> tuple[list[str], list[str], list[str], Path | None]:
+    """The SuperLink's command, the submitting machine's connection entry, a note on TLS and the CA
+    certificate (writes ``certs/``)."""
     superlink = ["fedica-superlink", "--host", options.host, "--port", str(options.superlink_port),
                  "--database", "fedica-superlink.db", "--disable-runtime-dependency-installation",
-                 "--max-reply-mib", str(options.max_reply_mib)]
+                 "--max-reply-mib", str(options.max_reply_mib), *ISOLATION]
     # The Control API answers only the SuperLink machine's loopback address (scripts/deploy/superlink.py).
     connection = [f"[superlink.{CONNECTION}]", f"address = {toml_string(join_host_port('127.0.0.1', options.superlink_port))}"]
-    tls_note = []
+    tls_note, ca_cert = [], None
     if options.tls:
         tls = make_tls_files(out_dir / "certs", certificate_names(options, [superlink_address]), days=365)
         superlink += ["--ssl-ca-certfile", str(tls.ca_cert), "--ssl-certfile", str(tls.server_cert), "--ssl-keyfile", str(tls.server_key)]
         connection.append(f"root-certificates = {toml_string(str(tls.ca_cert))}")
         tls_note = [f"# TLS: the SuperLink's certificate is valid for {', '.join(certificate_names(options, [superlink_address]))}.",
                     f"# Copy {tls.ca_cert} (the CA, not secret) to every site; {tls.server_key} stays on the SuperLink."]
+        ca_cert = tls.ca_cert
     else:
         superlink.append("--insecure")
         connection.append("insecure = true")
     if options.node_auth:
         superlink.append("--enable-supernode-auth")
-    return superlink, connection, tls_note
+    return superlink, connection, tls_note, ca_cert
 
 
 def _registration_lines(out_dir: Path, n_supernodes: int) -> list[str]:
@@ -99,7 +104,7 @@ def _supernode_lines(options: DeploymentOptions, configs: Sequence[Mapping[str, 
     """One SuperNode command per site."""
     lines = ["", f"# {'4' if options.node_auth else '3'}. On each site, one SuperNode (node i reads its own partition or file):"]
     for i, config in enumerate(configs):
-        node = ["flower-supernode", "--superlink", address, "--node-config", node_config_arg(config)]
+        node = ["flower-supernode", "--superlink", address, "--node-config", node_config_arg(config), *ISOLATION]
         if options.tls:
             node += ["--root-certificates", "ca.pem"]
         else:
@@ -107,8 +112,22 @@ def _supernode_lines(options: DeploymentOptions, configs: Sequence[Mapping[str, 
         if options.node_auth:
             node += ["--auth-supernode-private-key", f"supernode-{i}"]
         site = f"# site {i}" + (f" (copy ca.pem{' and keys/supernode-' + str(i) if options.node_auth else ''} there)" if options.tls else "")
-        lines += [site, shlex.join(node)]
+        lines += [site, shlex.join(MAKE_SECRET), shlex.join(node) + " &",
+                  shlex.join(_superexec("127.0.0.1:9094", None))]
     return lines
+
+
+# Each machine makes its own SuperExec secret (a new file, mode 600) and keeps it: the SuperLink or
+# SuperNode hands a task only to the SuperExec that signs with it (scripts/deploy/secret.py).
+SECRET_FILE = "superexec.secret"
+MAKE_SECRET = ["python", "-m", "fedica.scripts.deploy.secret", SECRET_FILE]
+ISOLATION = ["--isolation", "process", "--superexec-auth-secret-file", SECRET_FILE]
+
+
+def _superexec(runtime_address: str, ca_cert: Path | None) -> list[str]:
+    """Flower's SuperExec for the SuperLink or SuperNode whose Runtime API is at ``runtime_address``."""
+    command = ["flower-superexec", "--runtime-api-address", runtime_address, "--superexec-auth-secret-file", SECRET_FILE]
+    return command + (["--root-certificates", str(ca_cert)] if ca_cert else ["--insecure"])
 
 
 def _submit_lines(options: DeploymentOptions, app_dir: Path, run_config: Path, results_dir: Path) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -21,9 +22,10 @@ from fedica.results import PARTIAL_RESULT_FILE, write_json_atomic
 
 from .bundle import build_app, toml_string, write_run_config
 from .errors import DeploymentError, RunFailed
-from .options import CONNECTION, DeploymentOptions, check_ports_free
+from .options import CONNECTION, DeploymentOptions, check_ports_free, join_host_port
 from .overrides import config_overrides, resolve_out_dir
 from .processes import (
+    KEPT_FLOWER_VARIABLES,
     ManagedProcess,
     flower_environment,
     flower_executable,
@@ -33,6 +35,7 @@ from .processes import (
     terminate,
     uninterruptible,
 )
+from .secret import make_superexec_secret
 from .supernodes import deployment_node_configs, node_config_arg
 from .tls import TlsFiles, certificate_names, make_node_key, make_tls_files
 
@@ -68,6 +71,10 @@ class LocalDeployment:
         self.log_dir = Path(log_dir).resolve()
         self.superlink: ManagedProcess | None = None
         self.supernodes: list[ManagedProcess] = []
+        # The SuperExec of the SuperLink and of each SuperNode: the only processes that hold the secret
+        # (``superexec.secret``) their Runtime API asks of whoever takes a task.
+        self.superexecs: dict[str, ManagedProcess] = {}
+        self.superexec_secret: Path | None = None
         self.node_ids: list[int] = []
         self.tls: TlsFiles | None = None
         self._temp: Path | None = None
@@ -109,9 +116,14 @@ class LocalDeployment:
         started = time.monotonic()
         if options.tls:
             self.tls = make_tls_files(self.temp / "certs", certificate_names(options))
+        self.superexec_secret = make_superexec_secret(self.temp / "superexec.secret")
+        ignored = sorted(key for key in os.environ if key.startswith("FLWR_") and key not in KEPT_FLOWER_VARIABLES)
+        if ignored:
+            log.warning("the deployment's Flower processes do not inherit %s from this environment", ", ".join(ignored))
         self._write_cli_config()
         self.superlink = self._start_superlink()
         self._await_superlink(started + options.startup_timeout)
+        self._start_superexec("superlink", self.superlink, self.options.superlink_address, tls=self.tls is not None)
         keys: list[Path | None] = [None] * len(self.node_configs)
         if options.node_auth:
             pairs = [make_node_key(self.temp / "keys", f"supernode-{i}") for i in range(len(self.node_configs))]
@@ -127,16 +139,35 @@ class LocalDeployment:
     def close(self) -> None:
         """Stop every process (SuperNodes first, so that they leave the federation cleanly) and delete the temporary files."""
         with uninterruptible():
-            terminate(self.supernodes + self._extra, self.options.shutdown_grace)
+            terminate(self.supernodes + self._extra + list(self.superexecs.values()), self.options.shutdown_grace)
             if self.superlink is not None:
                 terminate([self.superlink], self.options.shutdown_grace)
+            self.superexecs.clear()
             if self._temp is not None:
                 shutil.rmtree(self._temp, ignore_errors=True)
                 self._temp = self._app = self._fab = None
                 self._node_homes.clear()
 
     def processes(self) -> list[ManagedProcess]:
-        return ([self.superlink] if self.superlink else []) + self.supernodes + self._extra
+        return ([self.superlink] if self.superlink else []) + self.supernodes + self._extra + list(self.superexecs.values())
+
+    def _isolation_arguments(self) -> list[str]:
+        """Process isolation: the SuperLink or SuperNode runs no SuperExec of its own (whose Runtime API
+        requests Flower leaves unsigned in subprocess mode) and hands tasks only to a signed request."""
+        return ["--isolation", "process", "--superexec-auth-secret-file", str(self.superexec_secret)]
+
+    def _start_superexec(self, name: str, owner: ManagedProcess, runtime_address: str, *, tls: bool) -> ManagedProcess:
+        """Flower's SuperExec for ``owner`` (the SuperLink or a SuperNode), signing with the deployment's secret.
+
+        It exits with ``owner`` (``--parent-pid``); :meth:`close` stops it too.
+        """
+        command = [flower_executable("flower-superexec"), "--runtime-api-address", runtime_address,
+                   "--superexec-auth-secret-file", str(self.superexec_secret), "--parent-pid", str(owner.pid)]
+        command += ["--root-certificates", str(self.tls.ca_cert)] if tls else ["--insecure"]
+        env = flower_environment(self.temp / "flwr-home" / name)
+        process = start_process(f"SuperExec of {owner.name}", command, self.log_dir / f"{name}-superexec.log", env, self.log_dir)
+        self.superexecs[name] = process
+        return process
 
     # -- processes
 
@@ -159,6 +190,7 @@ class LocalDeployment:
             "--database", str(self.temp / "superlink-state.db"),
             "--disable-runtime-dependency-installation",
             "--max-reply-mib", str(options.max_reply_mib),
+            *self._isolation_arguments(),
         ]
         if self.tls is None:
             command.append("--insecure")
@@ -216,6 +248,7 @@ class LocalDeployment:
             "--superlink", options.superlink_address if superlink is None else superlink,
             "--port", str(port),
             "--node-config", node_config_arg(node_config),
+            *self._isolation_arguments(),
         ]
         if self.tls is None:
             command.append("--insecure")
@@ -231,6 +264,8 @@ class LocalDeployment:
                 self._install_fab([home])
         env = flower_environment(home)
         process = start_process(f"SuperNode {name}", command, self.log_dir / f"{name}.log", env, self.log_dir)
+        # Its Runtime API serves loopback without TLS (Flower's default for --host).
+        self._start_superexec(name, process, join_host_port("127.0.0.1", port), tls=False)
         if len(self.supernodes) >= len(self.node_configs):
             self._extra.append(process)  # a node beyond the scenario's (say, an intruder in a test); stopped on close too
         return process

@@ -42,9 +42,16 @@ def flower_executable(name: str) -> str:
     return found
 
 
+# Of the caller's FLWR_* variables, the ones a launched Flower process keeps: the others change what it
+# exposes or whom it trusts (extra gRPC servers, runtime URLs, API keys), which the launcher decides.
+KEPT_FLOWER_VARIABLES = frozenset({"FLWR_LOG_LEVEL"})
+
+
 def flower_environment(flwr_home: Path) -> dict[str, str]:
-    """The environment of one Flower process: its own FLWR_HOME, this Python's bin first on PATH."""
-    env = dict(os.environ)
+    """The environment of one Flower process: its own FLWR_HOME, this Python's bin first on PATH, and
+    no FLWR_* variable of the caller's but :data:`KEPT_FLOWER_VARIABLES`."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("FLWR_") or key in KEPT_FLOWER_VARIABLES}
     env.update(FLOWER_ENV)
     env["FLWR_HOME"] = str(flwr_home)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])

@@ -28,17 +28,36 @@ with that site's reply missing whenever the ServerApp asks for the refused objec
 it is busy with the reply's objects the SuperNode never pushed after the refusal: those wait for
 Flower's expiry). The ServerApp's own, relative, bound
 (``fedica.protocol.messages.reply_size_limits``) still checks every reply that arrives.
+
+Before authentication nothing costs memory (:class:`SignedBeforeRead`, and :class:`BoundedReplies`'
+own rules):
+
+- with ``--enable-supernode-auth``, a Fleet API request's node signature (Flower's: a signed
+  timestamp and a registered public key, in the headers) is checked before a byte of its body is
+  read; Flower checks it again, with the node id inside the body, after;
+- a body must arrive within :data:`BODY_SECONDS`, and all bodies being read or handled at once
+  hold at most :data:`IN_FLIGHT_REPLIES` times the bound (beyond, ``503``, which Flower's
+  SuperNodes retry);
+- a reply's byte count is kept only for a push session that Flower opened (its answer to a
+  ``push-messages`` that it stored), so that junk pushes cannot evict it; a ``push-object``
+  without a session id is refused (Flower 1.42 always sends one);
+- a ``push-messages`` whose message claims another node as its sender than the request's node
+  is refused: a registered node cannot answer another node's instruction in that node's name.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
+import datetime
 import ipaddress
 import json
 import logging
+import os
 import sys
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 log = logging.getLogger("fedica.deploy")
 
@@ -96,6 +115,59 @@ class OperatorOnlyBeyondFleet:
         await self.app(scope, receive, send)
 
 
+class SignedBeforeRead:
+    """ASGI middleware: with SuperNode authentication on, a Fleet API request whose headers do not carry a
+    valid node signature of a registered key is answered ``401`` before any of its body is read.
+
+    Flower's own check (``flwr.superlink.routers.fleet.node_auth``) runs after its body is parsed: an
+    unauthenticated peer could otherwise make the SuperLink read a body of up to the bound first. The
+    same rules as Flower's are applied to the headers (a timestamp inside Flower's window, signed by
+    the public key sent beside it); the key must belong to a node the operator registered. Flower then
+    checks that the body's node id is that key's.
+    """
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        app_state = getattr(scope.get("app"), "state", None)
+        if path.startswith(PUBLIC_PATH_PREFIXES) and getattr(app_state, "enable_supernode_auth", False):
+            from starlette.concurrency import run_in_threadpool
+
+            reason = await run_in_threadpool(unsigned_reason, dict(scope.get("headers", [])), app_state)
+            if reason is not None:
+                await _answer(scope, send, 401, f"fedica-superlink: {reason}; nothing of the request was read")
+                return
+        await self.app(scope, receive, send)
+
+
+def unsigned_reason(headers: dict[bytes, bytes], app_state) -> str | None:
+    """Why a Fleet API request's headers do not authenticate a registered node (None: they do)."""
+    from flwr.common.constant import SYSTEM_TIME_TOLERANCE, TIMESTAMP_HEADER, TIMESTAMP_TOLERANCE
+    from flwr.supercore.constant import FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SIGNATURE_HEADER
+    from flwr.supercore.primitives.asymmetric import bytes_to_public_key, verify_signature
+
+    try:
+        public_key = base64.b64decode(headers[FLEET_HTTP_PUBLIC_KEY_HEADER.encode()], validate=True)
+        signature = base64.b64decode(headers[FLEET_HTTP_SIGNATURE_HEADER.encode()], validate=True)
+        timestamp = headers[TIMESTAMP_HEADER.encode()].decode("ascii")
+        age = (datetime.datetime.now(datetime.timezone.utc) - datetime.datetime.fromisoformat(timestamp)).total_seconds()
+    except (KeyError, ValueError, TypeError, UnicodeError, OverflowError):
+        return "no node signature in the request's headers"
+    if not -SYSTEM_TIME_TOLERANCE < age < TIMESTAMP_TOLERANCE + SYSTEM_TIME_TOLERANCE:
+        return "the node signature's timestamp is outside Flower's window"
+    try:
+        valid = verify_signature(bytes_to_public_key(public_key), timestamp.encode("ascii"), signature)
+    except (ValueError, TypeError):
+        valid = False
+    if not valid:
+        return "the node signature does not verify"
+    if app_state.linkstate_factory.state().get_node_id_by_public_key(public_key) is None:
+        return "the signing key is not one the operator registered"
+    return None
+
+
 # The bound of one reply. Honest replies of fedica's tasks are kilobytes to a few MiB (FedGEM's rounds
 # 3 d K_g numbers, RF-ICA's d r and d^2, the evaluation's contingency counts); the comparators' per-point
 # residuals grow with a site's size (8 bytes a point: 64 MiB is 8 million points). A site with more
@@ -104,9 +176,20 @@ DEFAULT_MAX_REPLY_MIB = 64
 PUSH_OBJECT_PATH = "/v1/fleet/push-object"
 # Where the ServerApp pulls a reply's objects (Flower's Runtime API).
 PULL_OBJECT_PATH = "/v1/runtime/pull-object"
+PUSH_MESSAGES_PATH = "/v1/fleet/push-messages"
 # How many pushed replies' byte counts are kept: a reply's objects are pushed right after its message,
-# so only the newest sessions can still grow; the oldest are forgotten first.
+# so only the newest sessions can still grow; the oldest are forgotten first. Only sessions Flower
+# opened are kept, so only replies Flower stored can push older ones out.
 TRACKED_SESSIONS = 65_536
+# The seconds a Fleet API request's body may take to arrive. An honest body of the bound (64 MiB) takes
+# a second on a 1 Gbit/s link; a peer that holds its last byte is cut off instead of holding memory.
+BODY_SECONDS = 60.0
+# The bodies being read or handled at once hold at most this many times the bound.
+IN_FLIGHT_REPLIES = 2
+
+
+class _Busy(Exception):
+    """Reading another chunk would take the bodies in flight beyond their global bound."""
 
 
 class BoundedReplies:
@@ -120,9 +203,13 @@ class BoundedReplies:
     (a permanent failure to Flower's ServerApp, which would otherwise retry it for minutes).
     """
 
-    def __init__(self, app, limit: int = DEFAULT_MAX_REPLY_MIB * 2**20) -> None:
+    def __init__(self, app, limit: int = DEFAULT_MAX_REPLY_MIB * 2**20, *, body_seconds: float = BODY_SECONDS,
+                 in_flight_limit: int | None = None) -> None:
         self.app = app
         self.limit = int(limit)
+        self.body_seconds = float(body_seconds)
+        self.in_flight_limit = IN_FLIGHT_REPLIES * self.limit if in_flight_limit is None else int(in_flight_limit)
+        self.in_flight = 0  # the bytes of the Fleet API bodies read and not yet handled
         self.session_objects: OrderedDict[tuple[int, str], dict[str, int]] = OrderedDict()
         self.refused_objects: OrderedDict[tuple[int, str], None] = OrderedDict()
 
@@ -138,9 +225,25 @@ class BoundedReplies:
         if declared is not None and declared > self.limit:
             await self._refuse(scope, send, f"the request holds {declared} bytes")
             return
-        body = await _read_body(receive, self.limit)
-        if body is None:
-            return  # the peer left; nothing to answer
+        held = [0]  # the bytes this request counts in self.in_flight, given back when it is handled
+        try:
+            try:
+                body = await asyncio.wait_for(self._read_fleet_body(receive, held), self.body_seconds)
+            except asyncio.TimeoutError:
+                await self._answer(scope, send, 408, f"fedica-superlink: the request's body did not arrive within "
+                                                     f"{self.body_seconds:.0f} s")
+                return
+            except _Busy:
+                await self._answer(scope, send, 503, "fedica-superlink: too many request bodies at once; retry")
+                return
+            if body is None:
+                return  # the peer left; nothing to answer
+            await self._handle(scope, receive, send, path, body)
+        finally:
+            self.in_flight -= held[0]
+
+    async def _handle(self, scope, receive, send, path: str, body: bytes) -> None:
+        """A Fleet API request whose body (at most ``limit`` + one chunk) was read."""
         if len(body) > self.limit:
             if path == PUSH_OBJECT_PATH:
                 self._remember_refused(*_object_key(body))
@@ -148,10 +251,67 @@ class BoundedReplies:
             return
         if path == PUSH_OBJECT_PATH:
             total = self._count_object(body)
+            if total == NO_SESSION:
+                await self._answer(scope, send, 400, "fedica-superlink: an object pushed without its push session's id")
+                return
             if total is not None and total > self.limit:
                 await self._refuse(scope, send, f"the objects of one reply hold {total} bytes")
                 return
+        if path == PUSH_MESSAGES_PATH:
+            run_id, impostor = _sender_check(body)
+            if impostor:
+                await self._answer(scope, send, 403, f"fedica-superlink: {impostor}")
+                return
+            await self.app(scope, _replaying(body, receive), self._opened_session(send, run_id))
+            return
         await self.app(scope, _replaying(body, receive), send)
+
+    async def _read_fleet_body(self, receive, held: list[int]) -> bytes | None:
+        """:func:`_read_body`, with every chunk counted against the bodies in flight (``held[0]``: this one's share)."""
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            # One request alone may always reach the bound (its last chunk beyond it is refused with 413).
+            if self.in_flight > held[0] and self.in_flight + len(chunk) > self.in_flight_limit:
+                raise _Busy
+            self.in_flight += len(chunk)
+            held[0] += len(chunk)
+            body += chunk
+            if len(body) > self.limit or not message.get("more_body", False):
+                return bytes(body)
+
+    def _opened_session(self, send, run_id: int | None):
+        """``send``, noting the push session Flower's answer to a ``push-messages`` opens (its bytes are counted)."""
+        start: dict = {}
+        answer = bytearray()
+
+        async def noting(message) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+            elif message["type"] == "http.response.body" and len(answer) <= MAX_SESSION_ANSWER:
+                answer.extend(message.get("body", b""))
+                if not message.get("more_body", False) and start.get("status") == 200 and run_id is not None:
+                    self._open_session(run_id, bytes(answer))
+            await send(message)
+
+        return noting
+
+    def _open_session(self, run_id: int, answer: bytes) -> None:
+        from flwr.proto.fleet_pb2 import PushMessagesResponse  # pylint: disable=no-name-in-module
+        from google.protobuf.message import DecodeError
+
+        response = PushMessagesResponse()
+        try:
+            response.ParseFromString(answer)
+        except DecodeError:
+            return
+        if response.session_id:
+            self.session_objects[(run_id, str(response.session_id))] = {}
+            while len(self.session_objects) > TRACKED_SESSIONS:
+                self.session_objects.popitem(last=False)
 
     async def _pull_object(self, scope, receive, send) -> None:
         """The ServerApp's pull of an object: Flower's answer, or "not found" for a refused object Flower lacks."""
@@ -191,7 +351,8 @@ class BoundedReplies:
         await send({"type": "http.response.body", "body": missing})
 
     def _count_object(self, body: bytes) -> int | None:
-        """The bytes of the reply this pushed object belongs to, with it; None for a body Flower will refuse itself."""
+        """The bytes of the reply this pushed object belongs to, with it; None for a body Flower will refuse itself
+        (not a ``PushObjectRequest``, or of a session Flower did not open here); :data:`NO_SESSION` without a session id."""
         from flwr.proto.message_pb2 import PushObjectRequest  # pylint: disable=no-name-in-module
         from google.protobuf.message import DecodeError
 
@@ -200,8 +361,13 @@ class BoundedReplies:
             request.ParseFromString(body)
         except DecodeError:
             return None
+        if not request.session_id:
+            # Flower would look for the session itself, among every pending object of the run: uncounted.
+            return NO_SESSION
         key = (int(request.run_id), str(request.session_id))
-        objects = self.session_objects.pop(key, {})
+        if key not in self.session_objects:
+            return None
+        objects = self.session_objects.pop(key)
         objects.setdefault(request.object_id, len(request.object_content))
         total = sum(objects.values())
         if total > self.limit:
@@ -219,14 +385,52 @@ class BoundedReplies:
                 self.refused_objects.popitem(last=False)
 
     async def _refuse(self, scope, send, what: str) -> None:
-        client = scope.get("client")
         reason = f"fedica-superlink: {what}, more than the {self.limit} bytes a reply may hold (--max-reply-mib)"
-        log.warning("refused %s from %s: %s", scope.get("path"), client[0] if client else "an unknown peer", reason)
-        body = json.dumps({"detail": reason}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await self._answer(scope, send, 413, reason)
+
+    @staticmethod
+    async def _answer(scope, send, status: int, reason: str) -> None:
+        """Answer ``status`` with a JSON ``detail`` (Flower's form), log it, and close the connection."""
+        await _answer(scope, send, status, reason)
+
+
+async def _answer(scope, send, status: int, reason: str) -> None:
+    """Answer ``status`` with a JSON ``detail`` (Flower's form), log one line, and close the connection."""
+    client = scope.get("client")
+    log.warning("refused %s from %s: %s", scope.get("path"), client[0] if client else "an unknown peer", reason)
+    body = json.dumps({"detail": reason}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+NO_SESSION = -1
+# Flower's answer to a push-messages is a few hundred bytes (the session id and the object ids to push).
+MAX_SESSION_ANSWER = 2**20
+
+
+def _sender_check(body: bytes) -> tuple[int | None, str | None]:
+    """A ``push-messages`` body's run id, and why it is refused (None: not refused here).
+
+    Flower checks that the request's node (``node.node_id``) holds the key that signed it and that a
+    reply's sender is its instruction's destination, but not that the sender is the request's node.
+    """
+    from flwr.proto.fleet_pb2 import PushMessagesRequest  # pylint: disable=no-name-in-module
+    from google.protobuf.message import DecodeError
+
+    request = PushMessagesRequest()
+    try:
+        request.ParseFromString(body)
+    except DecodeError:
+        return None, None  # Flower refuses it itself
+    node_id = int(request.node.node_id)
+    for message in request.messages_list:
+        if int(message.metadata.src_node_id) != node_id:
+            return None, (f"node {node_id} pushed a reply in the name of node {message.metadata.src_node_id}; "
+                          "a node answers only its own instructions")
+    run_ids = {int(message.metadata.run_id) for message in request.messages_list}
+    return (run_ids.pop() if len(run_ids) == 1 else None), None
 
 
 def _object_key(prefix: bytes) -> tuple[int | None, str | None]:
@@ -313,7 +517,7 @@ def _content_length(scope) -> int | None:
 
 
 def install_operator_guard(max_reply_bytes: int = DEFAULT_MAX_REPLY_MIB * 2**20) -> None:
-    """Put :class:`OperatorOnlyBeyondFleet`, then :class:`BoundedReplies`, first in Flower's middleware.
+    """Put :class:`OperatorOnlyBeyondFleet`, :class:`SignedBeforeRead` and :class:`BoundedReplies` first in Flower's middleware.
 
     ``flwr.superlink.extensions.get_middleware`` is the hook Flower's SuperLink asks for extra
     middleware when it builds its app (``flwr.superlink.main``); the launcher wraps it, so Flower's
@@ -326,8 +530,8 @@ def install_operator_guard(max_reply_bytes: int = DEFAULT_MAX_REPLY_MIB * 2**20)
     flower_middleware = getattr(extensions.get_middleware, "flower_middleware", extensions.get_middleware)
 
     def get_middleware():
-        return (Middleware(OperatorOnlyBeyondFleet), Middleware(BoundedReplies, limit=max_reply_bytes),
-                *flower_middleware())
+        return (Middleware(OperatorOnlyBeyondFleet), Middleware(SignedBeforeRead),
+                Middleware(BoundedReplies, limit=max_reply_bytes), *flower_middleware())
 
     get_middleware.flower_middleware = flower_middleware
     extensions.get_middleware = get_middleware
@@ -344,9 +548,23 @@ def positive_mib(text: str) -> int:
     return value
 
 
+# Flower reads these to open gRPC servers of its Control and Fleet APIs beside the HTTP one: they would
+# answer on ports of their own, where neither the operator guard nor the reply bound sits.
+UNGUARDED_SERVER_VARIABLES = ("FLWR_INTERNAL_GRPC_CONTROL_API", "FLWR_INTERNAL_GRPC_FLEET_API")
+
+
+def unguarded_servers(environ: Mapping[str, str]) -> list[str]:
+    """The variables of :data:`UNGUARDED_SERVER_VARIABLES` that ``environ`` sets."""
+    return [name for name in UNGUARDED_SERVER_VARIABLES if name in environ]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``fedica-superlink [--max-reply-mib N] [flower-superlink arguments]``."""
     from flwr.superlink.cli.flower_superlink import flower_superlink
+
+    if unguarded_servers(os.environ):
+        sys.exit(f"fedica-superlink: {', '.join(unguarded_servers(os.environ))} is set: Flower would open a gRPC "
+                 "server outside the operator guard and the reply bound; unset it")
 
     parser = argparse.ArgumentParser(prog="fedica-superlink", add_help=False)
     parser.add_argument("--max-reply-mib", type=positive_mib, default=DEFAULT_MAX_REPLY_MIB,

@@ -1,4 +1,8 @@
-"""Certificates for the SuperLink (TLS) and SuperNode authentication keys, generated for a run."""
+"""Certificates for the SuperLink (TLS) and SuperNode authentication keys, generated for a run.
+
+Every file is written as a new file (:func:`write_new_file`): a folder that already holds one, or a
+symbolic link in its place, is refused rather than overwritten or followed.
+"""
 
 from __future__ import annotations
 
@@ -37,7 +41,6 @@ def make_tls_files(folder: Path, names: Iterable[str], days: int = 30) -> TlsFil
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    folder.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
 
@@ -47,9 +50,9 @@ def make_tls_files(folder: Path, names: Iterable[str], days: int = 30) -> TlsFil
     server_cert = _server_certificate(server_key, ca_key, ca_cert.subject, names, start, end)
 
     files = TlsFiles(folder / "ca.pem", folder / "server.pem", folder / "server.key")
-    files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    files.server_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    _write_secret(
+    write_new_file(files.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM), PUBLIC)
+    write_new_file(files.server_cert, server_cert.public_bytes(serialization.Encoding.PEM), PUBLIC)
+    write_new_file(
         files.server_key,
         server_key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -127,23 +130,47 @@ def make_node_key(folder: Path, name: str) -> tuple[Path, Path]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    folder.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
     private_path, public_path = folder / name, folder / f"{name}.pub"
-    _write_secret(
+    write_new_file(
         private_path,
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()),
     )
-    public_path.write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n"
+    write_new_file(
+        public_path,
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n",
+        PUBLIC,
     )
     return private_path, public_path
 
 
-def _write_secret(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
+SECRET, PUBLIC = 0o600, 0o644
+
+
+def write_new_file(path: Path, data: bytes, mode: int = SECRET) -> None:
+    """Write ``data`` to ``path``, which must not exist yet, with ``mode`` (600 by default: a secret).
+
+    Neither the file nor its folder may be a symbolic link: an existing file (or link) there is
+    refused with :class:`FileExistsError` naming it, never overwritten, and its mode never kept.
+    The folder is created (mode 700) when missing.
+    """
+    path = Path(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as err:
+        raise FileExistsError(f"{path.parent}: not a plain folder ({err.strerror}); keys are written only into a real folder") from None
+    try:
+        try:
+            fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=folder)
+        except FileExistsError:
+            raise FileExistsError(f"{path} already exists: keys and certificates are written only as new files "
+                                  "(choose an empty folder, or delete the old files)") from None
+        os.fchmod(fd, mode)  # the umask must not widen or narrow what is intended
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+    finally:
+        os.close(folder)
 
 
 def certificate_names(options: DeploymentOptions, extra: Iterable[str] = ()) -> list[str]:

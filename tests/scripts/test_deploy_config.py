@@ -13,6 +13,8 @@ import pytest
 from fedica.scripts import deploy
 from fedica.scripts.deploy import (
     bind,
+    secret as deploy_secret,
+    superlink as deploy_superlink,
     compose,
     config_overrides,
     deployment_node_configs,
@@ -92,6 +94,14 @@ def test_print_commands_for_separate_machines(tmp_path, capsys):
         assert f"partition-id={i} num-partitions=3" in command
         assert f"--auth-supernode-private-key supernode-{i}" in command
     assert any(c.startswith("flwr run ") and "--run-config" in c for c in commands)
+    # Every machine makes its own SuperExec secret; the SuperLink and each SuperNode hand tasks only to a
+    # SuperExec that signs with it (process isolation), started beside them.
+    isolated = "--isolation process --superexec-auth-secret-file superexec.secret"
+    assert isolated in superlink[0] and all(isolated in c for c in supernodes)
+    assert commands.count("python -m fedica.scripts.deploy.secret superexec.secret") == 4
+    superexecs = [c for c in commands if c.startswith("flower-superexec")]
+    assert len(superexecs) == 4 and all("--superexec-auth-secret-file superexec.secret" in c for c in superexecs)
+    assert "--runtime-api-address 127.0.0.1:9443" in superexecs[0] and "--root-certificates" in superexecs[0]
     # The files the commands name exist, and the certificate is valid for the advertised name.
     from cryptography import x509
 
@@ -120,3 +130,50 @@ def test_binding_refuses_missing_or_forged_registrations(tmp_path, capsys):
     assert bind.main([str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "run step 3's register commands first" in err and "not Flower's answer" in err and "root:x" not in err
+
+
+def test_keys_certificates_and_secrets_are_written_as_new_private_files_only(tmp_path, capsys):
+    # Row 5 of issue 43: key writing followed a symlink and kept an existing file's mode (a private key in a 644 file).
+    elsewhere = tmp_path / "elsewhere.pem"
+    elsewhere.write_text("someone else's file\n")
+    printed = ["--print-commands", "--tls", "--node-auth", "--superlink-address", "link.example.org"]
+    cases = {
+        "a link in the key's place": lambda out: (out / "certs").mkdir() or (out / "certs" / "ca.pem").symlink_to(elsewhere),
+        "an old key file": lambda out: (out / "keys").mkdir() or (out / "keys" / "supernode-1").write_text("old"),
+        "a linked folder": lambda out: (out / "certs").symlink_to(tmp_path, target_is_directory=True),
+    }
+    for what, prepare in cases.items():
+        out = tmp_path / what.replace(" ", "-")
+        out.mkdir()
+        prepare(out)
+        assert deploy.main(RFICA + printed + ["--out-dir", str(out)]) == 2, what
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("fedica-deploy: ") and ("already exists" in err or "not a plain folder" in err), err
+    assert elsewhere.read_text() == "someone else's file\n"
+    assert (tmp_path / "an-old-key-file" / "keys" / "supernode-1").read_text() == "old"
+
+    fresh = tmp_path / "fresh"
+    assert deploy.main(RFICA + printed + ["--out-dir", str(fresh)]) == 0
+    for secret in [fresh / "certs" / "server.key", *(fresh / "keys").glob("supernode-?")]:
+        assert secret.stat().st_mode & 0o777 == 0o600, secret
+    assert (fresh / "certs" / "ca.pem").stat().st_mode & 0o777 == 0o644
+
+    secret = tmp_path / "superexec.secret"
+    assert deploy_secret.main([str(secret)]) == 0
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(bytes.fromhex(secret.read_text())) == 32
+    assert deploy_secret.main([str(secret)]) == 2  # never overwritten
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_the_launcher_keeps_flowers_server_switches_out_of_its_processes(monkeypatch, tmp_path):
+    # Row 4 of issue 43: FLWR_INTERNAL_GRPC_CONTROL_API=1 in the environment opened a gRPC Control API
+    # outside the operator guard.
+    monkeypatch.setenv("FLWR_INTERNAL_GRPC_CONTROL_API", "1")
+    monkeypatch.setenv("FLWR_RUNTIME_BASE_URL", "http://elsewhere.example")
+    monkeypatch.setenv("FLWR_LOG_LEVEL", "DEBUG")
+    env = deploy.flower_environment(tmp_path)
+    assert "FLWR_INTERNAL_GRPC_CONTROL_API" not in env and "FLWR_RUNTIME_BASE_URL" not in env
+    assert env["FLWR_LOG_LEVEL"] == "DEBUG" and env["FLWR_HOME"] == str(tmp_path)
+    # fedica-superlink started by hand with the variable refuses before Flower starts anything.
+    with pytest.raises(SystemExit, match="FLWR_INTERNAL_GRPC_CONTROL_API is set"):
+        deploy_superlink.main(["--insecure"])

@@ -22,6 +22,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fedica.clients.app import app as client_app
@@ -313,6 +314,16 @@ def _tls_job(root):
             d = stack.enter_context(LocalDeployment(options, [{"partition-id": i, "num-partitions": 3} for i in range(3)],
                                                     root / "tls" / "deployment"))
             recorder = _ProcessRecorder(d)
+            # Local processes without the deployment's SuperExec secret: Flower's own SuperExec, polling
+            # SuperNode 0's and the SuperLink's Runtime APIs for tasks it would run (and answer) itself.
+            pollers = {name: processes.start_process(
+                f"secretless SuperExec on {name}",
+                [processes.flower_executable("flower-superexec"), "--runtime-api-address", address, *transport],
+                root / "tls" / f"poller-{name}.log", processes.flower_environment(root / "poller-home" / name), root)
+                for name, address, transport in [
+                    ("supernode-0", f"127.0.0.1:{options.supernode_port}", ["--insecure"]),
+                    ("superlink", f"127.0.0.1:{options.superlink_port}", ["--root-certificates", str(d.tls.ca_cert)])]}
+            poller_recorder = _ProcessRecorder(SimpleNamespace(processes=lambda: list(pollers.values())))
             key, _ = make_node_key(root / "intruder-key", "intruder")
             # It claims to be site 0: admitted, it would change both results.
             intruder = d.start_supernode(3, {"partition-id": 0, "num-partitions": 3}, private_key=key, port=intruder_port, name="intruder")
@@ -333,6 +344,11 @@ def _tls_job(root):
                 out["outsider"] = pool.submit(_outsider_actions, d, outsider_home, root / "outsider").result()
             for name, future in futures.items():
                 out[name] = future.exception() if name == "failing" else future.result()
+            out["pollers_alive"] = {name: poller.alive() for name, poller in pollers.items()}
+            out["poller_processes"] = len(poller_recorder.stop())
+            processes.terminate(list(pollers.values()), 10)
+            out["poller_logs"] = {name: poller.log_text() for name, poller in pollers.items()}
+            out["superexec_logs"] = {name: process.log_text() for name, process in d.superexecs.items()}
             out["intruder_exit"] = intruder.popen.wait(timeout=60)
             out["intruder_log"] = intruder.log_text()
             out["nodes"] = d.list_supernodes()
@@ -384,17 +400,9 @@ def _silent_job(root):
         out = {}
 
         def freeze_launcher(d):
-            node = d.supernodes[SILENT]
-
-            def launcher():
-                for pid in _process_tree([node.pid]) - {node.pid}:
-                    with contextlib.suppress(OSError):
-                        if b"flower-superexec" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                            return pid
-                return None
-
-            _wait_for(lambda: launcher() is not None, 60, "the SuperNode's flower-superexec never started")
-            os.kill(launcher(), signal.SIGSTOP)
+            # The node's SuperExec (the only process with the secret to take its tasks) stops: the node stays
+            # connected, and nothing answers for it.
+            os.kill(d.superexecs[f"supernode-{SILENT}"].pid, signal.SIGSTOP)
             out["recorder"] = _ProcessRecorder(d)
 
         out["result"] = run_deployment(cfg, on_ready=freeze_launcher)
@@ -524,6 +532,20 @@ def test_a_supernode_with_an_unregistered_key_is_refused(deployments):
     assert "Failed to activate SuperNode" in outcome["intruder_log"]
     assert "SuperNode ID" not in outcome["intruder_log"]
     assert sorted(int(n["node-id"]) for n in outcome["nodes"]) == sorted(outcome["node_ids"] + [outcome["spoofer_id"]])
+
+
+@pytest.mark.deployment
+def test_a_local_process_without_the_secret_takes_no_task(deployments):
+    # Row 1 of issue 43: a secretless process polling SuperNode 0's Runtime API took the site's task and
+    # answered for it. With process isolation and the SuperExec secret, it polled through three runs
+    # (it stayed up) and started nothing; the deployment's own SuperExecs ran every task.
+    outcome = _outcome(deployments, "tls")
+    assert outcome["pollers_alive"] == {"supernode-0": True, "superlink": True}
+    for name, log in outcome["poller_logs"].items():
+        assert "Starting Flower SuperExec" in log and "Start `flwr-" not in log, (name, log)
+    assert outcome["poller_processes"] == 2  # the two pollers themselves: neither started an app process
+    assert outcome["superexec_logs"]["supernode-0"].count("Start `flwr-clientapp` process") >= 3
+    assert outcome["rfica"]["clients"]["answered"] == outcome["fedgem"]["clients"]["answered"] == 3
 
 
 @pytest.mark.deployment

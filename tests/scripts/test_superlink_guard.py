@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from fedica.scripts.deploy import superlink
-from fedica.scripts.deploy.superlink import BoundedReplies, OperatorOnlyBeyondFleet, is_operator, is_public
+from fedica.scripts.deploy.superlink import BoundedReplies, OperatorOnlyBeyondFleet, SignedBeforeRead, is_operator, is_public
 
 
 @pytest.mark.parametrize("host, expected", [
@@ -71,13 +71,13 @@ def test_the_guard_goes_first_in_flowers_middleware_and_keeps_flowers_own(monkey
     superlink.install_operator_guard(5 * 2**20)  # again: only the bound changes
     middleware = create_app().user_middleware
     stack = [m.cls for m in middleware]
-    assert stack[:2] == [OperatorOnlyBeyondFleet, BoundedReplies] and stack.count(OperatorOnlyBeyondFleet) == 1
-    assert middleware[1].kwargs == {"limit": 5 * 2**20}
+    assert stack[:3] == [OperatorOnlyBeyondFleet, SignedBeforeRead, BoundedReplies] and stack.count(OperatorOnlyBeyondFleet) == 1
+    assert middleware[2].kwargs == {"limit": 5 * 2**20}
     assert any(cls.__name__ == "NodeAuthMiddleware" for cls in stack)
 
 
 
-def _push(middleware: BoundedReplies, path: str, chunks: list[bytes], *, declared: int | None = None):
+def _push(middleware: BoundedReplies, path: str, chunks: list[bytes], *, declared: int | None = None, answer: bytes = b"stored"):
     """A request through ``middleware``: its status, its answer, and the body Flower received (None: never reached)."""
     reached = []
 
@@ -90,7 +90,7 @@ def _push(middleware: BoundedReplies, path: str, chunks: list[bytes], *, declare
                 break
         reached.append(body)
         await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"stored"})
+        await send({"type": "http.response.body", "body": answer})
 
     middleware.app = flower
     pending = [{"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1} for i, chunk in enumerate(chunks)]
@@ -130,8 +130,28 @@ def test_a_request_within_the_bound_reaches_flower_with_its_body_unchanged():
     assert status == 200 and reached == body
 
 
+def _reply(node: int, sender: int | None = None, run_id: int = 7) -> bytes:
+    """A ``push-messages`` body: node ``node`` pushes one reply whose sender is ``sender`` (default: itself)."""
+    from flwr.proto.fleet_pb2 import PushMessagesRequest  # pylint: disable=no-name-in-module
+    from flwr.proto.message_pb2 import Message, Metadata  # pylint: disable=no-name-in-module
+    from flwr.proto.node_pb2 import Node  # pylint: disable=no-name-in-module
+
+    message = Message(metadata=Metadata(run_id=run_id, src_node_id=node if sender is None else sender, dst_node_id=1))
+    return PushMessagesRequest(node=Node(node_id=node), messages_list=[message]).SerializeToString()
+
+
+def _open_session(middleware: BoundedReplies, session: str, node: int = 11, run_id: int = 7) -> None:
+    """A reply pushed by ``node`` and stored by Flower, whose answer opens push session ``session``."""
+    from flwr.proto.fleet_pb2 import PushMessagesResponse  # pylint: disable=no-name-in-module
+
+    answer = PushMessagesResponse(session_id=session).SerializeToString()
+    assert _push(middleware, "/v1/fleet/push-messages", [_reply(node, run_id=run_id)], answer=answer)[0] == 200
+
+
 def test_the_objects_of_one_reply_together_are_bounded_and_an_object_counts_once():
     middleware = BoundedReplies(None, limit=2000)
+    _open_session(middleware, "reply-1")
+    _open_session(middleware, "reply-2")
 
     def push(session, object_id, size):
         status, _, reached = _push(middleware, "/v1/fleet/push-object", [_object(session, object_id, size)])
@@ -216,3 +236,116 @@ def test_a_refused_requests_object_is_named_from_its_first_bytes():
     assert superlink._object_key(whole[:200]) == (2**40 + 5, "3f" * 32)
     assert superlink._object_key(whole[:10]) == (2**40 + 5, None)  # the id itself cut off
     assert superlink._object_key(b"\xff") == (None, None)
+
+
+def test_a_reply_in_another_nodes_name_is_refused():
+    # Flower 1.42 checks the request's node against its key and a reply's sender against its instruction's
+    # destination, but never the sender against the request's node.
+    status, body, reached = _push(BoundedReplies(None), "/v1/fleet/push-messages", [_reply(node=11, sender=22)])
+    assert (status, reached) == (403, None)
+    assert b"node 11 pushed a reply in the name of node 22" in body
+    assert _push(BoundedReplies(None), "/v1/fleet/push-messages", [_reply(node=22)])[0] == 200
+
+
+def test_junk_pushes_neither_evict_a_replys_count_nor_are_counted():
+    # Row 3 of issue 43: 65,536 junk pushes evicted a real reply's byte count from the table.
+    middleware = BoundedReplies(None, limit=2000)
+    _open_session(middleware, "real")
+    assert _push(middleware, "/v1/fleet/push-object", [_object("real", "a", 1500)])[0] == 200
+    for i in range(superlink.TRACKED_SESSIONS + 10):
+        middleware._count_object(_object(f"junk-{i}", "j", 10))
+    assert list(middleware.session_objects) == [(7, "real")]
+    assert _push(middleware, "/v1/fleet/push-object", [_object("real", "b", 1500)])[0] == 413  # still counted
+    status, body, _ = _push(middleware, "/v1/fleet/push-object", [_object("", "c", 10)])
+    assert status == 400 and b"without its push session" in body
+
+
+def _held_body(middleware: BoundedReplies, chunks: list[bytes], *, then_wait: bool):
+    """A push-object request whose peer sends ``chunks`` and then (``then_wait``) holds the rest forever."""
+    pending = [{"type": "http.request", "body": chunk, "more_body": True} for chunk in chunks]
+    sent = []
+
+    async def receive():
+        if pending:
+            return pending.pop(0)
+        if then_wait:
+            await asyncio.sleep(3600)
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/fleet/push-object", "client": ("192.0.2.7", 5000), "headers": []}
+    return middleware(scope, receive, send), sent
+
+
+def test_a_held_body_times_out_and_bodies_in_flight_are_bounded_together():
+    # Row 2 of issue 43: ten peers each sent 64 MiB - 1 byte and held the last one; the SuperLink grew by 660 MB.
+    async def scenario():
+        middleware = BoundedReplies(None, limit=1000, body_seconds=0.5)
+        middleware.app = None  # never reached
+        holders = [_held_body(middleware, [b"x" * 900], then_wait=True) for _ in range(3)]
+        tasks = [asyncio.ensure_future(call) for call, _ in holders]
+        await asyncio.sleep(0.1)
+        held_at_peak = middleware.in_flight
+        await asyncio.gather(*tasks)
+        return held_at_peak, middleware.in_flight, [sent[0]["status"] for _, sent in holders]
+
+    held_at_peak, held_after, statuses = asyncio.run(scenario())
+    assert held_at_peak <= 2 * 1000  # the global bound: two bodies in flight; the third is turned away
+    assert held_after == 0
+    assert sorted(statuses) == [408, 408, 503]
+
+
+class _State:
+    enable_supernode_auth = True
+
+    def __init__(self, registered: bytes | None):
+        self.linkstate_factory = type("Factory", (), {"state": lambda _: type("LinkState", (), {
+            "get_node_id_by_public_key": lambda _, key: 5 if key == registered else None})()})()
+
+
+def _signed_headers(private_key, timestamp=None) -> dict:
+    import base64
+    import datetime
+
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes, sign_message
+
+    timestamp = timestamp or datetime.datetime.now(datetime.timezone.utc).isoformat()
+    return {b"flwr-public-key": base64.b64encode(public_key_to_bytes(private_key.public_key())),
+            b"flwr-signature": base64.b64encode(sign_message(private_key, timestamp.encode("ascii"))),
+            b"flwr-timestamp": timestamp.encode()}
+
+
+def test_with_node_authentication_an_unsigned_request_is_refused_before_its_body_is_read():
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    key, stranger = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
+    state = _State(public_key_to_bytes(key.public_key()))
+    assert superlink.unsigned_reason(_signed_headers(key), state) is None
+    assert "not one the operator registered" in superlink.unsigned_reason(_signed_headers(stranger), state)
+    assert "no node signature" in superlink.unsigned_reason({}, state)
+    assert "outside Flower's window" in superlink.unsigned_reason(_signed_headers(key, "2020-01-01T00:00:00+00:00"), state)
+    forged = {**_signed_headers(key), b"flwr-signature": _signed_headers(stranger)[b"flwr-signature"]}
+    assert "does not verify" in superlink.unsigned_reason(forged, state)
+
+    read, reached, sent = [], [], []
+
+    async def receive():
+        read.append(True)
+        return {"type": "http.request", "body": b"x" * 100, "more_body": False}
+
+    async def flower(scope, receive, send):
+        reached.append(scope["path"])
+
+    async def send(message):
+        sent.append(message)
+
+    app = type("App", (), {"state": state})()
+    scope = {"type": "http", "method": "POST", "path": "/v1/fleet/push-object", "client": ("192.0.2.7", 5000),
+             "headers": list(_signed_headers(stranger).items()), "app": app}
+    asyncio.run(SignedBeforeRead(flower)(scope, receive, send))
+    assert sent[0]["status"] == 401 and not read and not reached
+    asyncio.run(SignedBeforeRead(flower)({**scope, "headers": list(_signed_headers(key).items())}, receive, send))
+    assert reached == ["/v1/fleet/push-object"]
