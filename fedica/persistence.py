@@ -35,7 +35,7 @@ from sklearn.utils.validation import check_is_fitted
 from fedica.parameters import Declaration
 from fedica.version import __version__
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "DOCUMENT_MEMBER", "SaveLoadMixin", "read_result", "write_atomic"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "DOCUMENT_MEMBER", "SaveLoadMixin", "read_arrays", "read_result", "write_atomic"]
 
 FORMAT = "fedica.estimator"
 # Increased with any change of the layout that an older fedica would misread; load refuses a newer one.
@@ -248,6 +248,77 @@ def read_result(path: str | os.PathLike, algorithm: str, declaration: Declaratio
     params.update({name: config[key] for name, key in (("random_state", "seed"), ("min_clients", "min_clients"))
                    if name in declaration and key in config})
     return result, params
+
+
+def read_arrays(path: str | os.PathLike, *, max_bytes: int, kinds: str = "biufcU") -> dict[str, np.ndarray]:
+    """Every member of the ``.npz`` archive at ``path``, checked before any of it is read into memory.
+
+    ``np.load`` trusts a file: a member's header may declare any shape (a 2 MB file that asks for
+    gigabytes), a compressed member may inflate without bound, and a damaged one surfaces as one of
+    half a dozen exceptions. Here the file and each member are checked first, from the zip
+    directory and each ``.npy`` header (written by hand because numpy reads a member's header and
+    data in one step):
+
+    - the file holds at most ``max_bytes``, and so do its members, uncompressed, together;
+    - every member is a ``.npy`` array of a kind in ``kinds`` (numpy's kind letters; never an
+      object array, which would need pickle) whose header's shape and dtype account for exactly
+      the member's size: no more data is read than that.
+
+    Raises
+    ------
+    ValueError
+        One line naming the file and what is wrong with it.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror or err})") from None
+    if not path.is_file():
+        raise ValueError(f"{path}: not a file")
+    if size > max_bytes:
+        raise ValueError(f"{path}: {size} bytes, more than the {max_bytes} such a file may hold")
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            declared = sum(member.file_size for member in members)
+            if declared > max_bytes:
+                raise ValueError(f"{path}: its members declare {declared} bytes, more than the {max_bytes} it may hold")
+            for member in members:
+                if not member.filename.endswith(".npy"):
+                    raise ValueError(f"{path}: member {member.filename!r} is not a .npy array")
+                with archive.open(member) as stream:
+                    arrays[member.filename[:-4]] = _read_member(stream, member, kinds, path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, RuntimeError, OSError) as err:
+        raise ValueError(f"{path}: not a readable .npz archive ({type(err).__name__}: {err})") from None
+    return arrays
+
+
+def _read_member(stream, member: zipfile.ZipInfo, kinds: str, path: Path) -> np.ndarray:
+    """One ``.npy`` member, its header checked against the member's declared size before its data is read."""
+    name = member.filename
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is None:
+            raise ValueError(f"format version {version} (numpy writes 1.0, or 2.0 for large headers)")
+        shape, fortran_order, dtype = read_header(stream, max_header_size=10_000)
+    except (ValueError, SyntaxError, TypeError) as err:
+        raise ValueError(f"{path}: member {name!r} has no valid .npy header ({err})") from None
+    if dtype.hasobject or dtype.kind not in kinds or dtype.fields is not None:
+        raise ValueError(f"{path}: member {name!r} holds {dtype} values, not numbers")
+    header = stream.tell() if stream.seekable() else None
+    count = math.prod(shape)
+    data = count * dtype.itemsize
+    if header is not None and header + data != member.file_size:
+        raise ValueError(f"{path}: member {name!r} declares shape {shape} of {dtype} ({data} bytes), "
+                         f"which its {member.file_size - header} bytes do not hold")
+    raw = stream.read(data)
+    if len(raw) != data:
+        raise ValueError(f"{path}: member {name!r} is cut short")
+    array = np.frombuffer(raw, dtype=dtype, count=count)
+    return array.reshape(shape, order="F" if fortran_order else "C").copy()
 
 
 def write_atomic(path: str | os.PathLike, write: Any) -> Path:
