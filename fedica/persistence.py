@@ -20,6 +20,7 @@ back with its type, every array with its dtype and bits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -43,6 +44,9 @@ FORMAT_VERSION = 1
 DOCUMENT_MEMBER = "__fedica__"
 
 _TAGS = ("__array__", "__scalar__", "__tuple__", "__float__", "__dict__")
+# The most an estimator file may hold, its members uncompressed together: a model is kilobytes to
+# megabytes (labels_ of a one-array fit: 8 bytes a row). Nothing beyond it is read.
+MAX_MODEL_BYTES = 2**30
 
 
 def _fitted_attributes(estimator) -> dict[str, Any]:
@@ -80,13 +84,10 @@ class _Encoder:
         raise TypeError(f"{where}: a {type(value).__name__} cannot be saved")
 
 
-def _member(archive, name: str, path: Path) -> np.ndarray:
-    if name not in archive.files:
+def _member(archive: Mapping[str, np.ndarray], name: Any, path: Path) -> np.ndarray:
+    if not isinstance(name, str) or name not in archive:
         raise ValueError(f"{path}: member {name!r} is missing (the file is incomplete or was altered)")
-    try:
-        return archive[name]
-    except (zipfile.BadZipFile, ValueError, OSError):  # a damaged member, or pickled data fedica never writes
-        raise ValueError(f"{path}: member {name!r} is unreadable (the file is damaged or was altered)") from None
+    return archive[name]
 
 
 def _decode(value: Any, archive, path: Path) -> Any:
@@ -102,6 +103,8 @@ def _decode(value: Any, archive, path: Path) -> Any:
         array = _member(archive, content, path)
         return array if tag == "__array__" else array[()]
     if tag == "__float__":
+        if content not in ("nan", "inf", "-inf"):
+            raise ValueError(f"{path}: {content!r} is not a non-finite float")
         return float(content)
     if tag == "__tuple__":
         return tuple(_decode(v, archive, path) for v in content)
@@ -162,22 +165,33 @@ class SaveLoadMixin:
         """
         path = Path(path)
         try:
-            loaded = np.load(path, allow_pickle=False)
-        except (zipfile.BadZipFile, EOFError, ValueError):
-            # np.load reads a file that is neither .npy nor .npz as pickle data, which it refuses (ValueError).
-            raise ValueError(f"{path}: not a fedica estimator file (not a .npz archive)") from None
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise ValueError(f"{path}: not a fedica estimator file (a single .npy array, not a .npz archive)")
-        with loaded as archive:
+            archive = read_arrays(path, max_bytes=MAX_MODEL_BYTES, kinds="biufU")
+        except ValueError as err:
+            with contextlib.suppress(OSError), open(path, "rb") as handle:
+                if handle.read(6) == b"\x93NUMPY":
+                    raise ValueError(f"{path}: not a fedica estimator file (a single .npy array, not a .npz archive)") from None
+            raise ValueError(f"{path}: not a fedica estimator file ({str(err).removeprefix(f'{path}: ')})") from None
+        try:
             return cls._from_archive(archive, path)
+        except (TypeError, KeyError, IndexError, RecursionError, AttributeError) as err:
+            # A document of the right shape whose values are not what save writes.
+            raise ValueError(f"{path}: not a fedica estimator file ({type(err).__name__} reading its document)") from None
+
+    # The class's parameter declaration (fedica.parameters), and every fitted attribute a file may set:
+    # anything else in a file is refused.
+    _PARAMETERS: Declaration
+    _FITTED_ATTRIBUTES: frozenset[str] = frozenset()
+
+    def _check_fitted(self) -> None:
+        """Raise ValueError naming what is wrong with the fitted attributes (after :meth:`load` set them)."""
 
     @classmethod
-    def _from_archive(cls, archive, path: Path):
+    def _from_archive(cls, archive: Mapping[str, np.ndarray], path: Path):
         document = None
-        if DOCUMENT_MEMBER in archive.files:
+        if DOCUMENT_MEMBER in archive and archive[DOCUMENT_MEMBER].dtype.kind == "U" and archive[DOCUMENT_MEMBER].shape == ():
             try:
-                document = json.loads(_member(archive, DOCUMENT_MEMBER, path).item())
-            except (ValueError, TypeError):
+                document = json.loads(archive[DOCUMENT_MEMBER].item())
+            except (ValueError, RecursionError):
                 document = None
         if (not isinstance(document, dict) or document.get("format") != FORMAT
                 or not isinstance(document.get("params"), dict) or not isinstance(document.get("attributes"), dict)):
@@ -190,14 +204,62 @@ class SaveLoadMixin:
                              f"(written by fedica {document.get('fedica_version')}); load it with that version")
         if document.get("estimator") != cls.__name__:
             raise ValueError(f"{path}: holds a fedica.{document.get('estimator')}, not a fedica.{cls.__name__}")
+        unknown = sorted(set(document["attributes"]) - cls._FITTED_ATTRIBUTES)
+        if unknown:
+            raise ValueError(f"{path}: attributes {[name[:40] for name in unknown[:5]]} are not fitted attributes of {cls.__name__}")
         params = _decode(document["params"], archive, path)
         unknown = sorted(set(params) - set(cls().get_params()))
         if unknown:
             raise ValueError(f"{path}: parameters {unknown} are not {cls.__name__}'s")
+        try:
+            cls._PARAMETERS.check(params)
+        except (TypeError, ValueError) as err:  # name=value: rule
+            raise ValueError(f"{path}: {err}") from None
         estimator = cls(**params)
         for name, value in document["attributes"].items():
             setattr(estimator, name, _decode(value, archive, path))
+        try:
+            estimator._check_fitted()
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+        extra = sorted(set(archive) - {DOCUMENT_MEMBER} - _referenced(document))
+        if extra:
+            raise ValueError(f"{path}: members {extra[:3]} belong to no parameter or attribute")
         return estimator
+
+
+def _referenced(document: Any) -> set[str]:
+    """The archive members a document names (its ``__array__`` and ``__scalar__`` tags)."""
+    names: set[str] = set()
+    stack = [document]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            for tag in ("__array__", "__scalar__"):
+                if len(value) == 1 and isinstance(value.get(tag), str):
+                    names.add(value[tag])
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return names
+
+
+def check_array(value: Any, name: str, *, ndim: int, shape: tuple[int | None, ...] | None = None,
+                kinds: str = "f", finite: bool = True, optional: bool = False) -> np.ndarray | None:
+    """``value`` as a fitted attribute must be: an array of ``ndim`` dimensions (``shape``: None where any
+    size goes), of a kind in ``kinds``, finite; ValueError naming ``name`` otherwise (None passes if ``optional``)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, np.ndarray) or value.ndim != ndim or value.dtype.kind not in kinds:
+        described = (f"an array of shape {value.shape} and dtype {value.dtype}" if isinstance(value, np.ndarray)
+                     else f"a {type(value).__name__}")
+        raise ValueError(f"{name} is {described}, not a {ndim}-D array of {'real numbers' if kinds == 'f' else 'integers'}")
+    if shape is not None and any(want is not None and got != want for got, want in zip(value.shape, shape)):
+        raise ValueError(f"{name} has shape {value.shape}, where the other attributes ask "
+                         f"{tuple('any' if want is None else want for want in shape)}")
+    if finite and value.dtype.kind == "f" and not np.isfinite(value).all():
+        raise ValueError(f"{name} holds NaN or infinite values")
+    return value
 
 
 def read_result(path: str | os.PathLike, algorithm: str, declaration: Declaration,
