@@ -20,6 +20,7 @@ back with its type, every array with its dtype and bits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -35,7 +36,7 @@ from sklearn.utils.validation import check_is_fitted
 from fedica.parameters import Declaration
 from fedica.version import __version__
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "DOCUMENT_MEMBER", "SaveLoadMixin", "read_result", "write_atomic"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "DOCUMENT_MEMBER", "SaveLoadMixin", "read_arrays", "read_result", "write_atomic"]
 
 FORMAT = "fedica.estimator"
 # Increased with any change of the layout that an older fedica would misread; load refuses a newer one.
@@ -43,6 +44,9 @@ FORMAT_VERSION = 1
 DOCUMENT_MEMBER = "__fedica__"
 
 _TAGS = ("__array__", "__scalar__", "__tuple__", "__float__", "__dict__")
+# The most an estimator file may hold, its members uncompressed together: a model is kilobytes to
+# megabytes (labels_ of a one-array fit: 8 bytes a row). Nothing beyond it is read.
+MAX_MODEL_BYTES = 2**30
 
 
 def _fitted_attributes(estimator) -> dict[str, Any]:
@@ -80,13 +84,10 @@ class _Encoder:
         raise TypeError(f"{where}: a {type(value).__name__} cannot be saved")
 
 
-def _member(archive, name: str, path: Path) -> np.ndarray:
-    if name not in archive.files:
+def _member(archive: Mapping[str, np.ndarray], name: Any, path: Path) -> np.ndarray:
+    if not isinstance(name, str) or name not in archive:
         raise ValueError(f"{path}: member {name!r} is missing (the file is incomplete or was altered)")
-    try:
-        return archive[name]
-    except (zipfile.BadZipFile, ValueError, OSError):  # a damaged member, or pickled data fedica never writes
-        raise ValueError(f"{path}: member {name!r} is unreadable (the file is damaged or was altered)") from None
+    return archive[name]
 
 
 def _decode(value: Any, archive, path: Path) -> Any:
@@ -102,6 +103,8 @@ def _decode(value: Any, archive, path: Path) -> Any:
         array = _member(archive, content, path)
         return array if tag == "__array__" else array[()]
     if tag == "__float__":
+        if content not in ("nan", "inf", "-inf"):
+            raise ValueError(f"{path}: {content!r} is not a non-finite float")
         return float(content)
     if tag == "__tuple__":
         return tuple(_decode(v, archive, path) for v in content)
@@ -162,22 +165,33 @@ class SaveLoadMixin:
         """
         path = Path(path)
         try:
-            loaded = np.load(path, allow_pickle=False)
-        except (zipfile.BadZipFile, EOFError, ValueError):
-            # np.load reads a file that is neither .npy nor .npz as pickle data, which it refuses (ValueError).
-            raise ValueError(f"{path}: not a fedica estimator file (not a .npz archive)") from None
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise ValueError(f"{path}: not a fedica estimator file (a single .npy array, not a .npz archive)")
-        with loaded as archive:
+            archive = read_arrays(path, max_bytes=MAX_MODEL_BYTES, kinds="biufU")
+        except ValueError as err:
+            with contextlib.suppress(OSError), open(path, "rb") as handle:
+                if handle.read(6) == b"\x93NUMPY":
+                    raise ValueError(f"{path}: not a fedica estimator file (a single .npy array, not a .npz archive)") from None
+            raise ValueError(f"{path}: not a fedica estimator file ({str(err).removeprefix(f'{path}: ')})") from None
+        try:
             return cls._from_archive(archive, path)
+        except (TypeError, KeyError, IndexError, RecursionError, AttributeError) as err:
+            # A document of the right shape whose values are not what save writes.
+            raise ValueError(f"{path}: not a fedica estimator file ({type(err).__name__} reading its document)") from None
+
+    # The class's parameter declaration (fedica.parameters), and every fitted attribute a file may set:
+    # anything else in a file is refused.
+    _PARAMETERS: Declaration
+    _FITTED_ATTRIBUTES: frozenset[str] = frozenset()
+
+    def _check_fitted(self) -> None:
+        """Raise ValueError naming what is wrong with the fitted attributes (after :meth:`load` set them)."""
 
     @classmethod
-    def _from_archive(cls, archive, path: Path):
+    def _from_archive(cls, archive: Mapping[str, np.ndarray], path: Path):
         document = None
-        if DOCUMENT_MEMBER in archive.files:
+        if DOCUMENT_MEMBER in archive and archive[DOCUMENT_MEMBER].dtype.kind == "U" and archive[DOCUMENT_MEMBER].shape == ():
             try:
-                document = json.loads(_member(archive, DOCUMENT_MEMBER, path).item())
-            except (ValueError, TypeError):
+                document = json.loads(archive[DOCUMENT_MEMBER].item())
+            except (ValueError, RecursionError):
                 document = None
         if (not isinstance(document, dict) or document.get("format") != FORMAT
                 or not isinstance(document.get("params"), dict) or not isinstance(document.get("attributes"), dict)):
@@ -190,14 +204,62 @@ class SaveLoadMixin:
                              f"(written by fedica {document.get('fedica_version')}); load it with that version")
         if document.get("estimator") != cls.__name__:
             raise ValueError(f"{path}: holds a fedica.{document.get('estimator')}, not a fedica.{cls.__name__}")
+        unknown = sorted(set(document["attributes"]) - cls._FITTED_ATTRIBUTES)
+        if unknown:
+            raise ValueError(f"{path}: attributes {[name[:40] for name in unknown[:5]]} are not fitted attributes of {cls.__name__}")
         params = _decode(document["params"], archive, path)
         unknown = sorted(set(params) - set(cls().get_params()))
         if unknown:
             raise ValueError(f"{path}: parameters {unknown} are not {cls.__name__}'s")
+        try:
+            cls._PARAMETERS.check(params)
+        except (TypeError, ValueError) as err:  # name=value: rule
+            raise ValueError(f"{path}: {err}") from None
         estimator = cls(**params)
         for name, value in document["attributes"].items():
             setattr(estimator, name, _decode(value, archive, path))
+        try:
+            estimator._check_fitted()
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+        extra = sorted(set(archive) - {DOCUMENT_MEMBER} - _referenced(document))
+        if extra:
+            raise ValueError(f"{path}: members {extra[:3]} belong to no parameter or attribute")
         return estimator
+
+
+def _referenced(document: Any) -> set[str]:
+    """The archive members a document names (its ``__array__`` and ``__scalar__`` tags)."""
+    names: set[str] = set()
+    stack = [document]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            for tag in ("__array__", "__scalar__"):
+                if len(value) == 1 and isinstance(value.get(tag), str):
+                    names.add(value[tag])
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return names
+
+
+def check_array(value: Any, name: str, *, ndim: int, shape: tuple[int | None, ...] | None = None,
+                kinds: str = "f", finite: bool = True, optional: bool = False) -> np.ndarray | None:
+    """``value`` as a fitted attribute must be: an array of ``ndim`` dimensions (``shape``: None where any
+    size goes), of a kind in ``kinds``, finite; ValueError naming ``name`` otherwise (None passes if ``optional``)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, np.ndarray) or value.ndim != ndim or value.dtype.kind not in kinds:
+        described = (f"an array of shape {value.shape} and dtype {value.dtype}" if isinstance(value, np.ndarray)
+                     else f"a {type(value).__name__}")
+        raise ValueError(f"{name} is {described}, not a {ndim}-D array of {'real numbers' if kinds == 'f' else 'integers'}")
+    if shape is not None and any(want is not None and got != want for got, want in zip(value.shape, shape)):
+        raise ValueError(f"{name} has shape {value.shape}, where the other attributes ask "
+                         f"{tuple('any' if want is None else want for want in shape)}")
+    if finite and value.dtype.kind == "f" and not np.isfinite(value).all():
+        raise ValueError(f"{name} holds NaN or infinite values")
+    return value
 
 
 def read_result(path: str | os.PathLike, algorithm: str, declaration: Declaration,
@@ -248,6 +310,77 @@ def read_result(path: str | os.PathLike, algorithm: str, declaration: Declaratio
     params.update({name: config[key] for name, key in (("random_state", "seed"), ("min_clients", "min_clients"))
                    if name in declaration and key in config})
     return result, params
+
+
+def read_arrays(path: str | os.PathLike, *, max_bytes: int, kinds: str = "biufcU") -> dict[str, np.ndarray]:
+    """Every member of the ``.npz`` archive at ``path``, checked before any of it is read into memory.
+
+    ``np.load`` trusts a file: a member's header may declare any shape (a 2 MB file that asks for
+    gigabytes), a compressed member may inflate without bound, and a damaged one surfaces as one of
+    half a dozen exceptions. Here the file and each member are checked first, from the zip
+    directory and each ``.npy`` header (written by hand because numpy reads a member's header and
+    data in one step):
+
+    - the file holds at most ``max_bytes``, and so do its members, uncompressed, together;
+    - every member is a ``.npy`` array of a kind in ``kinds`` (numpy's kind letters; never an
+      object array, which would need pickle) whose header's shape and dtype account for exactly
+      the member's size: no more data is read than that.
+
+    Raises
+    ------
+    ValueError
+        One line naming the file and what is wrong with it.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror or err})") from None
+    if not path.is_file():
+        raise ValueError(f"{path}: not a file")
+    if size > max_bytes:
+        raise ValueError(f"{path}: {size} bytes, more than the {max_bytes} such a file may hold")
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            declared = sum(member.file_size for member in members)
+            if declared > max_bytes:
+                raise ValueError(f"{path}: its members declare {declared} bytes, more than the {max_bytes} it may hold")
+            for member in members:
+                if not member.filename.endswith(".npy"):
+                    raise ValueError(f"{path}: member {member.filename!r} is not a .npy array")
+                with archive.open(member) as stream:
+                    arrays[member.filename[:-4]] = _read_member(stream, member, kinds, path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, RuntimeError, OSError) as err:
+        raise ValueError(f"{path}: not a readable .npz archive ({type(err).__name__}: {err})") from None
+    return arrays
+
+
+def _read_member(stream, member: zipfile.ZipInfo, kinds: str, path: Path) -> np.ndarray:
+    """One ``.npy`` member, its header checked against the member's declared size before its data is read."""
+    name = member.filename
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is None:
+            raise ValueError(f"format version {version} (numpy writes 1.0, or 2.0 for large headers)")
+        shape, fortran_order, dtype = read_header(stream, max_header_size=10_000)
+    except (ValueError, SyntaxError, TypeError) as err:
+        raise ValueError(f"{path}: member {name!r} has no valid .npy header ({err})") from None
+    if dtype.hasobject or dtype.kind not in kinds or dtype.fields is not None:
+        raise ValueError(f"{path}: member {name!r} holds {dtype} values, not numbers")
+    header = stream.tell() if stream.seekable() else None
+    count = math.prod(shape)
+    data = count * dtype.itemsize
+    if header is not None and header + data != member.file_size:
+        raise ValueError(f"{path}: member {name!r} declares shape {shape} of {dtype} ({data} bytes), "
+                         f"which its {member.file_size - header} bytes do not hold")
+    raw = stream.read(data)
+    if len(raw) != data:
+        raise ValueError(f"{path}: member {name!r} is cut short")
+    array = np.frombuffer(raw, dtype=dtype, count=count)
+    return array.reshape(shape, order="F" if fortran_order else "C").copy()
 
 
 def write_atomic(path: str | os.PathLike, write: Any) -> Path:

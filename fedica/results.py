@@ -101,6 +101,10 @@ def format_summary(result: Mapping[str, Any]) -> str:
     )
     for item in rejected[:10]:
         lines.append(f"  rejected client {item['client']} (round {item['round']}): {item['reason']}")
+    resumed = result.get("resumed")
+    if isinstance(resumed, dict):
+        lines.append(f"resumed: the first {resumed.get('replayed_stages', '?')} stages were replayed from the journal "
+                     f"of an interrupted run ({resumed.get('journal', '?')})")
     if len(rejected) > 10:
         lines.append(f"  ... and {len(rejected) - 10} more (see result.json)")
     # The library's own warnings about the result (UserWarning: a site at its K_g bound, features in different

@@ -81,6 +81,10 @@ def main(cfg: DictConfig) -> None:
         log.info("resuming %s: replaying its %d completed stages", out_dir, len(journal.recorded))
     try:
         result = run_engine(cfg_dict, journal)
+    except JournalError as err:
+        # A journal that fails a check as its stages are replayed: damaged, edited, or of other replies.
+        print(f"fedica-run: the journal cannot be resumed: {err}", file=sys.stderr)
+        sys.exit(2)
     except (RunStopped, KeyboardInterrupt) as err:
         if getattr(err, "partial", None) is not None:
             path = write_result(out_dir, err.partial, name=PARTIAL_RESULT_FILE)

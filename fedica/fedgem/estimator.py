@@ -23,7 +23,7 @@ from fedica.fedgem.local import assign_labels, estimate_n_components, local_boun
 from fedica.fedgem.selection import VARIANCE_FLOOR
 from fedica.fedgem.standardisation import federated_scale, site_moments, standardised
 from fedica.parameters import FEDGEM_PARAMETERS
-from fedica.persistence import SaveLoadMixin, read_result
+from fedica.persistence import SaveLoadMixin, check_array, read_result
 from fedica.protocol import ArraySite, ClientTasks, InMemoryFederation
 from fedica.seeding import generator, sklearn_seed
 from fedica.validation import check_columns, check_seed, fit_sites, is_site_list
@@ -397,6 +397,36 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         model.labels_ = model.weights_ = model.covariance_ = model.feature_names_in_ = None
         model.site_weights_ = model.site_variances_ = None
         return model
+
+    _PARAMETERS = FEDGEM_PARAMETERS
+    _FITTED_ATTRIBUTES = frozenset({
+        "means_", "weights_", "covariance_", "n_clusters_", "labels_", "upsilon_", "tuning_", "history_", "rejected_",
+        "privacy_", "site_mapping_", "site_means_", "site_weights_", "site_variances_", "n_local_clusters_",
+        "local_clusters_at_bound_", "feature_location_", "feature_scale_", "feature_scale_spread_",
+        "cluster_anisotropy_", "n_features_in_", "feature_names_in_"})
+
+    def _check_fitted(self) -> None:
+        """What ``predict``, ``predict_proba`` and ``score_samples`` read, checked after :meth:`load`."""
+        means = check_array(getattr(self, "means_", None), "means_", ndim=2)
+        n_clusters, n_features = means.shape
+        if getattr(self, "n_features_in_", None) not in (None, n_features):
+            raise ValueError(f"n_features_in_={self.n_features_in_!r}, but means_ has {n_features} columns")
+        check_array(getattr(self, "weights_", None), "weights_", ndim=1, shape=(n_clusters,), optional=True)
+        covariance = getattr(self, "covariance_", None)
+        if covariance is not None and not (isinstance(covariance, (float, np.floating)) and 0 < covariance < np.inf):
+            raise ValueError(f"covariance_={covariance!r} is not a positive variance")
+        for name in ("feature_location_", "feature_scale_"):
+            check_array(getattr(self, name, None), name, ndim=1, shape=(n_features,), optional=True)
+        scale = getattr(self, "feature_scale_", None)
+        if scale is not None and (scale <= 0).any():
+            raise ValueError("feature_scale_ holds a scale that is not positive")
+        if (scale is None) != (getattr(self, "feature_location_", None) is None):
+            raise ValueError("feature_scale_ and feature_location_ must both be set or both be None")
+        for g, mapping in enumerate(getattr(self, "site_mapping_", None) or []):
+            if mapping is not None:
+                check_array(mapping, f"site_mapping_[{g}]", ndim=1, kinds="iu")
+                if len(mapping) and (mapping.min() < 0 or mapping.max() >= n_clusters):
+                    raise ValueError(f"site_mapping_[{g}] names a global cluster outside 0..{n_clusters - 1}")
 
     def predict(self, X, site: int | None = None) -> np.ndarray:
         """Global cluster ids of new points.

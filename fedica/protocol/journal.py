@@ -16,7 +16,16 @@ On disk, in a run's folder (next to ``result.json``), :data:`JOURNAL_DIR` holds
 :data:`MANIFEST_FILE` (the format, the configuration's fingerprint and the configuration) and one
 ``stage_<n>.npz`` per completed stage (the replies' arrays exactly, their values, and the
 transport's books of the stage), each written to a temporary file and renamed, so that a stage is
-either complete on disk or absent. Nothing is pickled: the files load with ``allow_pickle=False``.
+either complete on disk or absent. Nothing is pickled.
+
+A journal is input like any other: a stage file is read through
+:func:`fedica.persistence.read_arrays` (its size and every member's checked before anything is
+read), its document's every field is checked for its type, and each replayed stage's replies pass
+the checks a transport makes of live ones that the journal can make (:func:`check_replayed`). Any
+fault is one :class:`JournalError` line naming the file. A folder that already holds a run's
+completed stages is never overwritten by a new run (:meth:`Journal.create` refuses).
+What this does not stop: someone who can write the folder can record replies of their own that
+pass every check, as a site could send them (docs/DEPLOYMENT.md, "A run's folder").
 """
 
 from __future__ import annotations
@@ -32,13 +41,21 @@ from typing import Any
 
 import numpy as np
 
-from fedica.protocol.messages import Reply, Request
-from fedica.persistence import write_atomic
+from fedica.protocol.messages import MAX_CLIENT_TEXT, Reply, Request
+from fedica.persistence import read_arrays, write_atomic
 
 JOURNAL_DIR = "journal"
 MANIFEST_FILE = "journal.json"
 JOURNAL_FORMAT = 1
+# A manifest holds the run's configuration: kilobytes.
+MAX_MANIFEST_BYTES = 2**24
 _STAGE_FILE = re.compile(r"stage_(\d+)\.npz")
+# The most a stage file may hold: all of one stage's replies, each bounded by its transport (64 MiB a
+# reply through fedica-superlink by default). A file beyond it is not read.
+MAX_STAGE_BYTES = 2**34
+# The most characters a string of a stage's books may hold: the transport cuts a client's text to
+# MAX_CLIENT_TEXT, and its own reasons are a line.
+MAX_BOOK_TEXT = 4 * MAX_CLIENT_TEXT + 400
 
 
 class JournalError(ValueError):
@@ -116,13 +133,18 @@ class Journal:
     def create(cls, run_dir: str | os.PathLike, description: Mapping[str, Any]) -> Journal:
         """A new, empty journal in ``run_dir/journal`` for a run described by ``description`` (its configuration).
 
-        A journal already there (of an earlier run into the same folder) is replaced.
+        Raises
+        ------
+        JournalError
+            The folder already holds completed stages (an earlier run's, interrupted): they are
+            never deleted; the line says how to resume them, or to choose another folder.
         """
         directory = Path(run_dir) / JOURNAL_DIR
         directory.mkdir(parents=True, exist_ok=True)
-        for old in directory.iterdir():
-            if _STAGE_FILE.fullmatch(old.name):
-                old.unlink()
+        stages = [name for name in os.listdir(directory) if _STAGE_FILE.fullmatch(name)]
+        if stages:
+            raise JournalError(f"{run_dir} holds the journal of an earlier run ({len(stages)} completed stages); "
+                               f"resume it (resume={run_dir}, fedica-deploy: --resume {run_dir}) or run in another folder")
         manifest = {"format": JOURNAL_FORMAT, "fingerprint": fingerprint(description), "description": description}
         write_atomic(directory / MANIFEST_FILE, lambda handle: handle.write(json.dumps(manifest, default=str).encode()))
         return cls(directory, [])
@@ -139,11 +161,13 @@ class Journal:
         """
         directory = Path(run_dir) / JOURNAL_DIR
         try:
+            if (directory / MANIFEST_FILE).stat().st_size > MAX_MANIFEST_BYTES:
+                raise ValueError(f"more than the {MAX_MANIFEST_BYTES} bytes a journal's manifest holds")
             manifest = json.loads((directory / MANIFEST_FILE).read_text())
         except FileNotFoundError:
             raise JournalError(f"{run_dir}: no journal to resume ({directory / MANIFEST_FILE} does not exist)") from None
-        except (OSError, ValueError) as err:
-            raise JournalError(f"{directory / MANIFEST_FILE} cannot be read: {err}") from None
+        except (OSError, ValueError, RecursionError) as err:
+            raise JournalError(f"{directory / MANIFEST_FILE} cannot be read: {_one_line(err)}") from None
         if not isinstance(manifest, dict) or manifest.get("format") != JOURNAL_FORMAT:
             raise JournalError(f"{directory / MANIFEST_FILE} is not a fedica journal of format {JOURNAL_FORMAT}")
         if manifest.get("fingerprint") != fingerprint(description):
@@ -153,7 +177,26 @@ class Journal:
         numbers = sorted(int(m.group(1)) for m in map(_STAGE_FILE.fullmatch, os.listdir(directory)) if m)
         if numbers != list(range(1, len(numbers) + 1)):
             raise JournalError(f"{directory}: stage files {numbers} are not numbered 1 to {len(numbers)}")
-        return cls(directory, [load_stage(directory / stage_file(n)) for n in numbers])
+        recorded = [load_stage(directory / stage_file(n)) for n in numbers]
+        for position, stage in enumerate(recorded, start=1):
+            if stage.number != position:
+                raise JournalError(f"{directory / stage_file(position)} says it is stage {stage.number}")
+        return cls(directory, recorded)
+
+    @classmethod
+    def holds_stages(cls, run_dir: str | os.PathLike) -> bool:
+        """Whether ``run_dir`` holds a journal with completed stages (an interrupted run's)."""
+        directory = Path(run_dir) / JOURNAL_DIR
+        return directory.is_dir() and any(_STAGE_FILE.fullmatch(name) for name in os.listdir(directory))
+
+    @classmethod
+    def written_for(cls, run_dir: str | os.PathLike, description: Mapping[str, Any]) -> bool:
+        """Whether ``run_dir``'s journal manifest was written for ``description`` (False when it has none or another)."""
+        try:
+            manifest = json.loads((Path(run_dir) / JOURNAL_DIR / MANIFEST_FILE).read_text())
+        except (OSError, ValueError, RecursionError):
+            return False
+        return isinstance(manifest, dict) and manifest.get("fingerprint") == fingerprint(description)
 
     def next_recorded(self) -> RecordedStage | None:
         """The next stage to replay, or None once every recorded stage has been replayed."""
@@ -200,7 +243,10 @@ def journaled(protocol: Generator[Request, list[Reply], None], journal: Journal,
             recorded = journal.next_recorded()
             if recorded is not None:
                 recorded.check(request)
+                check_replayed(recorded, request)
                 for name, entries in recorded.books.items():
+                    if name not in books:
+                        raise JournalError(f"journal stage {recorded.number}: a book {client_text_of(name)!r} this run does not keep")
                     books[name].extend(entries)
                 replies = recorded.replies
             else:
@@ -210,6 +256,26 @@ def journaled(protocol: Generator[Request, list[Reply], None], journal: Journal,
             request = protocol.send(replies)
     except StopIteration:
         return
+
+
+def check_replayed(stage: RecordedStage, request: Request) -> None:
+    """The checks a transport makes of live replies that a journal's stage can be held to.
+
+    Each reply comes from a different client, one the request addressed (when it addressed some),
+    and the stage's ``participation`` book, where the transport listed the clients whose replies it
+    kept, names exactly these: a reply added, removed or given another partition is refused.
+    """
+    where = f"journal stage {stage.number} ({stage.task} {stage.round_label})"
+    partitions = [reply.partition_id for reply in stage.replies]
+    if len(set(partitions)) != len(partitions):
+        raise JournalError(f"{where}: two replies of one client")
+    if request.payloads is not None:
+        strangers = sorted(set(partitions) - set(request.payloads))
+        if strangers:
+            raise JournalError(f"{where}: replies of clients {strangers[:5]} that the stage did not ask")
+    kept = [entry.get("clients") for entry in stage.books.get("participation", []) if isinstance(entry, dict)]
+    if kept and sorted(kept[-1] or []) != sorted(partitions):
+        raise JournalError(f"{where}: its replies are of clients {partitions[:8]}, its books say {kept[-1][:8]}")
 
 
 # ---------------------------------------------------------------- the stage files
@@ -241,16 +307,74 @@ def save_stage(path: Path, number: int, request: Request, replies: list[Reply], 
 
 
 def load_stage(path: Path) -> RecordedStage:
+    """One stage file, every part checked (:mod:`this module's <fedica.protocol.journal>` notes); one line if not."""
     try:
-        with np.load(path, allow_pickle=False) as members:
-            meta = json.loads(str(members["meta"][()]))
-            replies = [Reply(int(entry["partition"]),
-                             {key: members[f"r{index}_{position}"] for position, key in enumerate(entry["arrays"])},
-                             {key: decode_value(value) for key, value in entry["values"].items()})
-                       for index, entry in enumerate(meta["replies"])]
-    except (OSError, ValueError, KeyError) as err:
-        raise JournalError(f"{path} cannot be read: {type(err).__name__}: {err}") from None
-    return RecordedStage(int(meta["number"]), meta["task"], meta["round"], meta["digest"], replies, meta["books"])
+        members = read_arrays(path, max_bytes=MAX_STAGE_BYTES, kinds="biufcUS")
+        if "meta" not in members or members["meta"].dtype.kind != "U" or members["meta"].shape != ():
+            raise ValueError("no 'meta' document")
+        meta = json.loads(str(members["meta"][()]))
+        return _stage_from(meta, members)
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError) as err:
+        raise JournalError(f"{path} cannot be read: {_one_line(err)}") from None
+
+
+def _stage_from(meta: Any, members: Mapping[str, np.ndarray]) -> RecordedStage:
+    """A stage from its checked document and arrays (TypeError or ValueError naming the first fault)."""
+    _require(isinstance(meta, dict), "its document is not a JSON object")
+    _require(isinstance(meta.get("number"), int) and not isinstance(meta["number"], bool) and meta["number"] >= 1,
+             "'number' is not a stage number")
+    _require(isinstance(meta.get("task"), str) and len(meta["task"]) <= 200, "'task' is not a task name")
+    _require(isinstance(meta.get("round"), (int, str)) and len(str(meta["round"])) <= 200, "'round' is not a round")
+    _require(isinstance(meta.get("digest"), str) and re.fullmatch(r"[0-9a-f]{64}", meta["digest"]) is not None,
+             "'digest' is not a SHA-256 digest")
+    _require(isinstance(meta.get("replies"), list), "'replies' is not a list")
+    _require(isinstance(meta.get("books"), dict) and all(isinstance(v, list) for v in meta["books"].values()),
+             "'books' is not a mapping of lists")
+    _check_book_text(meta["books"])
+    used: set[str] = set()
+    replies = []
+    for index, entry in enumerate(meta["replies"]):
+        _require(isinstance(entry, dict) and isinstance(entry.get("partition"), int) and not isinstance(entry["partition"], bool)
+                 and entry["partition"] >= 0, f"reply {index} has no partition id")
+        _require(isinstance(entry.get("arrays"), list) and all(isinstance(k, str) for k in entry["arrays"])
+                 and len(set(entry["arrays"])) == len(entry["arrays"]), f"reply {index} has no list of array names")
+        _require(isinstance(entry.get("values"), dict), f"reply {index} has no values")
+        names = [f"r{index}_{position}" for position in range(len(entry["arrays"]))]
+        missing = [name for name in names if name not in members]
+        _require(not missing, f"reply {index}'s arrays {missing[:3]} are missing")
+        used.update(names)
+        replies.append(Reply(entry["partition"], {key: members[name] for key, name in zip(entry["arrays"], names)},
+                             {key: decode_value(value) for key, value in entry["values"].items()}))
+    extra = sorted(set(members) - used - {"meta"})
+    _require(not extra, f"members {extra[:3]} belong to no reply")
+    return RecordedStage(meta["number"], meta["task"], meta["round"], meta["digest"], replies, meta["books"])
+
+
+def _require(condition: bool, fault: str) -> None:
+    if not condition:
+        raise ValueError(fault)
+
+
+def _check_book_text(value: Any) -> None:
+    """Every string in a stage's books is at most :data:`MAX_BOOK_TEXT` characters (the transport's own are)."""
+    if isinstance(value, str):
+        _require(len(value) <= MAX_BOOK_TEXT, f"its books hold a text of {len(value)} characters")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_book_text(key)
+            _check_book_text(item)
+    elif isinstance(value, list):
+        for item in value:
+            _check_book_text(item)
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 300 else f"{text[:300]}..."
+
+
+def client_text_of(name: str) -> str:
+    return name if len(name) <= 60 else f"{name[:60]}..."
 
 
 # A reply's values are JSON scalars or lists (Flower's ConfigRecord); numpy scalars (an in-memory site's
@@ -273,14 +397,19 @@ def encode_value(value: Any) -> Any:
 
 
 def decode_value(value: Any) -> Any:
+    """A value as :func:`encode_value` wrote it (ValueError or TypeError for anything else)."""
     if isinstance(value, list):
         return [decode_value(v) for v in value]
     if isinstance(value, dict):
         if _NUMPY_TAG in value:
-            return np.frombuffer(bytes.fromhex(value["hex"]), dtype=np.dtype(value[_NUMPY_TAG]))[0]
+            dtype = np.dtype(value[_NUMPY_TAG])
+            _require(dtype.kind in "biufc" and len(value["hex"]) == 2 * dtype.itemsize, "a numpy scalar of another size")
+            return np.frombuffer(bytes.fromhex(value["hex"]), dtype=dtype)[0]
         if _BYTES_TAG in value:
             return bytes.fromhex(value[_BYTES_TAG])
-        return tuple(decode_value(v) for v in value[_TUPLE_TAG])
+        if _TUPLE_TAG in value:
+            return tuple(decode_value(v) for v in value[_TUPLE_TAG])
+        raise ValueError(f"a value tagged {sorted(value)[:3]}, which a journal never writes")
     return value
 
 

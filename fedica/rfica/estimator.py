@@ -11,7 +11,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from fedica.sites import ClientData
 from fedica.parameters import RFICA_PARAMETERS
-from fedica.persistence import SaveLoadMixin, read_result
+from fedica.persistence import SaveLoadMixin, check_array, read_result
 from fedica.protocol import ArraySite, ClientTasks, InMemoryFederation, Reply
 from fedica.rfica import client as rfica_client
 from fedica.rfica.coordinator import (
@@ -256,6 +256,25 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.mean_ = np.zeros(stack.shape[1])
         self.feature_names_in_ = None
         return self._store(state)
+
+    _PARAMETERS = RFICA_PARAMETERS
+    _FITTED_ATTRIBUTES = frozenset({
+        "mixing_", "components_", "mean_", "n_components_", "one_shot_mixing_", "simple_median_", "simple_mean_",
+        "f_ica_", "site_mixings_",
+        "labels_", "benchmark_site_", "whitening_", "refinement_", "refinement_reverted_", "rejected_", "privacy_",
+        "site_converged_", "site_iterations_", "channel_scale_spread_", "smallest_channel_scale_", "n_features_in_",
+        "feature_names_in_"})
+
+    def _check_fitted(self) -> None:
+        """What ``transform`` and ``inverse_transform`` read, checked after :meth:`load`."""
+        mixing = check_array(getattr(self, "mixing_", None), "mixing_", ndim=2)
+        n_features, n_sources = mixing.shape
+        check_array(getattr(self, "components_", None), "components_", ndim=2, shape=(n_sources, n_features))
+        check_array(getattr(self, "mean_", None), "mean_", ndim=1, shape=(n_features,))
+        if getattr(self, "n_features_in_", None) not in (None, n_features):
+            raise ValueError(f"n_features_in_={self.n_features_in_!r}, but mixing_ has {n_features} rows")
+        if getattr(self, "n_components_", n_sources) != n_sources:
+            raise ValueError(f"n_components_={self.n_components_!r}, but mixing_ has {n_sources} columns")
 
     def transform(self, X) -> np.ndarray:
         """The sources of observations ``X``, shape (n_samples, n_features)."""

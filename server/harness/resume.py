@@ -8,12 +8,15 @@ replies, start its processes on other ports or with TLS, and of course names the
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fedica.protocol import Journal
+
+log = logging.getLogger("fedica.server")
 
 RESUME_FREE_KEYS = ("resume", "log_level", "round_timeout", "node_wait_timeout")
 
@@ -34,11 +37,18 @@ def run_journal(cfg: Mapping[str, Any], folder: str | os.PathLike) -> Journal:
     """The journal of ``cfg``'s run in ``folder`` (:func:`run_folder`; a deployment's ServerApp: its ``out-dir``):
     the interrupted run's when ``cfg`` resumes one, else a new one.
 
+    The same configuration run again in a folder where it was interrupted (a sweep's command
+    repeated, say) resumes it too: its completed stages are never thrown away.
+
     Raises
     ------
     fedica.protocol.JournalError
-        ``resume`` names a folder whose journal is missing or of another configuration (one line).
+        ``resume`` names a folder whose journal is missing or of another configuration, or a new
+        run's folder holds another configuration's completed stages (one line).
     """
-    if cfg.get("resume"):
-        return Journal.resume(folder, journal_description(cfg))
-    return Journal.create(folder, journal_description(cfg))
+    description = journal_description(cfg)
+    if cfg.get("resume") or (Journal.holds_stages(folder) and Journal.written_for(folder, description)):
+        if not cfg.get("resume"):
+            log.warning("%s holds this configuration's interrupted run: resuming it", folder)
+        return Journal.resume(folder, description)
+    return Journal.create(folder, description)

@@ -96,7 +96,11 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
             }
             raise
     partial["timings"]["total"] = time.perf_counter() - start
-    return {**header, **partial, "warnings": count_warnings(caught)}
+    result = {**header, **partial, "warnings": count_warnings(caught)}
+    if journal is not None and journal.recorded:
+        # The numbers are the uninterrupted run's; that this one went on from a journal is said beside them.
+        result["resumed"] = {"replayed_stages": len(journal.recorded), "journal": str(journal.directory)}
+    return result
 
 
 def stop_status(err: BaseException, journal: Journal | None) -> str:

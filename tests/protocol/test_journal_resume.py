@@ -138,3 +138,110 @@ def test_a_stage_file_gives_back_every_reply_of_its_own_types_bit_for_bit(tmp_pa
 def test_a_reply_the_journal_cannot_record_is_refused_with_its_reason(tmp_path):
     with pytest.raises(JournalError, match="reply member 'm' is a list"):
         save_stage(tmp_path / stage_file(1), 1, Request("fedgem_round", 1, None), [Reply(0, {"m": [1.0]}, {})], {})
+
+
+def test_a_new_run_never_deletes_an_earlier_runs_stages(tmp_path):
+    # Row 9 of issue 43: the same command again without resume= deleted the interrupted run's journal.
+    def protocol():
+        yield Request("rfica_fit", 1, None, {})
+
+    run = journaled(protocol(), Journal.create(tmp_path, {"seed": 0}))
+    next(run)
+    with pytest.raises(StopIteration):
+        run.send([Reply(0, {"w": np.ones(2)}, {})])
+    for description in ({"seed": 0}, {"seed": 1}):
+        with pytest.raises(JournalError, match=r"holds the journal of an earlier run \(1 completed stages\); resume it"):
+            Journal.create(tmp_path, description)
+    assert (tmp_path / JOURNAL_DIR / stage_file(1)).exists()
+    assert Journal.holds_stages(tmp_path) and Journal.written_for(tmp_path, {"seed": 0})
+    assert not Journal.written_for(tmp_path, {"seed": 1})
+
+
+def _stage_with(tmp_path, replies, books=None, request=None):
+    path = tmp_path / stage_file(1)
+    save_stage(path, 1, request or Request("rfica_fit", 1, None), replies, books or {})
+    return path
+
+
+def _rewrite_meta(path, change):
+    with np.load(path, allow_pickle=False) as archive:
+        members = {name: archive[name] for name in archive.files}
+    meta = json.loads(str(members["meta"][()]))
+    change(meta)
+    members["meta"] = np.array(json.dumps(meta))
+    np.savez(path, **members)
+
+
+def _bomb(path):
+    """A stage file whose one reply member declares a billion numbers in a few bytes."""
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (10**9,)})
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("r0_0.npy", header.getvalue() + b"\0" * 64)
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda path: path.write_bytes(b"\x00garbage" * 100), "not a readable .npz archive"),
+    (lambda path: path.write_bytes(path.read_bytes()[:-40]), "cannot be read"),
+    (lambda path: (_rewrite_meta(path, lambda meta: meta["replies"][0].update(arrays=[])), _bomb(path)), "declares shape"),
+    (lambda path: _rewrite_meta(path, lambda meta: meta.update(number="1")), "'number' is not a stage number"),
+    (lambda path: _rewrite_meta(path, lambda meta: meta.update(digest="edited")), "'digest' is not a SHA-256"),
+    (lambda path: _rewrite_meta(path, lambda meta: meta["replies"][0].update(partition=-1)), "reply 0 has no partition id"),
+    (lambda path: _rewrite_meta(path, lambda meta: meta["replies"][0].update(arrays=["w", "v"])), "are missing"),
+    (lambda path: _rewrite_meta(path, lambda meta: meta["books"].update(rejected=[{"reason": "x" * 10**6}])),
+     "a text of 1000000 characters"),
+    (lambda path: _rewrite_meta(path, lambda meta: meta["replies"][0]["values"].update(v={"__evil__": 1})),
+     "a value tagged"),
+    (lambda path: _rewrite_meta(path, lambda meta: meta.update(books={"rejected": [[[[[]]]]]})), None),
+])
+def test_a_damaged_stage_file_is_refused_in_one_line(tmp_path, damage, reason):
+    # Rows 6 and 7 of issue 43: damaged stage files were tracebacks, and a 2 MB one took a resume to 2.36 GB.
+    path = _stage_with(tmp_path, [Reply(0, {"w": np.ones(3)}, {"v": 1})], {"rejected": []})
+    damage(path)
+    if reason is None:  # a harmless shape: still loads
+        load_stage(path)
+        return
+    with pytest.raises(JournalError, match=reason) as err:
+        load_stage(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+def test_a_replayed_stage_passes_the_transports_checks(tmp_path):
+    # Row 6 of issue 43: a reply given partition 99, or removed, was replayed as "4 of 5 answered", nothing recorded.
+    def protocol():
+        yield Request("rfica_fit", 1, {0: {}, 1: {}, 2: {}}, {})
+
+    def run_and_record(folder):
+        books = {"participation": [], "rejected": []}
+        run = journaled(protocol(), Journal.create(folder, {}), books)
+        next(run)
+        books["participation"].append({"clients": [0, 1, 2]})
+        with pytest.raises(StopIteration):
+            run.send([Reply(p, {"w": np.full(2, p)}, {}) for p in range(3)])
+        return folder / JOURNAL_DIR / stage_file(1)
+
+    def replay(folder):
+        run = journaled(protocol(), Journal.resume(folder, {}), {"participation": [], "rejected": []})
+        with pytest.raises(StopIteration):
+            next(run)
+
+    replay(run_and_record(tmp_path / "intact").parents[1])  # an intact journal replays
+    for name, change, reason in [
+        ("stranger", lambda meta: meta["replies"][2].update(partition=99), "clients \\[99\\] that the stage did not ask"),
+        ("removed", lambda meta: meta["replies"].pop(), "its books say"),
+        ("twice", lambda meta: meta["replies"][1].update(partition=0), "two replies of one client"),
+    ]:
+        stage = run_and_record(tmp_path / name)
+        with np.load(stage, allow_pickle=False) as archive:
+            members = {key: archive[key] for key in archive.files}
+        meta = json.loads(str(members["meta"][()]))
+        change(meta)
+        if name == "removed":
+            members.pop("r2_0")
+        members["meta"] = np.array(json.dumps(meta))
+        np.savez(stage, **members)
+        with pytest.raises(JournalError, match=reason):
+            replay(stage.parents[1])

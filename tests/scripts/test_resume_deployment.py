@@ -66,6 +66,7 @@ def without_run_specifics(folder: Path) -> dict:
     result = json.loads((folder / "result.json").read_text())
     for key in ("timings", "deployment"):  # the deployment entry names the run id and its log folder
         result.pop(key)
+    result.pop("resumed", None)  # said of a resumed run only
     result["config"].pop("engine")  # each deployment's own ports and folder
     return result
 

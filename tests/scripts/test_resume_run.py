@@ -30,8 +30,10 @@ def stages(folder: Path) -> int:
 
 
 def without_timings(folder: Path) -> dict:
+    """A result without its timings, and without the note that it was resumed (the numbers are the same)."""
     result = json.loads((folder / "result.json").read_text())
     result.pop("timings")
+    result.pop("resumed", None)
     return result
 
 
@@ -77,6 +79,10 @@ def test_a_run_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path, kill
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"replaying its {completed} completed stages" in done.stdout + done.stderr
     assert without_timings(folder) == without_timings(uninterrupted)
+    # The result and the summary say that it was resumed, and from where.
+    assert json.loads((folder / "result.json").read_text())["resumed"]["replayed_stages"] == completed
+    assert "resumed: the first" in (folder / "summary.txt").read_text()
+    assert "resumed" not in json.loads((uninterrupted / "result.json").read_text())
     assert stages(folder) == stages(uninterrupted)
     assert not (folder / "partial_result.json").exists()  # superseded by the result
 
@@ -106,6 +112,46 @@ def test_a_missing_or_foreign_journal_is_refused_in_one_line(tmp_path, killed_ru
     (line,) = missing.stderr.strip().splitlines()
     assert line.startswith(f"fedica-run: configuration error: resume={str(tmp_path)!r}: must be the folder of an "
                            "interrupted run") and "journal.json is missing" in line
+
+
+@pytest.mark.slow
+def test_the_same_command_in_the_same_folder_goes_on_and_another_is_refused(tmp_path, uninterrupted):
+    # Row 9 of issue 43: the same command again, without resume=, deleted the interrupted run's journal.
+    folder = tmp_path / "run"
+    process, completed = stopped_run(folder, signal.SIGKILL)
+    other = fedica_run("seed=1", f"hydra.run.dir={folder}")
+    assert other.returncode == 2 and stages(folder) == completed
+    (line,) = other.stderr.strip().splitlines()
+    assert f"{folder} holds the journal of an earlier run ({completed} completed stages); resume it" in line
+    again = fedica_run(f"hydra.run.dir={folder}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "holds this configuration's interrupted run: resuming it" in again.stdout + again.stderr
+    assert without_timings(folder) == without_timings(uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_journal_that_fails_a_check_on_replay_ends_the_run_in_one_line(tmp_path):
+    # Row 7 of issue 43: an edit the digest check caught was a 29-line traceback.
+    import numpy as np
+
+    from fedica.protocol.journal import stage_file
+
+    run = [*RUN, "algorithm.rounds=2", "baselines=false"]
+    assert fedica_run(f"hydra.run.dir={tmp_path / 'whole'}", run=run).returncode == 0
+    folder = tmp_path / "whole"
+    (folder / "result.json").unlink()
+    stage = folder / JOURNAL_DIR / stage_file(2)
+    with np.load(stage, allow_pickle=False) as archive:
+        members = {key: archive[key] for key in archive.files}
+    meta = json.loads(str(members["meta"][()]))
+    meta["digest"] = "0" * 64  # as if the protocol had been asked something else
+    members["meta"] = np.array(json.dumps(meta))
+    np.savez(stage, **members)
+    done = fedica_run(f"resume={folder}", f"hydra.run.dir={tmp_path / 'resume-log'}", run=run)
+    assert done.returncode == 2
+    (line,) = [line for line in done.stderr.strip().splitlines() if line.startswith("fedica-run")]
+    assert line.startswith("fedica-run: the journal cannot be resumed: journal stage 2") and "asked something else" in line
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.slow
