@@ -123,7 +123,10 @@ class SignedBeforeRead:
     unauthenticated peer could otherwise make the SuperLink read a body of up to the bound first. The
     same rules as Flower's are applied to the headers (a timestamp inside Flower's window, signed by
     the public key sent beside it); the key must belong to a node the operator registered. Flower then
-    checks that the body's node id is that key's.
+    checks that the body's node id is that key's. A node's first requests (:data:`REGISTRATION_PATHS`)
+    name the key in the body, and Flower answers an unregistered one itself (the SuperNode then exits
+    with Flower's "Failed to activate SuperNode"): for them the signature is checked here, and their
+    bodies are bounded to :data:`REGISTRATION_BODY_BYTES` by :class:`BoundedReplies`.
     """
 
     def __init__(self, app) -> None:
@@ -135,15 +138,17 @@ class SignedBeforeRead:
         if path.startswith(PUBLIC_PATH_PREFIXES) and getattr(app_state, "enable_supernode_auth", False):
             from starlette.concurrency import run_in_threadpool
 
-            reason = await run_in_threadpool(unsigned_reason, dict(scope.get("headers", [])), app_state)
+            reason = await run_in_threadpool(unsigned_reason, dict(scope.get("headers", [])), app_state,
+                                             path not in REGISTRATION_PATHS)
             if reason is not None:
                 await _answer(scope, send, 401, f"fedica-superlink: {reason}; nothing of the request was read")
                 return
         await self.app(scope, receive, send)
 
 
-def unsigned_reason(headers: dict[bytes, bytes], app_state) -> str | None:
-    """Why a Fleet API request's headers do not authenticate a registered node (None: they do)."""
+def unsigned_reason(headers: dict[bytes, bytes], app_state, registered: bool = True) -> str | None:
+    """Why a Fleet API request's headers do not authenticate a node (None: they do); with ``registered``,
+    a node whose key the operator registered."""
     from flwr.common.constant import SYSTEM_TIME_TOLERANCE, TIMESTAMP_HEADER, TIMESTAMP_TOLERANCE
     from flwr.supercore.constant import FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SIGNATURE_HEADER
     from flwr.supercore.primitives.asymmetric import bytes_to_public_key, verify_signature
@@ -163,7 +168,7 @@ def unsigned_reason(headers: dict[bytes, bytes], app_state) -> str | None:
         valid = False
     if not valid:
         return "the node signature does not verify"
-    if app_state.linkstate_factory.state().get_node_id_by_public_key(public_key) is None:
+    if registered and app_state.linkstate_factory.state().get_node_id_by_public_key(public_key) is None:
         return "the signing key is not one the operator registered"
     return None
 
@@ -177,6 +182,9 @@ PUSH_OBJECT_PATH = "/v1/fleet/push-object"
 # Where the ServerApp pulls a reply's objects (Flower's Runtime API).
 PULL_OBJECT_PATH = "/v1/runtime/pull-object"
 PUSH_MESSAGES_PATH = "/v1/fleet/push-messages"
+# A node's first requests carry its public key and a heartbeat interval: a few hundred bytes.
+REGISTRATION_PATHS = frozenset({"/v1/fleet/register-node", "/v1/fleet/activate-node"})
+REGISTRATION_BODY_BYTES = 64 * 2**10
 # How many pushed replies' byte counts are kept: a reply's objects are pushed right after its message,
 # so only the newest sessions can still grow; the oldest are forgotten first. Only sessions Flower
 # opened are kept, so only replies Flower stored can push older ones out.
@@ -221,14 +229,15 @@ class BoundedReplies:
         if not path.startswith(PUBLIC_PATH_PREFIXES):
             await self.app(scope, receive, send)
             return
+        limit = REGISTRATION_BODY_BYTES if path in REGISTRATION_PATHS else self.limit
         declared = _content_length(scope)
-        if declared is not None and declared > self.limit:
-            await self._refuse(scope, send, f"the request holds {declared} bytes")
+        if declared is not None and declared > limit:
+            await self._refuse(scope, send, f"the request holds {declared} bytes", limit)
             return
         held = [0]  # the bytes this request counts in self.in_flight, given back when it is handled
         try:
             try:
-                body = await asyncio.wait_for(self._read_fleet_body(receive, held), self.body_seconds)
+                body = await asyncio.wait_for(self._read_fleet_body(receive, held, limit), self.body_seconds)
             except asyncio.TimeoutError:
                 await self._answer(scope, send, 408, f"fedica-superlink: the request's body did not arrive within "
                                                      f"{self.body_seconds:.0f} s")
@@ -238,16 +247,16 @@ class BoundedReplies:
                 return
             if body is None:
                 return  # the peer left; nothing to answer
-            await self._handle(scope, receive, send, path, body)
+            await self._handle(scope, receive, send, path, body, limit)
         finally:
             self.in_flight -= held[0]
 
-    async def _handle(self, scope, receive, send, path: str, body: bytes) -> None:
+    async def _handle(self, scope, receive, send, path: str, body: bytes, limit: int) -> None:
         """A Fleet API request whose body (at most ``limit`` + one chunk) was read."""
-        if len(body) > self.limit:
+        if len(body) > limit:
             if path == PUSH_OBJECT_PATH:
                 self._remember_refused(*_object_key(body))
-            await self._refuse(scope, send, f"the request holds more than {self.limit} bytes")
+            await self._refuse(scope, send, f"the request holds more than {limit} bytes", limit)
             return
         if path == PUSH_OBJECT_PATH:
             total = self._count_object(body)
@@ -266,7 +275,7 @@ class BoundedReplies:
             return
         await self.app(scope, _replaying(body, receive), send)
 
-    async def _read_fleet_body(self, receive, held: list[int]) -> bytes | None:
+    async def _read_fleet_body(self, receive, held: list[int], limit: int) -> bytes | None:
         """:func:`_read_body`, with every chunk counted against the bodies in flight (``held[0]``: this one's share)."""
         body = bytearray()
         while True:
@@ -280,7 +289,7 @@ class BoundedReplies:
             self.in_flight += len(chunk)
             held[0] += len(chunk)
             body += chunk
-            if len(body) > self.limit or not message.get("more_body", False):
+            if len(body) > limit or not message.get("more_body", False):
                 return bytes(body)
 
     def _opened_session(self, send, run_id: int | None):
@@ -384,8 +393,11 @@ class BoundedReplies:
             while len(self.refused_objects) > TRACKED_SESSIONS:
                 self.refused_objects.popitem(last=False)
 
-    async def _refuse(self, scope, send, what: str) -> None:
-        reason = f"fedica-superlink: {what}, more than the {self.limit} bytes a reply may hold (--max-reply-mib)"
+    async def _refuse(self, scope, send, what: str, limit: int | None = None) -> None:
+        if limit is None or limit == self.limit:
+            reason = f"fedica-superlink: {what}, more than the {self.limit} bytes a reply may hold (--max-reply-mib)"
+        else:
+            reason = f"fedica-superlink: {what}, more than the {limit} bytes a node's registration holds"
         await self._answer(scope, send, 413, reason)
 
     @staticmethod

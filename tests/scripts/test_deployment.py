@@ -58,6 +58,8 @@ FEDGEM = [
 SILENT_TIMEOUT = 150
 KILLED_TIMEOUT = 180
 SILENT, KILLED = 2, 2  # the partition that never answers (RF-ICA) / whose SuperNode is killed (FedGEM)
+# A poller that is refused and exits starts again, until it is stopped: ``python -c POLL_AGAIN command...``.
+POLL_AGAIN = "import subprocess, sys, time\nwhile True:\n    subprocess.run(sys.argv[1:])\n    time.sleep(0.2)"
 UNCOMPARED = ("timings", "versions", "engine", "config", "deployment")
 
 
@@ -195,6 +197,7 @@ class _ProcessRecorder:
 
     def __init__(self, deployment):
         self.pids: set[int] = set()
+        self.commands: dict[int, str] = {}  # each process's command line, as first seen
         self._deployment = deployment
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._record, daemon=True)
@@ -202,7 +205,11 @@ class _ProcessRecorder:
 
     def _record(self):
         while not self._stop.is_set():
-            self.pids |= _process_tree(p.pid for p in self._deployment.processes())
+            found = _process_tree(p.pid for p in self._deployment.processes())
+            for pid in found - self.pids:
+                with contextlib.suppress(OSError):
+                    self.commands[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            self.pids |= found
             self._stop.wait(0.5)
 
     def stop(self):
@@ -315,10 +322,12 @@ def _tls_job(root):
                                                     root / "tls" / "deployment"))
             recorder = _ProcessRecorder(d)
             # Local processes without the deployment's SuperExec secret: Flower's own SuperExec, polling
-            # SuperNode 0's and the SuperLink's Runtime APIs for tasks it would run (and answer) itself.
+            # SuperNode 0's and the SuperLink's Runtime APIs for tasks it would run (and answer) itself. A
+            # refused SuperExec exits, so each poller starts one again and again while the runs go on.
             pollers = {name: processes.start_process(
                 f"secretless SuperExec on {name}",
-                [processes.flower_executable("flower-superexec"), "--runtime-api-address", address, *transport],
+                [sys.executable, "-c", POLL_AGAIN, processes.flower_executable("flower-superexec"),
+                 "--runtime-api-address", address, *transport],
                 root / "tls" / f"poller-{name}.log", processes.flower_environment(root / "poller-home" / name), root)
                 for name, address, transport in [
                     ("supernode-0", f"127.0.0.1:{options.supernode_port}", ["--insecure"]),
@@ -345,7 +354,8 @@ def _tls_job(root):
             for name, future in futures.items():
                 out[name] = future.exception() if name == "failing" else future.result()
             out["pollers_alive"] = {name: poller.alive() for name, poller in pollers.items()}
-            out["poller_processes"] = len(poller_recorder.stop())
+            poller_recorder.stop()
+            out["poller_commands"] = list(poller_recorder.commands.values())
             processes.terminate(list(pollers.values()), 10)
             out["poller_logs"] = {name: poller.log_text() for name, poller in pollers.items()}
             out["superexec_logs"] = {name: process.log_text() for name, process in d.superexecs.items()}
@@ -542,8 +552,11 @@ def test_a_local_process_without_the_secret_takes_no_task(deployments):
     outcome = _outcome(deployments, "tls")
     assert outcome["pollers_alive"] == {"supernode-0": True, "superlink": True}
     for name, log in outcome["poller_logs"].items():
-        assert "Starting Flower SuperExec" in log and "Start `flwr-" not in log, (name, log)
-    assert outcome["poller_processes"] == 2  # the two pollers themselves: neither started an app process
+        # Each attempt was refused at its first poll and ended; none started an app process.
+        assert log.count("Starting Flower SuperExec") >= 3 and "Start `flwr-" not in log, (name, log)
+    commands = outcome["poller_commands"]
+    assert sum("flower-superexec" in command for command in commands) >= 6
+    assert not [command for command in commands if "flwr-clientapp" in command or "flwr-serverapp" in command]
     assert outcome["superexec_logs"]["supernode-0"].count("Start `flwr-clientapp` process") >= 3
     assert outcome["rfica"]["clients"]["answered"] == outcome["fedgem"]["clients"]["answered"] == 3
 

@@ -329,6 +329,8 @@ def test_with_node_authentication_an_unsigned_request_is_refused_before_its_body
     assert "outside Flower's window" in superlink.unsigned_reason(_signed_headers(key, "2020-01-01T00:00:00+00:00"), state)
     forged = {**_signed_headers(key), b"flwr-signature": _signed_headers(stranger)[b"flwr-signature"]}
     assert "does not verify" in superlink.unsigned_reason(forged, state)
+    # A node's first requests: Flower itself answers an unregistered key ("Failed to activate SuperNode").
+    assert superlink.unsigned_reason(_signed_headers(stranger), state, registered=False) is None
 
     read, reached, sent = [], [], []
 
@@ -349,3 +351,11 @@ def test_with_node_authentication_an_unsigned_request_is_refused_before_its_body
     assert sent[0]["status"] == 401 and not read and not reached
     asyncio.run(SignedBeforeRead(flower)({**scope, "headers": list(_signed_headers(key).items())}, receive, send))
     assert reached == ["/v1/fleet/push-object"]
+    asyncio.run(SignedBeforeRead(flower)({**scope, "path": "/v1/fleet/activate-node"}, receive, send))
+    assert reached[-1] == "/v1/fleet/activate-node"  # signed by a key of its own: Flower decides
+
+
+def test_a_nodes_registration_requests_are_small():
+    status, body, reached = _push(BoundedReplies(None), "/v1/fleet/activate-node", [b"x" * (superlink.REGISTRATION_BODY_BYTES + 1)])
+    assert (status, reached) == (413, None) and b"a node's registration holds" in body
+    assert _push(BoundedReplies(None), "/v1/fleet/activate-node", [b"x" * 300])[0] == 200
