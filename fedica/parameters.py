@@ -184,23 +184,30 @@ class Options:
 
 @dataclass(frozen=True)
 class PositiveNumbers:
-    """A non-empty list (or tuple, or 1-D array) of positive finite numbers."""
+    """A non-empty list (or tuple, or 1-D array) of positive finite numbers, each at most ``high`` (when given)."""
+
+    high: float | None = None
 
     def describe(self) -> str:
-        return "a non-empty list of positive numbers"
+        return "a non-empty list of positive numbers" + ("" if self.high is None else f" of at most {_bound(self.high)}")
 
     def violation(self, value: Any) -> Violation | None:
         if isinstance(value, np.ndarray):
             value = value.tolist() if value.ndim == 1 else None
         if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
             return TypeError, f"must be {self.describe()}"
-        positive = [isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in value]
+        positive = [isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                    and (self.high is None or v <= self.high) for v in value]
         if not value or not all(positive):
             return ValueError, f"must be {self.describe()}"
         return None
 
 
 Constraint = Interval | Options | PositiveNumbers
+
+# upsilon scales the sites' radii: far beyond any radius ratio (every ball already overlaps every other
+# at a few hundred), and small enough that a squared radius times it stays finite.
+MAX_UPSILON = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -324,9 +331,9 @@ FEDGEM_PARAMETERS = Declaration(
     "fedgem",
     Parameter("rounds", _integer(0, MAX_ROUNDS), 10, "T, the number of collaborative rounds."),
     Parameter("local_steps", _integer(1), 1, "S, EM steps per site per round."),
-    Parameter("upsilon", (Interval("real", 0, None, "neither"), Options(("auto",))), "auto",
+    Parameter("upsilon", (Interval("real", 0, MAX_UPSILON, "right"), Options(("auto",))), "auto",
               "The final-radius hyperparameter; auto chooses it (and so K_hat) by upsilon_criterion."),
-    Parameter("upsilon_grid", (PositiveNumbers(),), (0.1, 0.5, 1.0, 5.0, 10.0, 50.0),
+    Parameter("upsilon_grid", (PositiveNumbers(MAX_UPSILON),), (0.1, 0.5, 1.0, 5.0, 10.0, 50.0),
               "The candidates of the upsilon tuning."),
     Parameter("upsilon_criterion", (Options(UPSILON_CRITERIA),), "likelihood",
               "How upsilon=auto chooses: the sites' federated ICL, or their local silhouettes."),

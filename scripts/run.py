@@ -94,8 +94,14 @@ def main(cfg: DictConfig) -> None:
         if err.partial is not None:
             print(f"what it had computed: {path}", file=sys.stderr)
         sys.exit(1)
+    try:
+        path = write_result(out_dir, result)
+    except OSError as err:  # a full disk, a folder made read-only: the journal keeps every completed stage
+        then = (f"its journal keeps every completed stage: free the space and run the same command with resume={out_dir}"
+                if journal is not None else "free the space and run it again")
+        print(f"fedica-run: cannot write the result to {out_dir}: {err.strerror or err}; {then}", file=sys.stderr)
+        sys.exit(1)
     (out_dir / PARTIAL_RESULT_FILE).unlink(missing_ok=True)  # an interrupted attempt's, now superseded
-    path = write_result(out_dir, result)
     if HydraConfig.get().mode != RunMode.MULTIRUN:
         print(format_summary(result))
         print(f"result: {path}")

@@ -24,6 +24,13 @@ def test_counts_beyond_a_runs_time_or_memory_bound_are_refused_one_line_each():
     validate_config(compose_config(["engine=inprocess", "algorithm=fedgem", f"algorithm.rounds={MAX_ROUNDS}"]))
 
 
+def test_an_upsilon_beyond_any_radius_ratio_is_refused_up_front():
+    # Row 13 of issue 43: algorithm.upsilon_grid=[1e308] passed validation and crashed mid-run (48 lines).
+    assert _refusal("algorithm=fedgem", "algorithm.upsilon_grid=[1e308]", "algorithm.upsilon=1e300") == [
+        "algorithm.upsilon=1e+300: must be a number in (0, 1000000] or auto",
+        "algorithm.upsilon_grid=[1e+308]: must be a non-empty list of positive numbers of at most 1000000"]
+
+
 def test_a_blobs_dimension_is_held_to_what_a_run_holds_not_to_the_points_alone(monkeypatch):
     # 725 points in d=10^6 are 5.4 GiB: they passed a machine of 16 GiB; a run holds three copies (16.2 GiB).
     monkeypatch.setattr(MEMORY, lambda: 16.0 * 2**30)

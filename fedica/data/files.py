@@ -178,6 +178,8 @@ def check_client_table(path, X: np.ndarray, y: np.ndarray | None, *, n_component
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
     test_fraction = float(test_fraction)
     if X.shape[0] >= 4 and (n_components == AUTO_COMPONENTS or (n_components is None and y is None)):
+        if distinct_points(X, 2) < 2:
+            raise DataFileError(path, f"all its {X.shape[0]} points are the same point: a site needs points that differ")
         return AUTO_COMPONENTS, test_fraction  # without labels to count, the site chooses (as the library's sites)
     if n_components in (None, AUTO_COMPONENTS):
         if y is None:
@@ -187,9 +189,23 @@ def check_client_table(path, X: np.ndarray, y: np.ndarray | None, *, n_component
         raise DataFileError(path, f"needs at least 1 component (cluster), got n_components={n_components}")
     if X.shape[0] < n_components:
         raise DataFileError(path, f"has {X.shape[0]} points, fewer than n_components={n_components}")
+    distinct = distinct_points(X, n_components)
+    if distinct < n_components:
+        raise DataFileError(path, f"has {distinct} distinct points among its {X.shape[0]}, fewer than "
+                                  f"n_components={n_components}: its clusters cannot be told apart")
     # train_test_split holds out ceil(test_fraction * n) points.
     _check_training_points(path, X.shape[0] - math.ceil(test_fraction * X.shape[0]), n_components, test_fraction)
     return int(n_components), test_fraction
+
+
+def distinct_points(X: np.ndarray, enough: int) -> int:
+    """How many distinct rows ``X`` has, counted up to ``enough`` (a site of many distinct points stops early)."""
+    seen: set[bytes] = set()
+    for row in np.ascontiguousarray(X, dtype=np.float64):
+        seen.add(row.tobytes())
+        if len(seen) >= enough:
+            break
+    return len(seen)
 
 
 def _check_training_points(path, n_train: int, n_components: int, test_fraction: float) -> None:
@@ -287,6 +303,8 @@ def read_recording(path) -> Recording:
         import mne
     except ImportError:
         raise DataFileError(path, f"reading {suffix} files needs MNE: {EEG_EXTRA}") from None
+    if suffix == ".vhdr":
+        _check_brainvision_files(path)
     try:
         raw = mne.io.read_raw(path, preload=True, verbose="error")
     except Exception as error:  # noqa: BLE001 - each of MNE's readers raises its own kinds for a broken file
@@ -332,6 +350,8 @@ def ica_observations(path, X: np.ndarray) -> np.ndarray:
     if X.shape[0] <= X.shape[1]:
         raise DataFileError(path, f"has {X.shape[0]} samples (rows) for {X.shape[1]} channels; ICA needs more "
                                   "samples than channels")
+    if distinct_points(X, 2) < 2:
+        raise DataFileError(path, f"all its {X.shape[0]} samples are the same: every channel is constant")
     return X
 
 
@@ -482,6 +502,25 @@ def _npz_shape(path: Path) -> tuple[int, int]:
         return _array_shape(path, lambda: archive.open("X.npy"))
 
 
+def _check_brainvision_files(path: Path) -> None:
+    """A BrainVision header names its data and marker files (``DataFile=``, ``MarkerFile=``): each must be a
+    file of the header's own folder, named plainly, so that a header cannot lead a site to any file of its
+    machine (``DataFile=/etc/passwd``) around :func:`_check_is_file`'s rule on links."""
+    try:
+        text = path.read_bytes()[:1_000_000].decode("latin-1")
+    except OSError as error:
+        raise DataFileError(path, f"cannot be read ({error.strerror})") from None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() not in ("DataFile", "MarkerFile"):
+            continue
+        name = value.strip()
+        if not name or Path(name).name != name or name in (".", ".."):
+            raise DataFileError(path, f"{key.strip()}={name!r} is not a file name in the header's own folder")
+        if key.strip() == "DataFile" or (path.parent / name).is_symlink():
+            _check_is_file(path.parent / name)
+
+
 def _check_is_file(path: Path) -> None:
     """A data file a site may read: a regular, non-empty file named itself (not through a link)."""
     if path.is_symlink():
@@ -533,7 +572,7 @@ def _read_csv_file(path: Path, label_column, delimiter: str):
     header, width = None, None
     with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle, delimiter=delimiter)
-        for row in reader:
+        for row in _csv_rows(path, reader):
             cells = [cell.strip() for cell in row]
             if not any(cells):
                 continue
@@ -556,6 +595,17 @@ def _read_csv_file(path: Path, label_column, delimiter: str):
 
     label_index = _resolve_label_column(path, label_column, width, header)
     return _split_label_column(path, table, label_index, lambda row: f"line {lines[row]}", header)
+
+
+def _csv_rows(path: Path, reader):
+    """``reader``'s rows; a file that is not UTF-8 text, or not CSV at all, is one DataFileError line."""
+    try:
+        yield from reader
+    except UnicodeDecodeError as error:
+        raise DataFileError(path, f"is not UTF-8 text (line {reader.line_num + 1} holds byte {error.object[error.start]:#04x}): "
+                                  "save it as UTF-8 CSV") from None
+    except csv.Error as error:
+        raise DataFileError(path, f"line {reader.line_num}: not a CSV table ({error})") from None
 
 
 def _numbers(path: Path, cells: list[str], line: int, header: list[str] | None) -> list[float]:
@@ -608,6 +658,8 @@ def _read_numpy_file(path: Path, suffix: str, label_column):
         raise DataFileError(path, f"the data array is empty (shape {X.shape})")
     if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
         raise DataFileError(path, f"the data array must be numeric, got dtype {X.dtype}")
+    if np.issubdtype(X.dtype, np.complexfloating):
+        raise DataFileError(path, f"the data array holds complex numbers ({X.dtype}); fedica reads real numbers")
     X = X.astype(np.float64)
     _check_finite(path, X, lambda row: f"row {row}", None)
     where = lambda row: f"row {row}"  # noqa: E731
@@ -622,12 +674,22 @@ def _read_numpy_file(path: Path, suffix: str, label_column):
     return _split_label_column(path, X, label_index, where, None)
 
 
+# The largest magnitude a cell may have: the algorithms square and sum the values of thousands of
+# points, which must stay finite in double precision (1e308); a column this large needs rescaling anyway.
+MAX_CELL_MAGNITUDE = 1e100
+
+
 def _check_finite(path: Path, table: np.ndarray, where, header) -> None:
     bad = np.argwhere(~np.isfinite(table))
     if bad.size:
         row, column = bad[0]
         raise DataFileError(path, f"{where(row)}, {_cell_name(column, header)}: not finite "
                             "(NaN and infinity are not allowed)")
+    # max and min allocate nothing: the table may be most of the memory a site has.
+    if table.size and (table.max() > MAX_CELL_MAGNITUDE or table.min() < -MAX_CELL_MAGNITUDE):
+        row, column = np.argwhere(np.abs(table) > MAX_CELL_MAGNITUDE)[0]
+        raise DataFileError(path, f"{where(row)}, {_cell_name(column, header)}: beyond {MAX_CELL_MAGNITUDE:g} in "
+                            "magnitude (its squares would overflow); rescale the column")
 
 
 def _resolve_label_column(path: Path, label_column, width: int, header) -> int | None:

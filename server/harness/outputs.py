@@ -17,6 +17,7 @@ import numpy as np
 from fedica.data.files import read_rows
 from fedica.data.scenarios import ica_scenario_data
 from fedica.fedgem.standardisation import nearest_centres
+from fedica.persistence import write_atomic
 from fedica.results import RESULT_FILE, SUMMARY_FILE, format_summary, write_json_atomic
 
 log = logging.getLogger("fedica.server")
@@ -30,9 +31,10 @@ def write_result(out_dir: str | os.PathLike, result: Mapping[str, Any], *, name:
     labels = write_site_labels(result, out_dir) if name == RESULT_FILE else []
     if labels:
         result = {**result, "fedgem": {**result["fedgem"], "labels_files": labels}}
-    path = write_json_atomic(out_dir / name, result)
-    (out_dir / SUMMARY_FILE).write_text(format_summary(result) + "\n")
-    return path
+    # The summary first, and atomically: result.json, written last, is what marks a run complete (a sweep
+    # skips it), so a disk that fills up between the two never leaves a complete result beside no summary.
+    write_atomic(out_dir / SUMMARY_FILE, lambda handle: handle.write((format_summary(result) + "\n").encode()))
+    return write_json_atomic(out_dir / name, result)
 
 
 def run_output_dir() -> Path:

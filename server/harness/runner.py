@@ -97,10 +97,24 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], bound_partitions: Mapping
             raise
     partial["timings"]["total"] = time.perf_counter() - start
     result = {**header, **partial, "warnings": count_warnings(caught)}
+    left_out = left_out_warning(result.get("clients", {}))
+    if left_out:
+        # Said where a reader looks: the log, result.json's warnings and (as a UserWarning) the summary.
+        log.warning("%s", left_out)
+        result["warnings"][f"UserWarning: {left_out}"] = 1
     if journal is not None and journal.recorded:
         # The numbers are the uninterrupted run's; that this one went on from a journal is said beside them.
         result["resumed"] = {"replayed_stages": len(journal.recorded), "journal": str(journal.directory)}
     return result
+
+
+def left_out_warning(clients: Mapping[str, Any]) -> str | None:
+    """The warning for a result some sites are missing from (None when every site answered)."""
+    expected, answered = clients.get("expected"), clients.get("answered")
+    if not isinstance(expected, int) or not isinstance(answered, int) or answered >= expected:
+        return None
+    return (f"{expected - answered} of {expected} sites are not in the result (clients.rejected says which and why): "
+            "it is the federation of the other sites")
 
 
 def stop_status(err: BaseException, journal: Journal | None) -> str:
