@@ -180,7 +180,7 @@ def test_predict_names_the_valid_sites():
 
 @pytest.mark.parametrize("kwargs, kind, message", [
     ({"upsilon_criterion": "silhoutte"}, ValueError, "upsilon_criterion='silhoutte': must be one of likelihood, silhouette"),
-    ({"upsilon": "Auto"}, ValueError, "upsilon='Auto': must be a positive number or auto"),
+    ({"upsilon": "Auto"}, ValueError, "upsilon='Auto': must be a number in (0, 1000000] or auto"),
     ({"rounds": "ten"}, TypeError, "rounds='ten': must be an integer in [0, 10000]"),
 ])
 def test_fedgem_refuses_todays_silent_or_late_mistakes_in_one_line(kwargs, kind, message):

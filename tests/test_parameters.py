@@ -209,8 +209,8 @@ def test_every_paper_experiment_runs_the_paper_preset():
 @pytest.mark.parametrize("kwargs, kind, message", [
     ({"upsilon_criterion": "silhoutte"}, ValueError, "upsilon_criterion='silhoutte': must be one of likelihood, silhouette"),
     ({"rounds": "ten"}, TypeError, "rounds='ten': must be an integer in [0, 10000]"),
-    ({"upsilon": "Auto"}, ValueError, "upsilon='Auto': must be a positive number or auto"),
-    ({"upsilon_grid": []}, ValueError, "upsilon_grid=[]: must be a non-empty list of positive numbers"),
+    ({"upsilon": "Auto"}, ValueError, "upsilon='Auto': must be a number in (0, 1000000] or auto"),
+    ({"upsilon_grid": []}, ValueError, "upsilon_grid=[]: must be a non-empty list of positive numbers of at most 1000000"),
     ({"covariance_type": "full"}, ValueError, "covariance_type='full': must be one of identity, spherical"),
 ])
 def test_the_fedgem_strategy_refuses_a_bad_parameter_at_construction(kwargs, kind, message):
@@ -261,7 +261,7 @@ SITES = [np.random.default_rng(g).standard_normal((30, 2)) for g in range(3)]
 
 @pytest.mark.parametrize("kwargs, kind, message", [
     ({"upsilon_criterion": "silhoutte"}, ValueError, "upsilon_criterion='silhoutte': must be one of likelihood, silhouette"),
-    ({"upsilon": "Auto"}, ValueError, "upsilon='Auto': must be a positive number or auto"),
+    ({"upsilon": "Auto"}, ValueError, "upsilon='Auto': must be a number in (0, 1000000] or auto"),
     ({"rounds": "ten"}, TypeError, "rounds='ten': must be an integer in [0, 10000]"),
     ({"participation": 1.5}, ValueError, "participation=1.5: must be in (0, 1]"),
     ({"max_local_clusters": 1}, ValueError, "max_local_clusters=1: must be >= 2"),

@@ -48,7 +48,7 @@ def test_label_column_is_dropped_from_the_channels(tmp_path):
 def test_an_edited_file_is_read_again(tmp_path):
     _, paths = _files(tmp_path)
     before = ica_scenario_data(_scenario(paths), 1, 0)
-    np.save(paths[1], np.ones((50, 3)) + np.arange(3))
+    np.save(paths[1], np.random.default_rng(1).normal(size=(50, 3)))
     after = ica_scenario_data(_scenario(paths), 1, 0)
     assert after.shape == (3, 50) and before.shape == (3, 300)
 
@@ -59,6 +59,7 @@ def test_an_edited_file_is_read_again(tmp_path):
     ("a,b\n1,2\n3,oops\n4,5\n", "line 3, column 1: not a number"),
     ("a,b\n1,2\n3,nan\n4,5\n", "line 3, column 1: not finite"),
     ("a,b\n1,2\n3\n4,5\n", "line 3 has 1 cells, expected 2"),
+    ("a,b\n1,2\n1,2\n1,2\n", "all its 3 samples are the same: every channel is constant"),
 ])
 def test_bad_files_are_one_line_naming_the_file(tmp_path, content, message):
     path = tmp_path / "bad.csv"
