@@ -246,7 +246,7 @@ def journaled(protocol: Generator[Request, list[Reply], None], journal: Journal,
                 check_replayed(recorded, request)
                 for name, entries in recorded.books.items():
                     if name not in books:
-                        raise JournalError(f"journal stage {recorded.number}: a book {client_text_of(name)!r} this run does not keep")
+                        raise JournalError(f"journal stage {recorded.number}: a book {_shortened(name)!r} this run does not keep")
                     books[name].extend(entries)
                 replies = recorded.replies
             else:
@@ -274,8 +274,12 @@ def check_replayed(stage: RecordedStage, request: Request) -> None:
         if strangers:
             raise JournalError(f"{where}: replies of clients {strangers[:5]} that the stage did not ask")
     kept = [entry.get("clients") for entry in stage.books.get("participation", []) if isinstance(entry, dict)]
-    if kept and sorted(kept[-1] or []) != sorted(partitions):
-        raise JournalError(f"{where}: its replies are of clients {partitions[:8]}, its books say {kept[-1][:8]}")
+    if not kept:
+        return
+    listed = kept[-1]
+    if not (isinstance(listed, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in listed)
+            and sorted(listed) == sorted(partitions)):
+        raise JournalError(f"{where}: its replies are of clients {partitions[:8]}, its books say {str(listed)[:60]}")
 
 
 # ---------------------------------------------------------------- the stage files
@@ -328,8 +332,11 @@ def _stage_from(meta: Any, members: Mapping[str, np.ndarray]) -> RecordedStage:
     _require(isinstance(meta.get("digest"), str) and re.fullmatch(r"[0-9a-f]{64}", meta["digest"]) is not None,
              "'digest' is not a SHA-256 digest")
     _require(isinstance(meta.get("replies"), list), "'replies' is not a list")
-    _require(isinstance(meta.get("books"), dict) and all(isinstance(v, list) for v in meta["books"].values()),
-             "'books' is not a mapping of lists")
+    _require(isinstance(meta.get("books"), dict) and all(isinstance(v, list) and all(isinstance(e, dict) for e in v)
+                                                         for v in meta["books"].values()),
+             "'books' is not a mapping of lists of entries")
+    _require(all({"client", "round", "reason"} <= set(entry) for entry in meta["books"].get("rejected", [])),
+             "a 'rejected' entry lacks its client, round or reason")
     _check_book_text(meta["books"])
     used: set[str] = set()
     replies = []
@@ -373,7 +380,7 @@ def _one_line(err: BaseException) -> str:
     return text if len(text) <= 300 else f"{text[:300]}..."
 
 
-def client_text_of(name: str) -> str:
+def _shortened(name: str) -> str:
     return name if len(name) <= 60 else f"{name[:60]}..."
 
 

@@ -239,11 +239,11 @@ class BoundedReplies:
             try:
                 body = await asyncio.wait_for(self._read_fleet_body(receive, held, limit), self.body_seconds)
             except asyncio.TimeoutError:
-                await self._answer(scope, send, 408, f"fedica-superlink: the request's body did not arrive within "
+                await _answer(scope, send, 408, f"fedica-superlink: the request's body did not arrive within "
                                                      f"{self.body_seconds:.0f} s")
                 return
             except _Busy:
-                await self._answer(scope, send, 503, "fedica-superlink: too many request bodies at once; retry")
+                await _answer(scope, send, 503, "fedica-superlink: too many request bodies at once; retry")
                 return
             if body is None:
                 return  # the peer left; nothing to answer
@@ -261,7 +261,7 @@ class BoundedReplies:
         if path == PUSH_OBJECT_PATH:
             total = self._count_object(body)
             if total == NO_SESSION:
-                await self._answer(scope, send, 400, "fedica-superlink: an object pushed without its push session's id")
+                await _answer(scope, send, 400, "fedica-superlink: an object pushed without its push session's id")
                 return
             if total is not None and total > self.limit:
                 await self._refuse(scope, send, f"the objects of one reply hold {total} bytes")
@@ -269,7 +269,7 @@ class BoundedReplies:
         if path == PUSH_MESSAGES_PATH:
             run_id, impostor = _sender_check(body)
             if impostor:
-                await self._answer(scope, send, 403, f"fedica-superlink: {impostor}")
+                await _answer(scope, send, 403, f"fedica-superlink: {impostor}")
                 return
             await self.app(scope, _replaying(body, receive), self._opened_session(send, run_id))
             return
@@ -398,12 +398,7 @@ class BoundedReplies:
             reason = f"fedica-superlink: {what}, more than the {self.limit} bytes a reply may hold (--max-reply-mib)"
         else:
             reason = f"fedica-superlink: {what}, more than the {limit} bytes a node's registration holds"
-        await self._answer(scope, send, 413, reason)
-
-    @staticmethod
-    async def _answer(scope, send, status: int, reason: str) -> None:
-        """Answer ``status`` with a JSON ``detail`` (Flower's form), log it, and close the connection."""
-        await _answer(scope, send, status, reason)
+        await _answer(scope, send, 413, reason)
 
 
 async def _answer(scope, send, status: int, reason: str) -> None:

@@ -123,10 +123,11 @@ def test_a_stage_file_gives_back_every_reply_of_its_own_types_bit_for_bit(tmp_pa
               "np-float": np.float32(1 / 3), "text": "a", "raw": b"\x00\xff", "items": [1, 2.5, "b"], "pair": (1, 2)}
     arrays = {"m": np.arange(6, dtype=np.float32).reshape(2, 3), "i": np.array([1, -2], dtype=np.int8)}
     path = tmp_path / stage_file(1)
-    save_stage(path, 1, Request("fedgem_round", 1, None), [Reply(4, arrays, values)], {"rejected": [{"client": 1}]})
+    rejected = [{"client": 1, "round": 1, "reason": "no reply"}]
+    save_stage(path, 1, Request("fedgem_round", 1, None), [Reply(4, arrays, values)], {"rejected": rejected})
     stage = load_stage(path)
     (reply,) = stage.replies
-    assert reply.partition_id == 4 and stage.books == {"rejected": [{"client": 1}]}
+    assert reply.partition_id == 4 and stage.books == {"rejected": rejected}
     for key, array in arrays.items():
         assert reply.arrays[key].dtype == array.dtype and np.array_equal(reply.arrays[key], array)
     for key, value in values.items():
@@ -191,11 +192,15 @@ def _bomb(path):
     (lambda path: _rewrite_meta(path, lambda meta: meta.update(digest="edited")), "'digest' is not a SHA-256"),
     (lambda path: _rewrite_meta(path, lambda meta: meta["replies"][0].update(partition=-1)), "reply 0 has no partition id"),
     (lambda path: _rewrite_meta(path, lambda meta: meta["replies"][0].update(arrays=["w", "v"])), "are missing"),
-    (lambda path: _rewrite_meta(path, lambda meta: meta["books"].update(rejected=[{"reason": "x" * 10**6}])),
-     "a text of 1000000 characters"),
+    (lambda path: _rewrite_meta(path, lambda meta: meta["books"].update(
+        rejected=[{"client": 1, "round": 1, "reason": "x" * 10**6}])), "a text of 1000000 characters"),
+    (lambda path: _rewrite_meta(path, lambda meta: meta["books"].update(rejected=[5])), "lists of entries"),
+    (lambda path: _rewrite_meta(path, lambda meta: meta["books"].update(rejected=[{"client": 1}])),
+     "lacks its client, round or reason"),
     (lambda path: _rewrite_meta(path, lambda meta: meta["replies"][0]["values"].update(v={"__evil__": 1})),
      "a value tagged"),
-    (lambda path: _rewrite_meta(path, lambda meta: meta.update(books={"rejected": [[[[[]]]]]})), None),
+    (lambda path: _rewrite_meta(path, lambda meta: meta.update(
+        books={"rejected": [{"client": 1, "round": 1, "reason": "r", "more": [[[[]]]]}]})), None),
 ])
 def test_a_damaged_stage_file_is_refused_in_one_line(tmp_path, damage, reason):
     # Rows 6 and 7 of issue 43: damaged stage files were tracebacks, and a 2 MB one took a resume to 2.36 GB.
