@@ -12,11 +12,18 @@ Resuming needs clients that answer each request from the request alone: the repl
 not sent to them, so a client that keeps state between messages (FedGEM's ``spherical`` sites keep
 their variances) would answer the next stage from nothing.
 
+A site's data may change between an interruption and the resume (a file edited, a site's export
+run again): its recorded replies and its new ones would then be mixed into one result that neither
+data gives. So before a journalled run's first stage every site is asked for a salted digest of
+the data that stage reads (:data:`~fedica.protocol.messages.DATA_DIGEST`), recorded in
+:data:`SITES_FILE`; a resumed run asks again and refuses, naming the sites, when a digest differs.
+
 On disk, in a run's folder (next to ``result.json``), :data:`JOURNAL_DIR` holds
-:data:`MANIFEST_FILE` (the format, the configuration's fingerprint and the configuration) and one
-``stage_<n>.npz`` per completed stage (the replies' arrays exactly, their values, and the
-transport's books of the stage), each written to a temporary file and renamed, so that a stage is
-either complete on disk or absent. Nothing is pickled.
+:data:`MANIFEST_FILE` (the format, the configuration's fingerprint, the configuration and the
+digests' salt), :data:`SITES_FILE` (each site's data digest) and one ``stage_<n>.npz`` per
+completed stage (the replies' arrays exactly, their values, and the transport's books of the
+stage), each written to a temporary file and renamed, so that a stage is either complete on disk
+or absent. Nothing is pickled.
 
 A journal is input like any other: a stage file is read through
 :func:`fedica.persistence.read_arrays` (its size and every member's checked before anything is
@@ -32,8 +39,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
+import secrets
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +50,25 @@ from typing import Any
 
 import numpy as np
 
-from fedica.protocol.messages import MAX_CLIENT_TEXT, Reply, Request
+from fedica.protocol.messages import (
+    DATA_DIGEST,
+    DATA_DIGEST_KEY,
+    DIGEST_FOR_TASK_KEY,
+    DIGEST_SALT_KEY,
+    MAX_CLIENT_TEXT,
+    Reply,
+    Request,
+)
 from fedica.persistence import read_arrays, write_atomic
+
+log = logging.getLogger("fedica.server")
 
 JOURNAL_DIR = "journal"
 MANIFEST_FILE = "journal.json"
+SITES_FILE = "sites.json"
+# The data check's exchange: its round label, and the digests' form (SHA-256 in hex).
+DATA_CHECK_ROUND = "data-check"
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 JOURNAL_FORMAT = 1
 # A manifest holds the run's configuration: kilobytes.
 MAX_MANIFEST_BYTES = 2**24
@@ -120,14 +143,24 @@ class Journal:
     after_stage : callable or None
         ``after_stage(journal, request)``, called once a new stage is on disk (a harness saves
         its partial result there, so that even a killed run leaves one).
+    salt : str
+        The run's salt of the sites' data digests (hex).
+    site_digests : dict of int to str, or None
+        Each site's data digest as recorded when the run began; None until the data check.
+    data_checked : bool
+        Whether this run has checked its sites' data (once, before its first protocol's first stage).
     """
 
-    def __init__(self, directory: str | os.PathLike, recorded: list[RecordedStage]):
+    def __init__(self, directory: str | os.PathLike, recorded: list[RecordedStage], salt: str | None = None,
+                 site_digests: dict[int, str] | None = None):
         self.directory = Path(directory)
         self.recorded = recorded
         self.replayed = 0
         self.stages = len(recorded)
         self.after_stage: Callable[[Journal, Request], None] | None = None
+        self.salt = salt or secrets.token_hex(32)
+        self.site_digests = site_digests
+        self.data_checked = False
 
     @classmethod
     def create(cls, run_dir: str | os.PathLike, description: Mapping[str, Any]) -> Journal:
@@ -145,9 +178,13 @@ class Journal:
         if stages:
             raise JournalError(f"{run_dir} holds the journal of an earlier run ({len(stages)} completed stages); "
                                f"resume it (resume={run_dir}, fedica-deploy: --resume {run_dir}) or run in another folder")
-        manifest = {"format": JOURNAL_FORMAT, "fingerprint": fingerprint(description), "description": description}
+        salt = secrets.token_hex(32)
+        manifest = {"format": JOURNAL_FORMAT, "fingerprint": fingerprint(description), "description": description,
+                    "salt": salt}
         write_atomic(directory / MANIFEST_FILE, lambda handle: handle.write(json.dumps(manifest, default=str).encode()))
-        return cls(directory, [])
+        # A folder's earlier digests (of a run that completed no stage) belong to no stage of this run.
+        (directory / SITES_FILE).unlink(missing_ok=True)
+        return cls(directory, [], salt)
 
     @classmethod
     def resume(cls, run_dir: str | os.PathLike, description: Mapping[str, Any]) -> Journal:
@@ -181,7 +218,14 @@ class Journal:
         for position, stage in enumerate(recorded, start=1):
             if stage.number != position:
                 raise JournalError(f"{directory / stage_file(position)} says it is stage {stage.number}")
-        return cls(directory, recorded)
+        salt = manifest.get("salt")
+        if not (isinstance(salt, str) and re.fullmatch(r"[0-9a-f]{64}", salt)):
+            raise JournalError(f"{directory / MANIFEST_FILE} holds no salt of its sites' data digests")
+        digests = load_site_digests(directory / SITES_FILE)
+        if recorded and digests is None:
+            raise JournalError(f"{directory} holds {len(recorded)} completed stages but no record of its sites' data "
+                               f"({SITES_FILE}): whether that data is still the same cannot be checked")
+        return cls(directory, recorded, salt, digests)
 
     @classmethod
     def holds_stages(cls, run_dir: str | os.PathLike) -> bool:
@@ -204,6 +248,44 @@ class Journal:
             return None
         self.replayed += 1
         return self.recorded[self.replayed - 1]
+
+    def data_check(self, first: Request) -> Request:
+        """The request of every site's data digest, of the data the run's ``first`` request reads."""
+        return Request(DATA_DIGEST, DATA_CHECK_ROUND, None, {DIGEST_FOR_TASK_KEY: first.task, DIGEST_SALT_KEY: self.salt})
+
+    def check_sites(self, replies: list[Reply]) -> None:
+        """Record the sites' data digests (a new run), or compare them with the recorded ones (a resumed run).
+
+        Raises
+        ------
+        JournalError
+            A resumed run's site answers with another digest than it gave when the run began: its
+            data changed, and its recorded replies are not of the data it holds now (the sites named).
+        """
+        digests: dict[int, str] = {}
+        for reply in replies:
+            digest = reply.values.get(DATA_DIGEST_KEY)
+            if isinstance(digest, str) and _DIGEST.fullmatch(digest):
+                digests[reply.partition_id] = digest
+            else:
+                log.warning("site %d's data check holds no digest; whether its data changes cannot be checked",
+                            reply.partition_id)
+        self.data_checked = True
+        if self.site_digests is None:
+            self.site_digests = digests
+            write_atomic(self.directory / SITES_FILE, lambda handle: handle.write(
+                json.dumps({str(p): d for p, d in sorted(digests.items())}).encode()))
+            return
+        changed = sorted(p for p, d in digests.items() if p in self.site_digests and self.site_digests[p] != d)
+        if changed:
+            raise JournalError(f"the data of site{'s' if len(changed) > 1 else ''} {', '.join(map(str, changed[:20]))} "
+                               f"changed since the run began (its digest differs from the one in {SITES_FILE}): its "
+                               f"recorded replies are not of the data it holds now; resume it with that data, or start "
+                               f"the run again in another folder")
+        unchecked = sorted(set(self.site_digests) ^ set(digests))
+        if unchecked:
+            log.warning("sites %s gave a data digest only when the run began or only now: whether their data changed "
+                        "cannot be checked", ", ".join(map(str, unchecked[:20])))
 
     def append(self, request: Request, replies: list[Reply], books: Mapping[str, list[Any]]) -> Path:
         """Record a completed stage (atomically): its request's digest, its replies and the transport's books of it."""
@@ -239,6 +321,10 @@ def journaled(protocol: Generator[Request, list[Reply], None], journal: Journal,
     books = dict(books or {})
     try:
         request = next(protocol)
+        if not journal.data_checked:
+            # Once a run, before its first protocol's first stage (replayed or asked): every site's data digest.
+            replies = yield journal.data_check(request)
+            journal.check_sites(replies)
         while True:
             recorded = journal.next_recorded()
             if recorded is not None:
@@ -256,6 +342,23 @@ def journaled(protocol: Generator[Request, list[Reply], None], journal: Journal,
             request = protocol.send(replies)
     except StopIteration:
         return
+
+
+def load_site_digests(path: Path) -> dict[int, str] | None:
+    """The sites' data digests a journal recorded (None: none recorded), each checked; one line if damaged."""
+    try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise ValueError(f"more than the {MAX_MANIFEST_BYTES} bytes it may hold")
+        recorded = json.loads(path.read_text())
+        _require(isinstance(recorded, dict), "it is not a JSON object")
+        _require(all(isinstance(p, str) and p.isdigit() and len(p) <= 12 and isinstance(d, str)
+                     and _DIGEST.fullmatch(d) for p, d in recorded.items()),
+                 "it is not a mapping of site numbers to SHA-256 digests")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as err:
+        raise JournalError(f"{path} cannot be read: {_one_line(err)}") from None
+    return {int(p): d for p, d in recorded.items()}
 
 
 def check_replayed(stage: RecordedStage, request: Request) -> None:

@@ -49,6 +49,16 @@ K_AT_BOUND_KEY = "k-at-bound"
 # final local model: how far its clusters are from spheres (fedica.fedgem.geometry.cluster_anisotropy).
 REPORT_CLUSTER_SHAPE_KEY = "report-cluster-shape"
 CLUSTER_SHAPE_KEY = "cluster-anisotropy"
+# A journalled run's check of every site's data (fedica.protocol.journal): a salted SHA-256 of the rows the run's
+# first task reads, asked when the run starts and again when it resumes, so that a site whose data changed between
+# an interruption and its resume is named rather than mixed into one result with its old replies.
+DATA_DIGEST = "data_digest"
+DATA_DIGEST_KEY = "data-digest"
+# The request's values: the task whose data the digest covers, and the run's salt (hex).
+DIGEST_FOR_TASK_KEY = "digest-for-task"
+DIGEST_SALT_KEY = "digest-salt"
+# The tasks that read a site's observations (channels x samples) rather than its points.
+OBSERVATION_TASKS = frozenset({RFICA_FIT, RFICA_COVARIANCE, RFICA_REFINE})
 # The FFCM and AFCL comparators (fedica.evaluation.ffcm, fedica.evaluation.afcl).
 FFCM_INIT = "ffcm_init"
 FFCM_ROUND = "ffcm_round"
@@ -70,6 +80,7 @@ CATEGORY = {
     FFCM_ROUND: TRAIN,
     AFCL_INIT: TRAIN,
     AFCL_ROUND: TRAIN,
+    DATA_DIGEST: EVALUATE,
 }
 
 # Value of a reply whose client failed with a reason it could name (bad data, bad config).

@@ -14,12 +14,22 @@ computes the same reply whatever carries its messages.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from fedica.protocol.messages import (
+    CATEGORY,
+    DATA_DIGEST,
+    DATA_DIGEST_KEY,
+    DIGEST_FOR_TASK_KEY,
+    DIGEST_SALT_KEY,
+    OBSERVATION_TASKS,
+)
 from fedica.sites import ClientData
 
 # Set by fedica's in-process and simulation engines, for their clients and their server (the user's own): the
@@ -108,6 +118,32 @@ class ArraySite:
 
     def observations(self, values: Mapping[str, Any]) -> np.ndarray:
         return self.data.X_train.T
+
+
+def data_digest(site: Site, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> ReplyParts:
+    """The site's answer to a journalled run's data check: a salted SHA-256 of the data its first task reads.
+
+    The request names that task (its observations for RF-ICA's tasks, its training points for the
+    others') and the run's salt; the digest covers the array's shape and float64 bytes. It tells the
+    server whether the site's data is the same as when the run began, and nothing else of it but
+    whether it equals a whole data set the server already holds (docs/ALGORITHMS.md section 2.13:
+    outside a private run's guarantee, like the evaluation's counts).
+    """
+    task, salt = values.get(DIGEST_FOR_TASK_KEY), values.get(DIGEST_SALT_KEY)
+    if task not in CATEGORY or task == DATA_DIGEST:
+        raise ValueError(f"a data check names no task whose data it covers ({DIGEST_FOR_TASK_KEY}={task!r})")
+    if not (isinstance(salt, str) and re.fullmatch(r"[0-9a-f]{32,128}", salt)):
+        raise ValueError(f"a data check's salt must be 32 to 128 hex digits, got {str(salt)[:40]!r}")
+    data = site.observations(values) if task in OBSERVATION_TASKS else site.training_points(values)
+    data = np.ascontiguousarray(data, dtype=np.float64)
+    digest = hashlib.sha256(bytes.fromhex(salt))
+    digest.update(f"{data.shape}".encode())
+    digest.update(data.tobytes())
+    return {}, {DATA_DIGEST_KEY: digest.hexdigest()}
+
+
+# The tasks every fedica client answers whatever its algorithm.
+KIT_TASKS: dict[str, Callable[..., ReplyParts]] = {DATA_DIGEST: data_digest}
 
 
 # handler(site, request arrays, request values) -> reply

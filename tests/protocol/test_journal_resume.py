@@ -93,7 +93,8 @@ def test_replayed_stages_ask_no_client(tmp_path):
     InMemoryFederation(sites, CLIENT_TASKS.with_transforms(count), server.rejected).run(
         server.run(), Journal.resume(tmp_path / "run", cfg))
     assert ("fedgem_init", "init") not in asked and ("fedgem_round", "2") not in asked
-    assert asked[0] == ("fedgem_round", "3")
+    # Only the data check, whose digests are compared with those recorded, goes to the sites before the new stages.
+    assert asked[:6] == [("data_digest", "data-check")] * 5 + [("fedgem_round", "3")]
 
 
 def test_a_missing_or_foreign_journal_is_refused_in_one_line(tmp_path):
@@ -105,17 +106,67 @@ def test_a_missing_or_foreign_journal_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def data_checked(run, partitions=(0,), digest="0" * 64):
+    """``run``'s first request, the data check, answered by ``partitions`` with ``digest``; what ``run`` sends next."""
+    check = next(run)
+    assert (check.task, check.round_label, check.payloads) == ("data_digest", "data-check", None)
+    return run.send([Reply(p, {}, {"data-digest": digest}) for p in partitions])
+
+
 def test_a_protocol_that_asks_something_else_than_the_journal_is_refused(tmp_path):
     def protocol(scale):
         yield Request("rfica_fit", 1, {0: {"w": np.full(2, scale)}}, {})
 
     journal = Journal.create(tmp_path, {})
     run = journaled(protocol(1.0), journal)
-    next(run)
+    data_checked(run)
     with pytest.raises(StopIteration):
         run.send([Reply(0, {}, {})])
     with pytest.raises(JournalError, match="stage 1 .* asked something else"):
-        next(journaled(protocol(2.0), Journal.resume(tmp_path, {})))
+        data_checked(journaled(protocol(2.0), Journal.resume(tmp_path, {})))
+
+
+def test_a_site_whose_data_changed_before_the_resume_is_named_and_the_resume_refused(tmp_path, caplog):
+    def protocol():
+        yield Request("rfica_fit", 1, {0: {}, 1: {}, 2: {}}, {})
+        yield Request("rfica_fit", 2, {0: {}, 1: {}, 2: {}}, {})
+
+    run = journaled(protocol(), Journal.create(tmp_path, {}))
+    data_checked(run, (0, 1, 2), "a" * 64)
+    run.send([Reply(p, {}, {}) for p in range(3)])  # stage 1 on disk; the run stops here
+    assert json.loads((tmp_path / JOURNAL_DIR / "sites.json").read_text()) == {"0": "a" * 64, "1": "a" * 64, "2": "a" * 64}
+
+    resumed = journaled(protocol(), Journal.resume(tmp_path, {}))
+    check = next(resumed)
+    replies = [Reply(0, {}, {"data-digest": "a" * 64}), Reply(1, {}, {"data-digest": "b" * 64}),
+               Reply(2, {}, {"data-digest": "c" * 64})]
+    with pytest.raises(JournalError, match=r"^the data of sites 1, 2 changed since the run began") as err:
+        resumed.send(replies)
+    assert "\n" not in str(err.value) and check.values["digest-salt"] == Journal.resume(tmp_path, {}).salt
+    # The same data goes on from the recorded stage; a site that gives no digest now is said, not refused.
+    resumed = journaled(protocol(), Journal.resume(tmp_path, {}))
+    next(resumed)
+    assert resumed.send([Reply(0, {}, {"data-digest": "a" * 64}), Reply(1, {}, {"data-digest": "a" * 64})]).round_label == 2
+    assert "sites 2 gave a data digest only when the run began or only now" in caplog.text
+
+
+def test_a_resume_without_the_sites_record_or_with_a_damaged_one_is_refused_in_one_line(tmp_path):
+    def protocol():
+        yield Request("rfica_fit", 1, None, {})
+        yield Request("rfica_fit", 2, None, {})
+
+    run = journaled(protocol(), Journal.create(tmp_path, {}))
+    data_checked(run)
+    run.send([Reply(0, {}, {})])
+    sites = tmp_path / JOURNAL_DIR / "sites.json"
+    for content, reason in [('{"0": "not a digest"}', "not a mapping of site numbers to SHA-256 digests"),
+                            ("[", "cannot be read"), (None, "no record of its sites' data")]:
+        sites.unlink(missing_ok=True)
+        if content is not None:
+            sites.write_text(content)
+        with pytest.raises(JournalError, match=reason) as err:
+            Journal.resume(tmp_path, {})
+        assert "\n" not in str(err.value)
 
 
 def test_a_stage_file_gives_back_every_reply_of_its_own_types_bit_for_bit(tmp_path):
@@ -147,7 +198,7 @@ def test_a_new_run_never_deletes_an_earlier_runs_stages(tmp_path):
         yield Request("rfica_fit", 1, None, {})
 
     run = journaled(protocol(), Journal.create(tmp_path, {"seed": 0}))
-    next(run)
+    data_checked(run)
     with pytest.raises(StopIteration):
         run.send([Reply(0, {"w": np.ones(2)}, {})])
     for description in ({"seed": 0}, {"seed": 1}):
@@ -222,7 +273,7 @@ def test_a_replayed_stage_passes_the_transports_checks(tmp_path):
     def run_and_record(folder):
         books = {"participation": [], "rejected": []}
         run = journaled(protocol(), Journal.create(folder, {}), books)
-        next(run)
+        data_checked(run, (0, 1, 2))
         books["participation"].append({"clients": [0, 1, 2]})
         with pytest.raises(StopIteration):
             run.send([Reply(p, {"w": np.full(2, p)}, {}) for p in range(3)])
@@ -231,7 +282,7 @@ def test_a_replayed_stage_passes_the_transports_checks(tmp_path):
     def replay(folder):
         run = journaled(protocol(), Journal.resume(folder, {}), {"participation": [], "rejected": []})
         with pytest.raises(StopIteration):
-            next(run)
+            data_checked(run, (0, 1, 2))
 
     replay(run_and_record(tmp_path / "intact").parents[1])  # an intact journal replays
     for name, change, reason in [

@@ -183,3 +183,35 @@ def test_a_run_whose_clients_or_nodes_cannot_be_replayed_to_is_refused_resume_in
         validate_config(compose_config([*overrides, f"resume={tmp_path}"]))
     (line,) = err.value.errors
     assert line.startswith(f"resume={str(tmp_path)!r}: {reason}")
+
+
+@pytest.mark.slow
+def test_a_site_whose_file_changed_before_the_resume_is_named_and_the_resume_refused(tmp_path):
+    # Row 8 of issue 43: a site's file changed between the kill and the resume gave exit 0, no warning, and a result
+    # equal to neither uninterrupted run.
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for site in range(3):
+        points = np.concatenate([rng.normal(0, 1, (60, 2)), rng.normal(8, 1, (60, 2))])
+        paths.append(tmp_path / f"site{site}.csv")
+        np.savetxt(paths[-1], points, delimiter=",", header="a,b", comments="")
+    run = [sys.executable, "-m", "fedica", "engine=inprocess", "algorithm=fedgem", "scenario=files",
+           f"scenario.paths=[{','.join(map(str, paths))}]", "scenario.n_components=2", "algorithm.rounds=3"]
+    folder = tmp_path / "run"
+    assert fedica_run(f"hydra.run.dir={folder}", run=run).returncode == 0
+    whole = without_timings(folder)
+    (folder / "result.json").unlink()  # as if killed before its result: every stage is in the journal
+    original = paths[1].read_text()
+    lines = original.splitlines()
+    paths[1].write_text("\n".join([*lines[:5], "0.5,0.5", *lines[6:]]) + "\n")  # one row of site 1 edited
+    done = fedica_run(f"resume={folder}", f"hydra.run.dir={tmp_path / 'log'}", run=run)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    (line,) = [line for line in done.stderr.strip().splitlines() if line.startswith("fedica-run")]
+    assert line.startswith("fedica-run: the journal cannot be resumed: the data of site 1 changed since the run began")
+    assert not (folder / "result.json").exists()
+    paths[1].write_text(original)  # the site's own data again: the run goes on to its result
+    done = fedica_run(f"resume={folder}", f"hydra.run.dir={tmp_path / 'log2'}", run=run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert without_timings(folder) == whole
