@@ -17,6 +17,7 @@ __all__ = [
     "contingency",
     "k_hat_from_predictions",
     "leave_one_out_aris",
+    "PooledTables",
     "mean_silhouettes",
     "silhouette",
     "weighted_local_ari",
@@ -279,6 +280,83 @@ def leave_one_out_aris(tables) -> tuple[float, np.ndarray]:
         for g in range(n_tables)
     ])
     return pooled_ari, without
+
+
+class PooledTables:
+    """Contingency tables pooled, from which tables are taken out and put back one at a time, with the pooled ARI.
+
+    The same square sums as :func:`leave_one_out_aris`, kept up to date: taking out or putting back a
+    table changes them only in its own cells (``(A -+ a)^2 - A^2``), so a sequence of removals costs one
+    pass over the removed tables' cells, and :meth:`ari` equals :func:`ari_from_contingency` on the
+    tables in the pool, bit for bit.
+
+    Parameters
+    ----------
+    tables : sequence of (true_values, pred_values, counts)
+        Each a contingency table as triplets, non-negative integer counts; all in the pool at first.
+    """
+
+    def __init__(self, tables):
+        self.n_tables = len(tables)
+        sizes = [np.asarray(table[2]).shape[0] for table in tables]
+        owner = np.repeat(np.arange(self.n_tables), sizes)
+        if not owner.size:
+            self.in_pool = np.ones(self.n_tables, dtype=bool)
+            self.n_samples, self._squares, self._own, self._pooled = 0, [0, 0, 0], [], []
+            return
+        true_values, pred_values, counts = (np.concatenate([np.asarray(table[i]) for table in tables]) for i in range(3))
+        counts = counts.astype(np.int64)
+        # Pooled counts reach n and their squares n^2: int64 while that fits, else Python integers.
+        dtype = np.int64 if int(counts.sum(dtype=object)) < 2_000_000_000 else object
+        _, rows = np.unique(true_values, return_inverse=True)
+        _, cols = np.unique(pred_values, return_inverse=True)
+        rows, cols = rows.ravel(), cols.ravel()
+        self._pooled, self._own = [], []
+        for keys in (rows * (int(cols.max()) + 1) + cols, rows, cols):
+            _, group = np.unique(keys, return_inverse=True)
+            group = group.ravel()
+            pooled = np.zeros(int(group.max()) + 1, dtype=dtype)
+            np.add.at(pooled, group, counts.astype(dtype))
+            self._pooled.append(pooled)
+            # Each table's cells in this grouping: the groups it touches and its count in each.
+            own_keys, own_group = np.unique(owner * pooled.shape[0] + group, return_inverse=True)
+            own = np.zeros(own_keys.shape[0], dtype=dtype)
+            np.add.at(own, own_group.ravel(), counts.astype(dtype))
+            table_of = own_keys // pooled.shape[0]
+            bounds = np.searchsorted(table_of, np.arange(self.n_tables + 1))
+            self._own.append([(own_keys[a:b] % pooled.shape[0], own[a:b]) for a, b in zip(bounds[:-1], bounds[1:])])
+        self._squares = [int((pooled * pooled).sum()) for pooled in self._pooled]
+        self._sizes = np.zeros(self.n_tables, dtype=object)
+        np.add.at(self._sizes, owner, counts.astype(object))
+        self.n_samples = int(self._sizes.sum())
+        self.in_pool = np.ones(self.n_tables, dtype=bool)
+
+    def ari(self) -> float:
+        """The ARI of the tables in the pool."""
+        return _ari_from_square_sums(self.n_samples, *self._squares)
+
+    def take_out(self, table: int) -> None:
+        """Take table ``table`` out of the pool (it must be in it)."""
+        self._move(table, -1)
+
+    def put_back(self, table: int) -> None:
+        """Put table ``table`` back into the pool (it must be out of it)."""
+        self._move(table, 1)
+
+    def _move(self, table: int, sign: int) -> None:
+        if self.in_pool[table] != (sign < 0):
+            raise ValueError(f"table {table} is {'already' if sign > 0 else 'not'} in the pool")
+        if not self._own:
+            self.in_pool[table] = sign > 0
+            return
+        for index, (pooled, own) in enumerate(zip(self._pooled, self._own)):
+            groups, counts = own[table]
+            before = pooled[groups]
+            after = before + sign * counts
+            self._squares[index] += int((after * after).sum()) - int((before * before).sum())
+            pooled[groups] = after
+        self.n_samples += sign * int(self._sizes[table])
+        self.in_pool[table] = sign > 0
 
 
 def _summed(counts: np.ndarray, keys: np.ndarray, dtype) -> np.ndarray:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedica.metrics import ari_from_contingency
+from fedica.metrics import PooledTables, ari_from_contingency
+from fedica.sites import apportion
 from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT
+from fedica.fedgem.trust import TABLE_INFLUENCE_LIMIT
 from fedica.seeding import generator
 
 # RF-ICA: a junk estimate instead of the honest one (hostile_ica_estimate) ...
@@ -24,7 +26,7 @@ GEM_ATTACKS = ("inflated_radius", "inflated_count", "random_centroids")
 # ... and on the rest of its protocol: the components a client declares, the tuning, the evaluation
 # (the last four know the defences: docs/ALGORITHMS.md section 3.2).
 GEM_PROTOCOL_ATTACKS = ("split_components", "poison_tuning", "fake_evaluation",
-                        "overflow_row", "likelihood_shift", "midpoint_cluster", "forged_metrics", "consistent_forgery",
+                        "overflow_row", "likelihood_shift", "midpoint_cluster", "forged_metrics", "consistent_forgery", "tuned_forgery",
                         "skewed_moments", "forged_shape")
 # Either algorithm: a node answers under another client's partition id.
 SPOOF_PARTITION = "spoof_partition"
@@ -367,6 +369,61 @@ def consistent_forgery(global_ids: np.ndarray, true_labels: np.ndarray,
     """
     true_values, pred_values, counts = forged_contingency(global_ids, true_labels, n_points)
     return true_values, pred_values, counts, ari_from_contingency(true_values, pred_values, counts)
+
+
+# tuned_forgery: the share of the server's limit on a table's (or its colluders' tables') effect it aims at.
+TUNED_SHARE = 0.95
+
+
+def tuned_forgery(true_values: np.ndarray, pred_values: np.ndarray, counts: np.ndarray, global_ids: np.ndarray,
+                  n_clients: int, n_colluders: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """A ``tuned_forgery`` client's evaluation: its honest table moved towards :func:`forged_contingency`'s spread
+    table as far as the server's rule on tables lets it (issue 43, row 12), with the ARI of the result.
+
+    The client knows the rule (:func:`fedica.fedgem.trust.outlying_tables`): one table may lower the
+    others' pooled ARI by at most ``limit / G``, ``k`` tables together by ``sqrt(k) limit / G``, the
+    limit :data:`~fedica.fedgem.trust.TABLE_INFLUENCE_LIMIT`. It does not see the other
+    clients' tables: it takes them to be like its own (``n_clients - n_colluders`` copies of its
+    honest table, an IID federation), and its ``n_colluders - 1``
+    colluders send a table like its own. It sends the largest mixture ``(1 - t) honest + t spread``
+    (its own test points in all) whose effect on that federation is :data:`TUNED_SHARE` of the bound.
+
+    Returns
+    -------
+    true_values, pred_values, counts : ndarray
+    local_ari : float
+    """
+    honest = (np.asarray(true_values, dtype=np.int64), np.asarray(pred_values, dtype=np.int64),
+              np.asarray(counts, dtype=np.int64))
+    n_points = int(honest[2].sum())
+    spread = forged_contingency(global_ids, honest[0], n_points)
+    cells_true, cells_pred = np.r_[honest[0], spread[0]], np.r_[honest[1], spread[1]]
+    n_colluders = max(1, min(int(n_colluders), int(n_clients) - 1))
+    n_others = int(n_clients) - n_colluders
+    bound = TUNED_SHARE * np.sqrt(n_colluders) * TABLE_INFLUENCE_LIMIT / n_clients
+
+    def table(share: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        weights = np.r_[(1 - share) * honest[2] / max(n_points, 1), share * spread[2] / max(spread[2].sum(), 1)]
+        mixed = apportion(n_points, weights)
+        kept = mixed > 0
+        return cells_true[kept], cells_pred[kept], mixed[kept]
+
+    def effect(share: float) -> float:
+        forged = table(share)
+        pool = PooledTables([(honest[0], honest[1], n_others * honest[2]), (forged[0], forged[1], n_colluders * forged[2])])
+        everyone = pool.ari()
+        pool.take_out(1)
+        return everyone - pool.ari()
+
+    low, high = 0.0, 1.0
+    if effect(high) >= -bound:
+        low = high
+    else:
+        for _ in range(40):  # bisection to 1e-12 of the mixture
+            middle = (low + high) / 2
+            low, high = (middle, high) if effect(middle) >= -bound else (low, middle)
+    forged = table(low)
+    return (*forged, ari_from_contingency(*forged))
 
 
 def fake_contingency(global_ids: np.ndarray, n_train: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -287,6 +287,19 @@ def _consistent_forgery(task: str, arrays: Arrays, values: Values, honest: tuple
     return _forged_evaluation(task, arrays, honest, consistent=True)
 
 
+def _tuned_forgery(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
+                   rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """Move the evaluation table as far towards a spread one as the server's rule allows (:func:`fedica.attacks.tuned_forgery`)."""
+    reply_arrays, reply_values = honest
+    if task != GEM_EVALUATE or not reply_values.get("has-labels", True):
+        return honest
+    n_clients = client_count(cfg["scenario"])
+    colluders = int(attacks.hostile_mask(n_clients, cfg["attack"]["fraction"], seed=cfg["seed"]).sum())
+    *table, local_ari = attacks.tuned_forgery(reply_arrays["true-values"], reply_arrays["pred-values"],
+                                              reply_arrays["counts"], arrays["global-ids"], n_clients, colluders)
+    return dict(zip(("true-values", "pred-values", "counts"), table)), {**reply_values, "local-ari": local_ari}
+
+
 def _skewed_moments(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
                     rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
     """Skew the column moments of the federated standardisation (:func:`fedica.attacks.skewed_moments`)."""
@@ -312,6 +325,7 @@ _ADAPTIVE_GEM_ATTACKS = {
     "midpoint_cluster": _midpoint_cluster,
     "forged_metrics": _forged_metrics,
     "consistent_forgery": _consistent_forgery,
+    "tuned_forgery": _tuned_forgery,
     "skewed_moments": _skewed_moments,
     "forged_shape": _forged_shape,
 }

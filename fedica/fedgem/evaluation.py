@@ -10,6 +10,7 @@ rest into the local ARI, the global ARI and K_hat (docs/ALGORITHMS.md section 2.
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -75,9 +76,20 @@ class EvaluationStage:
         labelled = [p for p, e in self.evaluated.items() if e.has_labels]
         tables = [(self.evaluated[p].true_values, self.evaluated[p].pred_values, self.evaluated[p].counts) for p in labelled]
         caps = self._table_caps(labelled)
-        for index, reason in sorted(outlying_tables(tables, caps, self.settings.max_hostile_fraction).items()):
+        outliers = outlying_tables(tables, caps, self.settings.max_hostile_fraction)
+        if not outliers:
+            return
+        with_them = self.evaluation_over(labelled).get("global_ari", float("nan"))
+        for index, reason in sorted(outliers.items()):
             self.reject(labelled[index], "evaluate", f"not counted: {reason}")
             del self.evaluated[labelled[index]]
+        # An honest site that alone labels its points apart from every other looks like a forger: said, never silent.
+        sites = ", ".join(str(labelled[index]) for index in sorted(outliers))
+        warnings.warn(f"the evaluation tables of site{'s' if len(outliers) > 1 else ''} {sites} disagree with the "
+                      f"federation's beyond the limit an honest site's may (clients.rejected says by how much): the "
+                      f"reported metrics leave {'them' if len(outliers) > 1 else 'it'} out; with "
+                      f"{'them' if len(outliers) > 1 else 'it'}, the global ARI is {with_them:.4f}", UserWarning,
+                      stacklevel=2)
 
     def evaluation_over(self, partitions) -> dict[str, float]:
         """The evaluation metrics over the evaluated clients among ``partitions`` (say, the honest ones).

@@ -5,6 +5,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from fedica.evaluation.metrics import adjusted_rand, ari_from_contingency, contingency, leave_one_out_aris
+from fedica.metrics import PooledTables
 
 
 def _labelings(seed: int, count: int):
@@ -74,3 +75,28 @@ def test_leave_one_out_aris_of_huge_forged_counts_stay_exact():
     assert pooled == _pooled_without(tables, -1)
     assert without.tolist() == [_pooled_without(tables, g) for g in range(3)]
     assert leave_one_out_aris([tables[2]])[1].tolist() == [1.0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pooled_tables_taken_out_and_put_back_give_the_recomputed_ari_bit_for_bit(seed):
+    rng = np.random.default_rng(seed)
+    tables = [contingency(true, pred) for true, pred in _labelings(seed + 10, 20)]
+    tables.append((np.array([0, 0, 1]), np.array([2, 2, 5]), np.array([4, 9, 0])))
+    tables.append((np.empty(0, dtype=int), np.empty(0, dtype=int), np.empty(0, dtype=np.int64)))
+    pool = PooledTables(tables)
+    for _ in range(60):
+        table = int(rng.integers(len(tables)))
+        pool.put_back(table) if not pool.in_pool[table] else pool.take_out(table)
+        members = [tables[g] for g in np.flatnonzero(pool.in_pool)]
+        expected = ari_from_contingency(*(np.concatenate([np.asarray(t[i]) for t in members]) for i in range(3))) \
+            if members else 1.0
+        assert pool.ari() == expected
+    with pytest.raises(ValueError, match="already in the pool"):
+        pool.put_back(int(np.flatnonzero(pool.in_pool)[0]))
+
+
+def test_pooled_tables_of_huge_forged_counts_stay_exact():
+    tables = [([0, 0], [0, 1], [10**18, 3]), ([1, 1], [0, 1], [7, 10**18]), ([0, 1], [0, 0], [5, 5])]
+    pool = PooledTables(tables)
+    pool.take_out(1)
+    assert pool.ari() == _pooled_without(tables, 1)

@@ -6,7 +6,8 @@ import pytest
 
 from fedica import attacks
 from fedica.evaluation.metrics import ari_from_contingency
-from fedica.fedgem.trust import outlying_tables, table_influences
+from fedica.fedgem.trust import TABLE_INFLUENCE_LIMIT, outlying_tables, table_influences
+from fedica.sites import apportion
 
 
 def _honest_table(rng, agreement=0.96, n_points=250):
@@ -87,3 +88,80 @@ def test_self_consistent_forgers_at_a_quarter_move_no_reported_metric():
     assert metrics["global_ari"] == pytest.approx(metrics["honest_global_ari"])
     assert metrics["local_ari"] == pytest.approx(metrics["honest_local_ari"])
     assert metrics["k_hat"] == 10
+
+
+def _mixture(honest, ids, share, kind):
+    """A forger's table: its honest one moved ``share`` of the way to a table spread over every label and id
+    (``spread``) or to its own with every id moved to the next (``permuted``, a table that agrees with itself)."""
+    true_values, pred_values, counts = honest
+    if kind == "spread":
+        grid_true, grid_pred = (grid.ravel() for grid in np.meshgrid(np.unique(true_values), ids))
+        cells = (np.r_[true_values, grid_true], np.r_[pred_values, grid_pred])
+        weights = np.r_[(1 - share) * counts / counts.sum(), share * np.full(grid_true.size, 1 / grid_true.size)]
+    else:
+        following = dict(zip(ids.tolist(), np.roll(ids, 1).tolist()))
+        cells = (np.r_[true_values, true_values], np.r_[pred_values, [following[p] for p in pred_values.tolist()]])
+        weights = np.r_[(1 - share) * counts / counts.sum(), share * counts / counts.sum()]
+    forged = apportion(int(counts.sum()), weights)
+    return cells[0][forged > 0], cells[1][forged > 0], forged[forged > 0]
+
+
+@pytest.mark.parametrize("agreement", [0.99, 0.96])
+@pytest.mark.parametrize("n_forgers", [1, 5])
+def test_forgers_who_know_every_table_and_the_rule_move_the_pooled_ari_within_the_derived_bound(n_forgers, agreement):
+    # Row 12 of issue 43: five consistent tables, each tuned just under the limit of 1 / G while the others masked
+    # it, moved the reported ARI by .13-.20. Here each forger knows every honest table and the rule, and sends the
+    # mixture that moves the pooled ARI most while no table is set aside.
+    rng = np.random.default_rng(7)
+    tables = [_honest_table(rng, agreement=agreement) for _ in range(20)]
+    caps = np.full(20, np.inf)
+    assert outlying_tables(tables, caps, 0.25) == {}
+    honest = _pooled(tables)
+    forgers = list(range(n_forgers))
+    ids = np.arange(10)
+    worst, caught = 0.0, False
+    for kind in ("spread", "permuted"):
+        for share in np.linspace(0.02, 1.0, 50):
+            attacked = [_mixture(t, ids, share, kind) if g in forgers else t for g, t in enumerate(tables)]
+            refused = outlying_tables(attacked, caps, 0.25)
+            assert set(refused) <= set(forgers)  # never an honest client
+            if refused:
+                caught = True
+                continue
+            worst = max(worst, honest - _pooled(attacked))
+    # The bound (docs/ALGORITHMS.md section 2.5): sqrt(k) times the limit over G (the tail term is below it here),
+    # and beside it the effect of the forgers' own honest tables, which they replaced.
+    bound = np.sqrt(n_forgers) * TABLE_INFLUENCE_LIMIT / 20 + abs(honest - _pooled(tables[n_forgers:]))
+    assert caught and 0.5 * bound < worst <= bound
+
+
+def test_honest_tables_of_a_few_test_points_each_are_all_counted():
+    # wine split over 10 sites leaves about 5 test points a site: one point labelled apart is a fifth of a table.
+    rng = np.random.default_rng(5)
+    tables = []
+    for _ in range(10):
+        labels = rng.integers(0, 3, 5)
+        predicted = labels.copy()
+        predicted[0] = (labels[0] + 1) % 3 if rng.random() < 0.3 else labels[0]
+        pairs, counts = np.unique(np.c_[labels, predicted], axis=0, return_counts=True)
+        tables.append((pairs[:, 0], pairs[:, 1], counts))
+    assert outlying_tables(tables, np.full(10, np.inf), 0.25) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fraction", [0.05, 0.25])
+def test_tuned_forgers_move_the_reported_global_ari_within_the_bound_and_no_honest_client_is_set_aside(fraction):
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    # The fedgem_attacks experiment's workload (section 6.2's nominal, G=20), as row 12 of issue 43 measured it.
+    run = ["engine=inprocess", "+experiment=fedgem_attacks", "baselines=false", "seed=0"]
+    clean = run_inprocess(compose_config([*run, "attack=none"]))["metrics"]["fedgem"]
+    result = run_inprocess(compose_config([*run, "attack=tuned_forgery", f"attack.fraction={fraction}"]))
+    metrics, hostile = result["metrics"]["fedgem"], result["fedgem"]["hostile_clients"]
+    assert len(hostile) == round(20 * fraction)
+    refused = {r["client"] for r in result["clients"]["rejected"] if r["round"] == "evaluate"}
+    assert refused <= set(hostile)
+    # sqrt(k) / G, and the forgers' own honest tables' effect beside it (a hundredth here).
+    assert 0 < clean["global_ari"] - metrics["global_ari"] <= np.sqrt(len(hostile)) * TABLE_INFLUENCE_LIMIT / 20 + 0.01
+    assert metrics["k_hat"] == clean["k_hat"]
