@@ -80,13 +80,13 @@ TABLE_INFLUENCE_LIMIT = 1.0
 # A group of j tables is held to max(sqrt(j) TABLE_INFLUENCE_LIMIT, TABLE_GROUP_TAIL j s) / G, s the median effect
 # (times G, either way) of a table of the federation less its 2 floor(a G) most harmful tables: colluders that
 # each keep under the limit while masking each other lower the ARI together by about j times one's effect, honest
-# tables (the most harmful first) by less (docs/ALGORITHMS.md section 2.5).
-TABLE_GROUP_TAIL = 4.0
+# tables (the most harmful first) by less. The tail term keeps a large federation's honest tail counted: of 10,000
+# honest tables the 246 most harmful lowered the ARI by 15.7 / G together (2.8 deviations each, s 0.6 of one)
+# (docs/ALGORITHMS.md section 2.5).
+TABLE_GROUP_TAIL = 8.0
 # ... and to at least sqrt(j) TABLE_GROUP_SAMPLING / sqrt(m) / G, m the median table's test points: on wine split over
 # 10 sites (5 test points a site) two honest tables lowered the others' ARI by 1.7 / G together.
 TABLE_GROUP_SAMPLING = 3.0
-# The passes in which the most harmful tables are found (one table a pass up to this many; _harm_order).
-TRIM_PASSES = 16
 # The spread of table_spread is of the pool less this many times as many tables as may be hostile: with more hostile
 # tables than assumed, the trimmed pool is still theirs to pollute only beyond twice the assumption.
 TRIM_FACTOR = 2
@@ -729,15 +729,15 @@ def table_influences(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], co
     return influences
 
 
-def table_spread(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], sizes: np.ndarray,
-                 hostile_fraction: float) -> float:
+def table_spread(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], sizes: np.ndarray, counted: np.ndarray,
+                 influences: np.ndarray, hostile_fraction: float) -> float:
     """The median effect of a table on the others' pooled ARI (its size, times G) once the ``2 floor(a G)`` most
-    harmful tables are out (:func:`_harm_order`): how far honest tables move the ARI on this data, which tables
-    that lower it (hostile ones among them) cannot raise by making every other table's effect large."""
+    harmful of the ``counted`` tables (by ``influences``) are out: how far honest tables move the ARI on this data,
+    which tables that lower it (hostile ones among them) cannot raise by making every other table's effect large."""
     n_clients = len(tables)
-    trimmed = min(TRIM_FACTOR * hostile_count(n_clients, hostile_fraction), n_clients // 2)
-    kept = np.ones(n_clients, dtype=bool)
-    kept[_harm_order(tables, kept, [sizes], trimmed)] = False
+    trimmed = min(TRIM_FACTOR * hostile_count(n_clients, hostile_fraction), int(counted.sum()) // 2)
+    kept = counted.copy()
+    kept[np.argsort(np.where(counted, influences, np.inf), kind="stable")[:trimmed]] = False
     return float(np.nanmedian(np.abs(n_clients * table_influences(tables, kept, sizes))))
 
 
@@ -753,7 +753,8 @@ def outlying_tables(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], cap
     tables cannot each hide behind the others (with several in the pool, each one's own effect is
     masked by the rest), the j most harmful tables are also taken out together, for every j up to
     as many as may be hostile: a group that lowers the pooled ARI by more than
-    ``max(sqrt(j) limit, TABLE_GROUP_TAIL j spread) / G`` loses the member that alone lowers the
+    ``max(sqrt(j) L_g, TABLE_GROUP_TAIL j spread) / G`` (``L_g`` the limit, or more on a few test
+    points a table; ``spread``: :func:`table_spread`) loses the member that alone lowers the
     others' (the pool without the group) most. Then everything is measured again without it, at
     most as many times as there may be hostile clients. ``hostile_fraction`` 0, or fewer than three
     tables, switches the rule off.
@@ -765,18 +766,23 @@ def outlying_tables(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], cap
     caps = np.asarray(caps, dtype=np.float64)
     typical = np.minimum(caps, float(np.median([int(table[2].sum()) for table in tables])))
     weighings = [typical, caps]
-    spread = max(table_spread(tables, sizes, hostile_fraction) for sizes in weighings)
     limit = TABLE_INFLUENCE_LIMIT
     # On a few test points a site, one honest point labelled apart moves a table's effect by about 1 / sqrt(m).
     group_limit = max(limit, TABLE_GROUP_SAMPLING / math.sqrt(max(float(np.median(typical)), 1.0)))
     pools = [PooledTables([(t[0], t[1], capped_table(t[2], size)) for t, size in zip(tables, sizes)]) for sizes in weighings]
     budget = hostile_count(n_clients, hostile_fraction)
     counted = np.ones(n_clients, dtype=bool)
+    spread = None
     while len(outliers) < budget:
-        order = _harm_order(tables, counted, weighings, budget - len(outliers))
+        influences = np.fmin.reduce([table_influences(tables, counted, sizes) for sizes in weighings])
+        order = [int(g) for g in np.argsort(np.where(counted, influences, np.inf), kind="stable")[:budget - len(outliers)]]
         group_effects = _group_effects(pools, order)
-        thresholds = np.array([limit if j == 1 else max(math.sqrt(j) * group_limit, TABLE_GROUP_TAIL * j * spread)
-                               for j in range(1, len(order) + 1)]) / n_clients
+        sizes_j = np.arange(1, len(order) + 1)
+        thresholds = np.where(sizes_j == 1, limit, np.sqrt(sizes_j) * group_limit) / n_clients
+        if np.any(group_effects[1:] < -thresholds[1:]):
+            if spread is None:  # measured once, and only when a group is beyond sqrt(j): a large federation's tail
+                spread = max(table_spread(tables, sizes, counted, influences, hostile_fraction) for sizes in weighings)
+            thresholds = np.maximum(thresholds, np.where(sizes_j == 1, 0.0, TABLE_GROUP_TAIL * sizes_j * spread) / n_clients)
         failing = np.flatnonzero(group_effects < -thresholds)
         if failing.size == 0:
             break
@@ -798,23 +804,6 @@ def outlying_tables(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], cap
         for pool in pools:
             pool.take_out(worst)
     return outliers
-
-
-def _harm_order(tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]], counted: np.ndarray,
-                weighings: list[np.ndarray], count: int) -> list[int]:
-    """The ``count`` counted tables that lower the others' pooled ARI most, most harmful first, found by taking them
-    out a few at a time (one at a time up to :data:`TRIM_PASSES`): as each is taken out, the colluders it masked
-    show their own effect. Each effect is the more harmful of ``weighings``."""
-    remaining = counted.copy()
-    order: list[int] = []
-    step = max(1, math.ceil(count / TRIM_PASSES))
-    while len(order) < count and remaining.sum() > 1:
-        influences = np.fmin.reduce([table_influences(tables, remaining, sizes) for sizes in weighings])
-        ranked = np.argsort(np.where(remaining, influences, np.inf), kind="stable")
-        for table in ranked[:min(step, count - len(order))].tolist():
-            order.append(table)
-            remaining[table] = False
-    return order
 
 
 def _group_effects(pools: list[PooledTables], order: list[int]) -> np.ndarray:
