@@ -20,6 +20,7 @@ from sklearn.model_selection import train_test_split
 
 from fedica.data.common import ClientData
 from fedica.fedgem.local import choose_n_components
+from fedica.persistence import read_arrays
 from fedica.seeding import generator, sklearn_seed
 
 # ``n_components: auto``: each client chooses its K_g (the ICL, fedica.fedgem.local.choose_n_components), from
@@ -629,27 +630,31 @@ def _is_number(cell: str) -> bool:
 def _read_numpy_file(path: Path, suffix: str, label_column):
     # numpy's own message can quote the file's bytes (a malformed array header, an archive's member names):
     # the line that travels names only the kind of failure, as for every other file error.
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as error:
-        raise DataFileError(path, f"cannot be read as {suffix} ({type(error).__name__})") from None
     y = None
     if suffix == ".npz":
-        with loaded:
-            if "X" not in loaded.files:
-                problem = ".npz file has no array 'X'"
-                raise DataFileError(path, problem, detail=f".npz file has no array 'X' (arrays found: {loaded.files})")
-            try:
-                X = loaded["X"]
-                y = loaded["y"] if "y" in loaded.files else None
-            except (ValueError, OSError, EOFError, SyntaxError) as error:
-                raise DataFileError(path, f"cannot be read as .npz: an array's header or data is malformed "
-                                    f"({type(error).__name__})") from None
+        # np.load trusts an archive: a member may inflate without bound (a megabyte of zeros declaring
+        # gigabytes). read_arrays checks every member's declared size and .npy header before reading it.
+        limit = max(MIN_ARCHIVE_BYTES, MAX_ARCHIVE_INFLATION * path.stat().st_size)
+        try:
+            loaded = read_arrays(path, max_bytes=limit, kinds="biufc")
+        except ValueError as error:
+            if f"more than the {limit}" in str(error):
+                raise DataFileError(path, f"cannot be read as .npz: its arrays declare more than {limit} bytes, "
+                                    f"{MAX_ARCHIVE_INFLATION} times the file's size (an archive built to inflate)") from None
+            raise DataFileError(path, "cannot be read as .npz: an array's header or data is malformed "
+                                f"({type(error).__name__})") from None
+        if "X" not in loaded:
+            problem = ".npz file has no array 'X'"
+            raise DataFileError(path, problem, detail=f".npz file has no array 'X' (arrays found: {sorted(loaded)})")
+        X, y = loaded["X"], loaded.get("y")
         if y is not None and label_column is not None:
             raise DataFileError(path, f"has a 'y' array and label_column={label_column!r} was given; "
                                 "use one source of labels")
     else:
-        X = loaded
+        try:
+            X = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as error:
+            raise DataFileError(path, f"cannot be read as {suffix} ({type(error).__name__})") from None
     if X.ndim != 2:
         raise DataFileError(path, f"the data array must be 2-D (points x features), got {X.ndim}-D "
                             f"shape {X.shape}")
@@ -672,6 +677,11 @@ def _read_numpy_file(path: Path, suffix: str, label_column):
     label_index = _resolve_label_column(path, label_column, X.shape[1], None)
     return _split_label_column(path, X, label_index, where, None)
 
+
+# An .npz site file's arrays may take at most this many times the file's own size, or MIN_ARCHIVE_BYTES if more:
+# numpy's compressed float data shrinks at most a few fold; a hundredfold is an archive built to inflate.
+MAX_ARCHIVE_INFLATION = 100
+MIN_ARCHIVE_BYTES = 2**30
 
 # The largest magnitude a cell may have: the algorithms square and sum the values of thousands of
 # points, which must stay finite in double precision (1e308); a column this large needs rescaling anyway.

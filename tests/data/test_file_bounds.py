@@ -128,3 +128,22 @@ def test_a_brainvision_header_cannot_point_outside_its_folder(tmp_path):
     (site / "rec.eeg").write_bytes(b"\0" * 64)
     header.write_text("[Common Infos]\nDataFile=rec.eeg\nMarkerFile=rec.vmrk\n")
     _check_brainvision_files(header)  # a marker file may be missing; the data file is there
+
+
+@pytest.mark.slow  # writing the archive deflates a GiB (5-30 s)
+def test_an_npz_built_to_inflate_is_refused_before_it_is_read(tmp_path):
+    # Review of issue 43: np.load inflated any member a site's archive held; a GiB of zeros fits in a MB.
+    path = tmp_path / "bomb.npz"
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((2**27 + 2**24, 1)))
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("X.npy", "w", force_zip64=True) as member:
+            np.lib.format.write_array_header_1_0(member, header)
+            chunk = bytes(2**24)
+            for _ in range((2**27 + 2**24) * 8 // len(chunk)):
+                member.write(chunk)
+    assert path.stat().st_size < 2**24
+    tracemalloc.start()
+    with pytest.raises(DataFileError, match=r"its arrays declare more than 1073741824 bytes, 100 times the file's size"):
+        read_table(path)
+    assert tracemalloc.get_traced_memory()[1] < 2**26
+    tracemalloc.stop()
