@@ -17,13 +17,14 @@ from fedica.evaluation import afcl, ffcm
 from fedica.fedgem import client as fedgem_client
 from fedica.fedgem.privacy import private_reply
 from fedica.attacks.hostile import hostile_reply
-from fedica.protocol.tasks import KIT_TASKS, ClientTasks
+from fedica.protocol.tasks import KIT_TASKS, ClientTasks, digest_reply
 from fedica.rfica import client as rfica_client
 from fedica.rfica.privacy import private_mixing_reply
 
 CLIENT_TASKS = ClientTasks(
     handlers={**KIT_TASKS, **rfica_client.TASKS, **fedgem_client.TASKS, **ffcm.TASKS, **afcl.TASKS},
-    # Privacy first: a hostile site replaces whatever it likes of its private reply.
-    transforms=(private_reply, private_mixing_reply, hostile_reply),
+    # Privacy first: a hostile site replaces whatever it likes of its private reply; the data digest of a journalled
+    # run's first reply is the site's own (a hostile site may send any, as any reply).
+    transforms=(private_reply, private_mixing_reply, hostile_reply, digest_reply),
     concurrent=rfica_client.CONCURRENT_TASKS,
 )

@@ -14,9 +14,11 @@ their variances) would answer the next stage from nothing.
 
 A site's data may change between an interruption and the resume (a file edited, a site's export
 run again): its recorded replies and its new ones would then be mixed into one result that neither
-data gives. So before a journalled run's first stage every site is asked for a salted digest of
-the data that stage reads (:data:`~fedica.protocol.messages.DATA_DIGEST`), recorded in
-:data:`SITES_FILE`; a resumed run asks again and refuses, naming the sites, when a digest differs.
+data gives. So a journalled run's first request carries a salt, and every site's reply to it a
+salted digest of the data it read (:func:`fedica.protocol.tasks.digest_reply`), recorded in
+:data:`SITES_FILE`; a resumed run asks the sites for the digest again (task
+:data:`~fedica.protocol.messages.DATA_DIGEST`, before anything is replayed) and refuses, naming
+the sites, when one differs.
 
 On disk, in a run's folder (next to ``result.json``), :data:`JOURNAL_DIR` holds
 :data:`MANIFEST_FILE` (the format, the configuration's fingerprint, the configuration and the
@@ -249,40 +251,38 @@ class Journal:
         self.replayed += 1
         return self.recorded[self.replayed - 1]
 
+    def salted(self, request: Request) -> Request:
+        """``request`` with the run's salt among its values: each site's reply then holds its data digest."""
+        return Request(request.task, request.round_label, request.payloads, {**request.values, DIGEST_SALT_KEY: self.salt})
+
     def data_check(self, first: Request) -> Request:
-        """The request of every site's data digest, of the data the run's ``first`` request reads."""
+        """A resumed run's request of every site's data digest, of the data the run's ``first`` request reads."""
         return Request(DATA_DIGEST, DATA_CHECK_ROUND, None, {DIGEST_FOR_TASK_KEY: first.task, DIGEST_SALT_KEY: self.salt})
 
+    def record_sites(self, replies: list[Reply]) -> None:
+        """Record the data digests the sites sent with the run's first replies (:data:`SITES_FILE`)."""
+        self.site_digests = _digests(replies)
+        write_atomic(self.directory / SITES_FILE, lambda handle: handle.write(
+            json.dumps({str(p): d for p, d in sorted(self.site_digests.items())}).encode()))
+
     def check_sites(self, replies: list[Reply]) -> None:
-        """Record the sites' data digests (a new run), or compare them with the recorded ones (a resumed run).
+        """Compare a resumed run's sites' data digests with those recorded when the run began.
 
         Raises
         ------
         JournalError
-            A resumed run's site answers with another digest than it gave when the run began: its
-            data changed, and its recorded replies are not of the data it holds now (the sites named).
+            A site answers with another digest than it gave when the run began: its data changed,
+            and its recorded replies are not of the data it holds now (the sites named).
         """
-        digests: dict[int, str] = {}
-        for reply in replies:
-            digest = reply.values.get(DATA_DIGEST_KEY)
-            if isinstance(digest, str) and _DIGEST.fullmatch(digest):
-                digests[reply.partition_id] = digest
-            else:
-                log.warning("site %d's data check holds no digest; whether its data changes cannot be checked",
-                            reply.partition_id)
-        self.data_checked = True
-        if self.site_digests is None:
-            self.site_digests = digests
-            write_atomic(self.directory / SITES_FILE, lambda handle: handle.write(
-                json.dumps({str(p): d for p, d in sorted(digests.items())}).encode()))
-            return
-        changed = sorted(p for p, d in digests.items() if p in self.site_digests and self.site_digests[p] != d)
+        digests = _digests(replies)
+        recorded = self.site_digests or {}
+        changed = sorted(p for p, d in digests.items() if p in recorded and recorded[p] != d)
         if changed:
             raise JournalError(f"the data of site{'s' if len(changed) > 1 else ''} {', '.join(map(str, changed[:20]))} "
                                f"changed since the run began (its digest differs from the one in {SITES_FILE}): its "
                                f"recorded replies are not of the data it holds now; resume it with that data, or start "
                                f"the run again in another folder")
-        unchecked = sorted(set(self.site_digests) ^ set(digests))
+        unchecked = sorted(set(recorded) ^ set(digests))
         if unchecked:
             log.warning("sites %s gave a data digest only when the run began or only now: whether their data changed "
                         "cannot be checked", ", ".join(map(str, unchecked[:20])))
@@ -321,10 +321,19 @@ def journaled(protocol: Generator[Request, list[Reply], None], journal: Journal,
     books = dict(books or {})
     try:
         request = next(protocol)
+        digest_first = False
         if not journal.data_checked:
-            # Once a run, before its first protocol's first stage (replayed or asked): every site's data digest.
-            replies = yield journal.data_check(request)
-            journal.check_sites(replies)
+            journal.data_checked = True
+            if journal.site_digests is not None:
+                # A resume: the sites' data now, against the digests they sent with the run's first reply. The check
+                # is no stage of the run: what the transport's books say of it is not kept.
+                marks = {name: len(book) for name, book in books.items()}
+                replies = yield journal.data_check(request)
+                for name, book in books.items():
+                    del book[marks[name]:]
+                journal.check_sites(replies)
+            else:
+                digest_first = True  # the run's first asked request carries the salt; its replies, the digests
         while True:
             recorded = journal.next_recorded()
             if recorded is not None:
@@ -337,11 +346,27 @@ def journaled(protocol: Generator[Request, list[Reply], None], journal: Journal,
                 replies = recorded.replies
             else:
                 marks = {name: len(book) for name, book in books.items()}
-                replies = yield request
+                replies = yield (journal.salted(request) if digest_first else request)
+                if digest_first:
+                    journal.record_sites(replies)  # before the stage: a stage on disk always has its sites' record
+                    digest_first = False
                 journal.append(request, replies, {name: book[marks[name]:] for name, book in books.items()})
             request = protocol.send(replies)
     except StopIteration:
         return
+
+
+def _digests(replies: list[Reply]) -> dict[int, str]:
+    """The data digests of ``replies``, by partition; a reply without one is said, and left out."""
+    digests: dict[int, str] = {}
+    for reply in replies:
+        digest = reply.values.get(DATA_DIGEST_KEY)
+        if isinstance(digest, str) and _DIGEST.fullmatch(digest):
+            digests[reply.partition_id] = digest
+        else:
+            log.warning("site %d's reply holds no data digest; whether its data changes cannot be checked",
+                        reply.partition_id)
+    return digests
 
 
 def load_site_digests(path: Path) -> dict[int, str] | None:

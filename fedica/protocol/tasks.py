@@ -120,26 +120,42 @@ class ArraySite:
         return self.data.X_train.T
 
 
-def data_digest(site: Site, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> ReplyParts:
-    """The site's answer to a journalled run's data check: a salted SHA-256 of the data its first task reads.
+def site_digest(site: Site, task: str, values: Mapping[str, Any]) -> str:
+    """A salted SHA-256 of the data ``task`` reads at ``site`` (its observations for RF-ICA's tasks, its training
+    points for the others'): the array's shape and float64 bytes, after the salt of ``values``.
 
-    The request names that task (its observations for RF-ICA's tasks, its training points for the
-    others') and the run's salt; the digest covers the array's shape and float64 bytes. It tells the
-    server whether the site's data is the same as when the run began, and nothing else of it but
-    whether it equals a whole data set the server already holds (docs/ALGORITHMS.md section 2.13:
-    outside a private run's guarantee, like the evaluation's counts).
+    It tells the server whether the site's data is the same as when the run began, and nothing
+    else of it but whether it equals a whole data set the server already holds (docs/ALGORITHMS.md
+    section 2.13: outside a private run's guarantee, like the evaluation's counts).
     """
-    task, salt = values.get(DIGEST_FOR_TASK_KEY), values.get(DIGEST_SALT_KEY)
-    if task not in CATEGORY or task == DATA_DIGEST:
-        raise ValueError(f"a data check names no task whose data it covers ({DIGEST_FOR_TASK_KEY}={task!r})")
+    salt = values.get(DIGEST_SALT_KEY)
     if not (isinstance(salt, str) and re.fullmatch(r"[0-9a-f]{32,128}", salt)):
-        raise ValueError(f"a data check's salt must be 32 to 128 hex digits, got {str(salt)[:40]!r}")
+        raise ValueError(f"a data digest's salt must be 32 to 128 hex digits, got {str(salt)[:40]!r}")
     data = site.observations(values) if task in OBSERVATION_TASKS else site.training_points(values)
     data = np.ascontiguousarray(data, dtype=np.float64)
     digest = hashlib.sha256(bytes.fromhex(salt))
     digest.update(f"{data.shape}".encode())
     digest.update(data.tobytes())
-    return {}, {DATA_DIGEST_KEY: digest.hexdigest()}
+    return digest.hexdigest()
+
+
+def data_digest(site: Site, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> ReplyParts:
+    """A resumed run's check of the site's data: :func:`site_digest` of the data the run's first task reads (named
+    by the request), to compare with the digest the site sent with its first reply."""
+    task = values.get(DIGEST_FOR_TASK_KEY)
+    if task not in CATEGORY or task == DATA_DIGEST:
+        raise ValueError(f"a data check names no task whose data it covers ({DIGEST_FOR_TASK_KEY}={task!r})")
+    return {}, {DATA_DIGEST_KEY: site_digest(site, task, values)}
+
+
+def digest_reply(task: str, site: Site, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any],
+                 reply: ReplyParts) -> ReplyParts:
+    """The reply transform of a journalled run's first request (it carries the run's salt): the reply also holds
+    :func:`site_digest` of the data the task read, which the journal records (:mod:`fedica.protocol.journal`)."""
+    if DIGEST_SALT_KEY not in values or task == DATA_DIGEST:
+        return reply
+    reply_arrays, reply_values = reply
+    return reply_arrays, {**reply_values, DATA_DIGEST_KEY: site_digest(site, task, values)}
 
 
 # The tasks every fedica client answers whatever its algorithm.

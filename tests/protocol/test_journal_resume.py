@@ -93,7 +93,8 @@ def test_replayed_stages_ask_no_client(tmp_path):
     InMemoryFederation(sites, CLIENT_TASKS.with_transforms(count), server.rejected).run(
         server.run(), Journal.resume(tmp_path / "run", cfg))
     assert ("fedgem_init", "init") not in asked and ("fedgem_round", "2") not in asked
-    # Only the data check, whose digests are compared with those recorded, goes to the sites before the new stages.
+    # Only the data check, whose digests are compared with those the sites sent first, goes to them before the new
+    # stages.
     assert asked[:6] == [("data_digest", "data-check")] * 5 + [("fedgem_round", "3")]
 
 
@@ -107,10 +108,18 @@ def test_a_missing_or_foreign_journal_is_refused_in_one_line(tmp_path):
 
 
 def data_checked(run, partitions=(0,), digest="0" * 64):
-    """``run``'s first request, the data check, answered by ``partitions`` with ``digest``; what ``run`` sends next."""
+    """A resumed ``run``'s first request, the data check, answered by ``partitions`` with ``digest``; what ``run``
+    sends next."""
     check = next(run)
     assert (check.task, check.round_label, check.payloads) == ("data_digest", "data-check", None)
     return run.send([Reply(p, {}, {"data-digest": digest}) for p in partitions])
+
+
+def salted(run):
+    """A new journal's ``run``'s first request: the protocol's own, with the run's salt among its values."""
+    first = next(run)
+    assert first.task == "rfica_fit" and len(first.values["digest-salt"]) == 64
+    return first
 
 
 def test_a_protocol_that_asks_something_else_than_the_journal_is_refused(tmp_path):
@@ -119,9 +128,9 @@ def test_a_protocol_that_asks_something_else_than_the_journal_is_refused(tmp_pat
 
     journal = Journal.create(tmp_path, {})
     run = journaled(protocol(1.0), journal)
-    data_checked(run)
+    salted(run)
     with pytest.raises(StopIteration):
-        run.send([Reply(0, {}, {})])
+        run.send([Reply(0, {}, {"data-digest": "0" * 64})])
     with pytest.raises(JournalError, match="stage 1 .* asked something else"):
         data_checked(journaled(protocol(2.0), Journal.resume(tmp_path, {})))
 
@@ -132,8 +141,8 @@ def test_a_site_whose_data_changed_before_the_resume_is_named_and_the_resume_ref
         yield Request("rfica_fit", 2, {0: {}, 1: {}, 2: {}}, {})
 
     run = journaled(protocol(), Journal.create(tmp_path, {}))
-    data_checked(run, (0, 1, 2), "a" * 64)
-    run.send([Reply(p, {}, {}) for p in range(3)])  # stage 1 on disk; the run stops here
+    salted(run)
+    run.send([Reply(p, {}, {"data-digest": "a" * 64}) for p in range(3)])  # stage 1 on disk; the run stops here
     assert json.loads((tmp_path / JOURNAL_DIR / "sites.json").read_text()) == {"0": "a" * 64, "1": "a" * 64, "2": "a" * 64}
 
     resumed = journaled(protocol(), Journal.resume(tmp_path, {}))
@@ -156,8 +165,8 @@ def test_a_resume_without_the_sites_record_or_with_a_damaged_one_is_refused_in_o
         yield Request("rfica_fit", 2, None, {})
 
     run = journaled(protocol(), Journal.create(tmp_path, {}))
-    data_checked(run)
-    run.send([Reply(0, {}, {})])
+    salted(run)
+    run.send([Reply(0, {}, {"data-digest": "0" * 64})])
     sites = tmp_path / JOURNAL_DIR / "sites.json"
     for content, reason in [('{"0": "not a digest"}', "not a mapping of site numbers to SHA-256 digests"),
                             ("[", "cannot be read"), (None, "no record of its sites' data")]:
@@ -198,7 +207,7 @@ def test_a_new_run_never_deletes_an_earlier_runs_stages(tmp_path):
         yield Request("rfica_fit", 1, None, {})
 
     run = journaled(protocol(), Journal.create(tmp_path, {"seed": 0}))
-    data_checked(run)
+    salted(run)
     with pytest.raises(StopIteration):
         run.send([Reply(0, {"w": np.ones(2)}, {})])
     for description in ({"seed": 0}, {"seed": 1}):
@@ -273,10 +282,10 @@ def test_a_replayed_stage_passes_the_transports_checks(tmp_path):
     def run_and_record(folder):
         books = {"participation": [], "rejected": []}
         run = journaled(protocol(), Journal.create(folder, {}), books)
-        data_checked(run, (0, 1, 2))
+        salted(run)
         books["participation"].append({"clients": [0, 1, 2]})
         with pytest.raises(StopIteration):
-            run.send([Reply(p, {"w": np.full(2, p)}, {}) for p in range(3)])
+            run.send([Reply(p, {"w": np.full(2, p)}, {"data-digest": "0" * 64}) for p in range(3)])
         return folder / JOURNAL_DIR / stage_file(1)
 
     def replay(folder):
