@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 import zipfile
 from array import array
 from dataclasses import dataclass
@@ -592,9 +593,42 @@ def _read_csv_file(path: Path, label_column, delimiter: str):
         raise DataFileError(path, "file has a header but no data rows")
     table = np.frombuffer(values, dtype=np.float64).reshape(len(lines), width)
     _check_finite(path, table, lambda row: f"line {lines[row]}", header)
+    _check_row_numbers(path, table, header)
 
     label_index = _resolve_label_column(path, label_column, width, header)
+    if label_index is None:
+        _warn_of_label_like_column(path, table, header)
     return _split_label_column(path, table, label_index, lambda row: f"line {lines[row]}", header)
+
+
+def _check_row_numbers(path: Path, table: np.ndarray, header: list[str] | None) -> None:
+    """Refuse a first column without a name that holds the row numbers: a pandas index or R's row names.
+
+    Clustered as a feature, it splits every cluster along the file's order (issue 44: K_hat 4 for 2 groups).
+    """
+    if header is None or header[0] not in UNNAMED_COLUMNS or table.shape[1] < 2:
+        return
+    first = table[:, 0]
+    if np.array_equal(first, first[0] + np.arange(first.shape[0])):
+        raise DataFileError(path, f"its first column has no name and holds the row numbers {first[0]:.0f} to "
+                            f"{first[-1]:.0f}: a pandas index or R's row names, not a feature; write the file without "
+                            "it (pandas: to_csv(path, index=False); R: write.csv(x, row.names=FALSE))")
+
+
+def _warn_of_label_like_column(path: Path, table: np.ndarray, header: list[str] | None) -> None:
+    """Warn of a column of a few whole numbers among columns of measurements: a class label read as a feature?"""
+    whole = np.all(table == np.round(table), axis=0)
+    if whole.all():
+        return  # every column whole numbers (counts, pixels): nothing stands out
+    for column in np.flatnonzero(whole).tolist():
+        distinct = np.unique(table[:, column]).size
+        if 2 <= distinct <= LABEL_LIKE_VALUES and 10 * distinct <= table.shape[0]:
+            name = _cell_name(column, header)
+            warnings.warn(f"{path}: {name} holds only {distinct} distinct whole numbers over {table.shape[0]} rows, "
+                          f"among columns of measurements; if it names each row's class, give "
+                          f"scenario.label_column={header[column] if header else column!r} (a label clustered as a "
+                          f"feature splits the clusters by it)", UserWarning, stacklevel=3)
+            return
 
 
 def _csv_rows(path: Path, reader):
@@ -677,6 +711,13 @@ def _read_numpy_file(path: Path, suffix: str, label_column):
     label_index = _resolve_label_column(path, label_column, X.shape[1], None)
     return _split_label_column(path, X, label_index, where, None)
 
+
+# The names a first column of row numbers has: pandas writes its index without one, R's write.csv as "", and pandas
+# reads such a column back as "Unnamed: 0".
+UNNAMED_COLUMNS = ("", "Unnamed: 0")
+# A column of at most this many distinct whole numbers (and at most a tenth of its rows) among columns of
+# measurements looks like a class label.
+LABEL_LIKE_VALUES = 20
 
 # An .npz site file's arrays may take at most this many times the file's own size, or MIN_ARCHIVE_BYTES if more:
 # numpy's compressed float data shrinks at most a few fold; a hundredfold is an archive built to inflate.

@@ -44,8 +44,9 @@ __all__ = ["BASELINE_METHODS", "FILE_METHODS", "BaselineResult", "central_gmm", 
 
 # The names baseline_methods selects.
 BASELINE_METHODS = ("central-gmm", "central-gmm-icl", "dp-gmm", "k-fed", "fed-kmeans", "ffcm-avg1", "ffcm-avg2", "afcl")
-# Those that run on scenario=files: the central GMM on the pooled files, the reference a user compares with.
-FILE_METHODS = ("central-gmm",)
+# Those that run on scenario=files: the central GMMs on the pooled files (K told, or chosen by the ICL), the
+# references a user compares with.
+FILE_METHODS = ("central-gmm", "central-gmm-icl")
 
 # central-gmm-icl: the most components the ICL compares on the pooled data (also at most sqrt(n / 2)).
 CENTRAL_ICL_MAX_COMPONENTS = 20

@@ -251,10 +251,11 @@ def _likelihood_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str,
 
 def _evaluate_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
-    # No held-out share (a user's unlabelled files keep every row for training): the evaluation
-    # labels the training rows, so that K_hat still counts the clusters the site's points reach.
-    unlabelled = data.X_test.shape[0] == 0 and data.y_test is None
-    X, y = (data.X_train, None) if unlabelled else (data.X_test, data.y_test)
+    # No held-out share (a user's files with test_fraction 0 keep every row for training): the evaluation labels
+    # the training rows, scored against their labels where the site has them, so that K_hat counts the clusters the
+    # site's points reach and the ARIs are not those of an empty test set (issue 44: k_hat 0, ARI 1.0 for .28).
+    held_out = data.X_test.shape[0] > 0
+    X, y = (data.X_test, data.y_test) if held_out else (data.X_train, data.y_train)
     if values.get("labelling", "consensus") == "adapted":
         predicted = adapted_labels(data.X_train, X, arrays["centroids"], arrays["global-ids"], model_geometry(values))
     else:

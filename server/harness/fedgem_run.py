@@ -64,6 +64,11 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
         warnings.warn(f"scenario=files: algorithm.standardize=federated standardises every feature by scales the "
                       f"sites agree on; {pooled}scenario.standardize=site, each site's file on its own rows",
                       UserWarning, stacklevel=2)
+    scenario = cfg["scenario"]
+    if scenario["name"] == "files" and scenario.get("label_column") is not None and scenario.get("test_fraction") == 0:
+        warnings.warn("scenario.test_fraction=0: no row is held out, so the ARIs score the training rows, the points "
+                      "the model was fit to (a held-out share, the default 0.3, scores unseen points)", UserWarning,
+                      stacklevel=2)
     fedgem_metrics = {**server.evaluation, "super_clusters": server.aggregation.k_hat, "upsilon": server.upsilon,
                       "rounds": alg["rounds"]}
     if books.hostile_partitions:
