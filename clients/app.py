@@ -151,8 +151,10 @@ class ArraySource:
             choice = choose_n_components(X, self.max_components, random_state=sklearn_seed(rng))
             k, at_bound = choice.n_components, choice.at_bound
             if at_bound:
-                log.warning("site %d chose K_g=%d, its bound: it may hold more clusters (give n_components, or "
-                            "raise max_components for a site of more points)", partition_id, k)
+                log.warning("site %d chose K_g=%d, its bound: it may hold more clusters, or clusters that spheres fit badly, "
+                            "as features in different units make them (the run's algorithm.standardize=federated puts "
+                            "every feature on one scale; else give n_components, or raise max_components for a site "
+                            "of more points)", partition_id, k)
             context.state[LOCAL_CLUSTERS_KEY] = ConfigRecord({"k": k, "units": units, "at-bound": at_bound})
         return ClientData(X, None, X[:0], None, k, at_bound)
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import numbers
 
+from collections.abc import Mapping
+
 import numpy as np
+import scipy.sparse as sp
 from sklearn.utils.validation import validate_data
 
 
@@ -105,6 +108,12 @@ def fit_sites(estimator, X, groups, *, min_rows) -> tuple[list[np.ndarray], list
         In scikit-learn's form each site's row indices in ``X`` (per-row results go back in ``X``'s order);
         None in the federation's form.
     """
+    if isinstance(X, Mapping) and not sp.issparse(X):  # scipy's dok_matrix is a dict
+        raise ValueError(f"the sites are given as a mapping of {len(X)} entries: give a list with one array per site "
+                         "(list(sites.values())), or one array X with groups=")
+    if isinstance(X, (list, tuple)) and X and all(hasattr(site, "shape") for site in X) and not is_site_list(X):
+        bad = next(g for g, site in enumerate(X) if len(site.shape) != 2)
+        raise ValueError(f"site {bad} must be a 2-D array (n_samples, n_features), got shape {X[bad].shape}")
     if is_site_list(X):
         if groups is not None:
             raise ValueError("groups: give either one array X with groups, or a list of sites without")
@@ -137,7 +146,12 @@ def check_sites(sites, *, min_sites: int, min_rows) -> list[np.ndarray]:
         raise ValueError(f"sites must be a sequence of at least {min_sites} arrays (one per site), "
                          "each (n_samples, n_features)")
     _check_column_names(sites)
-    data = [np.asarray(X, dtype=np.float64) for X in sites]
+    data = []
+    for g, X in enumerate(sites):
+        try:
+            data.append(np.asarray(X, dtype=np.float64))
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"site {g} cannot be read as numbers ({' '.join(str(err).split())[:200]})") from None
     for g, X in enumerate(data):
         if X.ndim != 2 or X.shape[0] < min_rows(X.shape[-1]):
             raise ValueError(f"site {g} must be a 2-D array (n_samples, n_features) with at least "
@@ -146,6 +160,10 @@ def check_sites(sites, *, min_sites: int, min_rows) -> list[np.ndarray]:
             raise ValueError(f"site {g} has {X.shape[1]} features, site 0 has {data[0].shape[1]}")
         if not np.all(np.isfinite(X)):
             raise ValueError(f"site {g} holds NaN or infinite values")
+    for g, X in enumerate(data):
+        if X.shape[0] > 1 and (X == X[0]).all():
+            raise ValueError(f"site {g}: all its {X.shape[0]} rows are the same row; a site needs points that differ "
+                             "(a repeated record, or an export that wrote one row many times?)")
     return data
 
 

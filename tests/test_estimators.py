@@ -333,3 +333,27 @@ def test_a_fit_on_dataframes_keeps_their_columns_and_new_rows_must_name_them_in_
         warnings.simplefilter("ignore", UserWarning)
         arrays.fit([frame.iloc[g::3].to_numpy() for g in range(3)])
     assert arrays.feature_names_in_ is None
+
+
+@pytest.mark.parametrize("estimator", [fedica.FedGEM, fedica.RFICA])
+@pytest.mark.parametrize("case, reason", [
+    ("text", "site 1 cannot be read as numbers"),
+    ("repeated", "site 1: all its 40 rows are the same row"),
+    ("mapping", "the sites are given as a mapping of 3 entries: give a list"),
+    ("one-dimensional", r"site 1 must be a 2-D array \(n_samples, n_features\), got shape \(40,\)"),
+])
+def test_a_federation_the_library_cannot_read_is_one_line_naming_the_site(estimator, case, reason):
+    # Issue 44: a text cell, a site of one repeated row and a dict of sites gave errors that named no site (or a fit).
+    rng = np.random.default_rng(0)
+    sites = [rng.normal(size=(40, 2)) for _ in range(3)]
+    if case == "text":
+        sites[1] = sites[1].astype(object)
+        sites[1][5, 1] = "n/a"
+    elif case == "repeated":
+        sites[1] = np.ones((40, 2))
+    elif case == "one-dimensional":
+        sites[1] = sites[1][:, 0]
+    federation = dict(zip("abc", sites)) if case == "mapping" else sites
+    with pytest.raises(ValueError, match=reason) as err:
+        estimator(random_state=0).fit(federation)
+    assert "\n" not in str(err.value)

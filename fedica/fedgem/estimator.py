@@ -538,9 +538,10 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
             bounds = np.array([local_bound(X, self.max_local_clusters) for X in data])
             self.local_clusters_at_bound_ = (counts == bounds) & (bounds > 1)
             for g in np.flatnonzero(self.local_clusters_at_bound_):
-                warnings.warn(f"site {g} chose K_g={counts[g]}, its bound: it may hold more clusters "
-                              "(give n_local_clusters, or raise max_local_clusters for a site of more points)",
-                              UserWarning, stacklevel=3)
+                warnings.warn(f"site {g} chose K_g={counts[g]}, its bound: it may hold more clusters, or clusters "
+                              "that spheres fit badly, as features in different units make them (standardize="
+                              "'federated' puts every feature on one scale; else give n_local_clusters, or raise "
+                              "max_local_clusters for a site of more points)", UserWarning, stacklevel=3)
             return counts
         counts = np.asarray(n_local_clusters)
         if counts.ndim > 1 or (counts.ndim == 1 and counts.shape[0] != len(data)):
