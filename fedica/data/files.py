@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import math
-import warnings
 import zipfile
 from array import array
 from dataclasses import dataclass
@@ -596,8 +595,6 @@ def _read_csv_file(path: Path, label_column, delimiter: str):
     _check_row_numbers(path, table, header)
 
     label_index = _resolve_label_column(path, label_column, width, header)
-    if label_index is None:
-        _warn_of_label_like_column(path, table, header)
     return _split_label_column(path, table, label_index, lambda row: f"line {lines[row]}", header)
 
 
@@ -615,20 +612,17 @@ def _check_row_numbers(path: Path, table: np.ndarray, header: list[str] | None) 
                             "it (pandas: to_csv(path, index=False); R: write.csv(x, row.names=FALSE))")
 
 
-def _warn_of_label_like_column(path: Path, table: np.ndarray, header: list[str] | None) -> None:
-    """Warn of a column of a few whole numbers among columns of measurements: a class label read as a feature?"""
+def label_like_column(table: np.ndarray) -> tuple[int, int] | None:
+    """The first column of a few whole numbers among columns of measurements, and its distinct values: a class
+    label read as a feature? None when there is none, or when every column holds whole numbers (counts, pixels)."""
     whole = np.all(table == np.round(table), axis=0)
     if whole.all():
-        return  # every column whole numbers (counts, pixels): nothing stands out
+        return None
     for column in np.flatnonzero(whole).tolist():
-        distinct = np.unique(table[:, column]).size
+        distinct = int(np.unique(table[:, column]).size)
         if 2 <= distinct <= LABEL_LIKE_VALUES and 10 * distinct <= table.shape[0]:
-            name = _cell_name(column, header)
-            warnings.warn(f"{path}: {name} holds only {distinct} distinct whole numbers over {table.shape[0]} rows, "
-                          f"among columns of measurements; if it names each row's class, give "
-                          f"scenario.label_column={header[column] if header else column!r} (a label clustered as a "
-                          f"feature splits the clusters by it)", UserWarning, stacklevel=3)
-            return
+            return column, distinct
+    return None
 
 
 def _csv_rows(path: Path, reader):

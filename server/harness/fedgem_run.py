@@ -18,7 +18,8 @@ from fedica.server.fedgem import FedGEMStrategy
 from fedica.server.harness.books import RunBooks
 from fedica.server.harness.comparators import flower_driver
 
-from fedica.data.scenarios import scenario_client_data, true_n_clusters
+from fedica.data.files import label_like_column, table_header
+from fedica.data.scenarios import file_table, scenario_client_data, true_n_clusters
 from fedica.evaluation.baselines import evaluate_clustering, run_baselines
 from fedica.fedgem.client import adapted_labels, consensus_labels
 from fedica.fedgem.geometry import FEATURE_SCALE_SPREAD_LIMIT, geometry
@@ -65,6 +66,8 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
                       f"sites agree on; {pooled}scenario.standardize=site, each site's file on its own rows",
                       UserWarning, stacklevel=2)
     scenario = cfg["scenario"]
+    if scenario["name"] == "files" and scenario.get("label_column") is None and cfg["engine"]["name"] != "deployment":
+        warn_of_label_like_columns(scenario["paths"])
     if scenario["name"] == "files" and scenario.get("label_column") is not None and scenario.get("test_fraction") == 0:
         warnings.warn("scenario.test_fraction=0: no row is held out, so the ARIs score the training rows, the points "
                       "the model was fit to (a held-out share, the default 0.3, scores unseen points)", UserWarning,
@@ -122,6 +125,22 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
             "hostile_clients": books.hostile_partitions,
         },
     }
+
+
+def warn_of_label_like_columns(paths) -> None:
+    """Warn of a site file's column of a few whole numbers among columns of measurements: a class label clustered as a
+    feature splits the clusters by it (issue 44). The files are read here (the local engines), from the run's cache."""
+    for path in paths:
+        found = label_like_column(file_table(path)[0])
+        if found is None:
+            continue
+        column, distinct = found
+        header = table_header(path)
+        name = repr(header[column]) if header else str(column)
+        warnings.warn(f"scenario=files: {path}'s column {name} holds only {distinct} distinct whole numbers among "
+                      f"columns of measurements; if it names each row's class, give scenario.label_column={name} "
+                      "(clustered as a feature, a label splits the clusters by it)", UserWarning, stacklevel=2)
+        return
 
 
 def scenario_silhouettes(cfg: Mapping[str, Any], server: FedGEMServer) -> dict[str, float]:

@@ -1,7 +1,5 @@
 """A user's files give the answer their data holds, or say why not (issue 44, item 4: no silent wrong answer)."""
 
-import warnings
-
 import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
@@ -58,18 +56,17 @@ def test_a_pandas_index_or_r_row_names_is_refused_in_one_line(tmp_path):
 
 
 def test_a_label_column_left_among_the_features_is_a_warning_naming_it(tmp_path):
-    paths, _ = _sites(tmp_path, np.random.default_rng(1), n_sites=1)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        X, y = read_table(paths[0])
-    assert X.shape == (80, 3) and y is None
-    (message,) = [str(w.message) for w in caught]
-    assert "column 2 holds only 2 distinct whole numbers over 80 rows" in message
-    assert "scenario.label_column='label'" in message
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        read_table(paths[0], label_column="label")
-    assert not caught
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    paths, _ = _sites(tmp_path, np.random.default_rng(1))
+    run = ["engine=inprocess", "algorithm=fedgem", "scenario=files", f"scenario.paths=[{','.join(map(str, paths))}]",
+           "scenario.n_components=2", "baselines=false", "algorithm.rounds=2"]
+    (warning,) = [w for w in run_inprocess(compose_config(run))["warnings"] if "distinct whole numbers" in w]
+    assert f"{paths[0]}'s column 'label' holds only 2 distinct whole numbers" in warning
+    assert "give scenario.label_column='label'" in warning
+    told = run_inprocess(compose_config([*run, "scenario.label_column=label"]))
+    assert not [w for w in told["warnings"] if "distinct whole numbers" in w]
 
 
 def test_both_central_gmms_run_on_files_when_asked_for(tmp_path):
