@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,7 @@ def check_files_engine(sc: Mapping[str, Any], algorithm: str, engine: str, ray_a
         if algorithm == "rfica":
             _check_ica_channels(sc, tables, errors)
         elif not {"n_components", "test_fraction"} & set(broken):
+            _check_table_widths(sc, tables, errors)
             _check_client_tables(sc, tables, errors)
         _check_table_headers(sc, tables, errors)
     errors.raise_any()
@@ -186,6 +188,24 @@ def _read_local_files(sc: Mapping[str, Any], errors: Errors, *, read: bool, reco
     return tables
 
 
+def _check_table_widths(sc: Mapping[str, Any], tables: Mapping[int, tuple], errors: Errors) -> None:
+    """Every FedGEM site's file has as many feature columns as most of them (the first file's on a tie).
+
+    The files are on this machine, so a file missing a column is refused before the run rather than its site
+    left out mid-run (issue 44: dropped at initialisation, exit 0).
+    """
+    widths = {index: table[0].shape[1] for index, table in tables.items()}
+    if len(set(widths.values())) < 2:
+        return
+    counts = Counter(widths.values())
+    common = max(counts, key=lambda width: (counts[width], -min(i for i, w in widths.items() if w == width)))
+    for index, width in widths.items():
+        if width != common:
+            errors.add(f"scenario.paths[{index}]={sc['paths'][index]}: {width} feature columns, where "
+                       f"{counts[common]} of the {len(widths)} files have {common} (a column missing or added?); "
+                       "every site's file must have the same columns in the same order")
+
+
 def _check_table_headers(sc: Mapping[str, Any], tables: Mapping[int, Any], errors: Errors) -> None:
     """Every CSV site file with a header names the first such file's columns, in its order.
 
@@ -193,7 +213,7 @@ def _check_table_headers(sc: Mapping[str, Any], tables: Mapping[int, Any], error
     systems) would put one site's feature, or channel, where another site has a different one, and every
     result would be wrong without a word. Files without a header (and ``.npy``/``.npz`` files) name nothing
     to compare and are read as they are. A header of another length is left to the width checks (RF-ICA's
-    channel count; a FedGEM site of another width is left out of the run, its reason in the books).
+    channel count; FedGEM's :func:`_check_table_widths`).
     """
     reference = None
     for index, site in tables.items():

@@ -82,3 +82,19 @@ def test_both_central_gmms_run_on_files_when_asked_for(tmp_path):
     metrics = result["metrics"]
     assert metrics["central-gmm"]["k_true"] == 2 and metrics["central-gmm"]["global_ari"] > 0.99
     assert metrics["central-gmm-icl"]["k_chosen"] == 2 and metrics["central-gmm-icl"]["global_ari"] > 0.99
+
+
+def test_a_file_missing_a_column_is_refused_before_the_run(tmp_path):
+    # Before: the site was left out at initialisation ('centroids' has dimension 2; the federation's data has d=3)
+    # and the run ended with exit 0.
+    from fedica.config import ConfigError, validate_config
+    from fedica.server.app import compose_config
+
+    paths, _ = _sites(tmp_path, np.random.default_rng(3))
+    rows = paths[1].read_text().splitlines()
+    paths[1].write_text("\n".join(",".join(row.split(",")[1:]) for row in rows) + "\n")  # column a dropped
+    with pytest.raises(ConfigError) as err:
+        validate_config(compose_config(["engine=inprocess", "algorithm=fedgem", "scenario=files", "scenario.n_components=2",
+                                        f"scenario.paths=[{','.join(map(str, paths))}]", "scenario.label_column=label"]))
+    assert err.value.errors == [f"scenario.paths[1]={paths[1]}: 1 feature columns, where 2 of the 3 files have 2 (a "
+                                "column missing or added?); every site's file must have the same columns in the same order"]
