@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fedica.scripts.deploy import DeploymentOptions, LocalDeployment, compose, config_overrides
+from fedica.scripts.deploy.options import port_is_free
 
 pytestmark = pytest.mark.deployment
 
@@ -31,11 +32,12 @@ GROWTH_BOUND = 150 * 2**20
 
 
 def _free_block(count: int) -> int:
+    """The first of ``count`` consecutive ports that are all free now (the other workers' deployments take ports too)."""
     for _ in range(200):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             base = probe.getsockname()[1]
-        if base + count < 65535:
+        if base + count < 65535 and all(port_is_free("127.0.0.1", port) for port in range(base, base + count)):
             return base
     raise RuntimeError("no free ports")
 
