@@ -11,7 +11,7 @@ import numpy as np
 from fedica.metrics import PooledTables, ari_from_contingency
 from fedica.sites import apportion
 from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT
-from fedica.fedgem.trust import TABLE_INFLUENCE_LIMIT
+from fedica.fedgem.tables import TABLE_INFLUENCE_LIMIT
 from fedica.seeding import generator
 
 # RF-ICA: a junk estimate instead of the honest one (hostile_ica_estimate) ...
@@ -380,9 +380,9 @@ def tuned_forgery(true_values: np.ndarray, pred_values: np.ndarray, counts: np.n
     """A ``tuned_forgery`` client's evaluation: its honest table moved towards :func:`forged_contingency`'s spread
     table as far as the server's rule on tables lets it (issue 43, row 12), with the ARI of the result.
 
-    The client knows the rule (:func:`fedica.fedgem.trust.outlying_tables`): one table may lower the
+    The client knows the rule (:func:`fedica.fedgem.tables.outlying_tables`): one table may lower the
     others' pooled ARI by at most ``limit / G``, ``k`` tables together by ``sqrt(k) limit / G``, the
-    limit :data:`~fedica.fedgem.trust.TABLE_INFLUENCE_LIMIT`. It does not see the other
+    limit :data:`~fedica.fedgem.tables.TABLE_INFLUENCE_LIMIT`. It does not see the other
     clients' tables: it takes them to be like its own (``n_clients - n_colluders`` copies of its
     honest table, an IID federation), and its ``n_colluders - 1``
     colluders send a table like its own. It sends the largest mixture ``(1 - t) honest + t spread``

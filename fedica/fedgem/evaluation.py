@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fedica.metrics import ari_from_contingency, k_hat_from_predictions, weighted_local_ari
-from fedica.fedgem.trust import capped_table, outlying_tables, table_caps
+from fedica.fedgem.tables import capped_table, outlying_tables, table_caps
 from fedica.protocol import InvalidReply, Reply, require_array
 
 # A client's test points may outnumber its training points (a large test split), but not by this
@@ -72,7 +72,7 @@ class EvaluationStage:
 
     def _refuse_outlying_tables(self) -> None:
         """Leave out clients whose contingency tables disagree with the federation's beyond an honest client's
-        (:func:`~fedica.fedgem.trust.outlying_tables`; with ``max_hostile_fraction`` > 0)."""
+        (:func:`~fedica.fedgem.tables.outlying_tables`; with ``max_hostile_fraction`` > 0)."""
         labelled = [p for p, e in self.evaluated.items() if e.has_labels]
         tables = [(self.evaluated[p].true_values, self.evaluated[p].pred_values, self.evaluated[p].counts) for p in labelled]
         caps = self._table_caps(labelled)
@@ -96,7 +96,7 @@ class EvaluationStage:
 
         A local ARI weighs its client's counted points (its declared count, capped at
         ``count_cap_factor`` times the median); in the pooled ARI a contingency table counts with at
-        most its client's test share (:func:`~fedica.fedgem.trust.table_caps`, with
+        most its client's test share (:func:`~fedica.fedgem.tables.table_caps`, with
         ``max_hostile_fraction`` > 0); K_hat counts the clusters the tables as sent name.
         """
         chosen = [p for p in partitions if p in self.evaluated]
@@ -115,7 +115,7 @@ class EvaluationStage:
         return metrics
 
     def _table_caps(self, partitions: list[int]) -> np.ndarray:
-        """The most test points each of ``partitions``' tables counts with (:func:`~fedica.fedgem.trust.table_caps`)."""
+        """The most test points each of ``partitions``' tables counts with (:func:`~fedica.fedgem.tables.table_caps`)."""
         return table_caps(np.array([self.evaluated[p].counts.sum() for p in partitions]),
                           np.array([self.models[p].declared_points for p in partitions]),
                           np.array([self.models[p].n_points for p in partitions]), self.settings.max_hostile_fraction)

@@ -6,15 +6,14 @@ import pytest
 
 from fedica.evaluation.metrics import ari_from_contingency
 from fedica.fedgem.components import ClientModel
+from fedica.fedgem.tables import capped_table, table_caps
 from fedica.fedgem.trust import (
     FAR_COMPONENT_FACTOR,
     FederationExtent,
-    capped_table,
     icl_winners,
     refuse_far_components,
     robust_totals,
     scale_free_distances,
-    table_caps,
     unsupported_clusters,
 )
 

@@ -1,12 +1,12 @@
 """A contingency table no honest client's could be is not counted in the reported metrics (issue 25, item 3b;
-fedica.fedgem.trust.outlying_tables)."""
+fedica.fedgem.tables.outlying_tables)."""
 
 import numpy as np
 import pytest
 
 from fedica import attacks
 from fedica.evaluation.metrics import ari_from_contingency
-from fedica.fedgem.trust import TABLE_INFLUENCE_LIMIT, outlying_tables, table_influences
+from fedica.fedgem.tables import TABLE_INFLUENCE_LIMIT, outlying_tables, table_influences
 from fedica.sites import apportion
 
 
