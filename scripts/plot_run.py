@@ -25,7 +25,7 @@ from fedica.scripts.plot_signals import matched_sources
 from scipy.optimize import linear_sum_assignment
 
 from fedica.data.scenarios import ica_scenario_data, scenario_client_data
-from fedica.fedgem.standardisation import nearest_centres
+from fedica.fedgem.client import result_labels
 
 RUN_FIGURE = "run.png"
 MAX_SITE_PANELS = 12
@@ -61,18 +61,17 @@ def run_title(result: Mapping[str, Any]) -> str:
 
 
 def site_points(result: Mapping[str, Any]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Every mapped site's test points and the global cluster its consensus model gives each.
+    """Every mapped site's test points and the global cluster the site gives each.
 
     As the harness's silhouettes: ``scenario_client_data`` regenerates (or, for files, reads and
-    splits) the site's data, and each point goes to the nearest of the site's consensus centroids,
-    the global centroid of each of its components (``fedgem.client_mapping``).
+    splits) the site's data, and each point is labelled as the site labels it (the run's
+    ``labelling``: the nearest of its consensus centroids, or its own mixture over every global centre).
     """
-    centroids = np.asarray(result["fedgem"]["global_centroids"], dtype=np.float64)
     points = {}
     for partition, global_ids in sorted(result["fedgem"]["client_mapping"].items(), key=lambda item: int(item[0])):
-        global_ids = np.asarray(global_ids, dtype=np.int64)
-        X = scenario_client_data(result["scenario"], int(partition), int(result["seed"])).X_test
-        points[int(partition)] = X, global_ids[nearest_centres(X, centroids[global_ids], result["fedgem"])]
+        data = scenario_client_data(result["scenario"], int(partition), int(result["seed"]))
+        points[int(partition)] = data.X_test, result_labels(data.X_train, data.X_test, result["fedgem"],
+                                                            result["config"]["algorithm"], global_ids)
     return points
 
 

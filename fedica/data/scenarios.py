@@ -245,26 +245,32 @@ def _load_labelled(make: Callable[..., ClientData]) -> Callable[[dict, int, int]
 
 
 def _load_client_file(params: dict, partition_id: int, seed: int, standardisation: str | None = None) -> ClientData:
+    X, y = file_site_points(params, partition_id)
+    n_components = params.get("n_components")
+    if isinstance(n_components, tuple):
+        if len(n_components) != len(params["paths"]):
+            raise ValueError(f"scenario 'files': n_components has {len(n_components)} entries for "
+                             f"{len(params['paths'])} paths; give one per client, one int, or null")
+        n_components = n_components[partition_id]
+    if standardisation is not None:  # the federation's (standardize: federated), after the scenario's own
+        X = standardised(X, *decode_standardisation(standardisation, X.shape[1]))
+    return client_data_from_table(params["paths"][partition_id], X, y, n_components=n_components,
+                                  test_fraction=params.get("test_fraction"), seed=seed, partition_id=partition_id)
+
+
+def file_site_points(params: Mapping[str, Any], partition_id: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Every row of site ``partition_id``'s file in file order, and its labels: as ``scenario=files`` gives them to
+    the site before its split (in the scenario's ``standardize`` units, if it names one)."""
     paths = params.get("paths") or ()
     if not paths:
         raise ValueError("scenario 'files' needs a non-empty 'paths' list (one file per client)")
     check_partition(partition_id, len(paths))
-    n_components = params.get("n_components")
-    if isinstance(n_components, tuple):
-        if len(n_components) != len(paths):
-            raise ValueError(f"scenario 'files': n_components has {len(n_components)} entries for "
-                             f"{len(paths)} paths; give one per client, one int, or null")
-        n_components = n_components[partition_id]
-    path = paths[partition_id]
-    X, y = file_table(path, params.get("label_column"))
+    X, y = file_table(paths[partition_id], params.get("label_column"))
     standardize = params.get("standardize")
     if standardize is not None:  # before the split and the site's K_g choice, which see the standardised points
         mean, std = column_scale(X) if standardize == "site" else pooled_file_scale(paths, params.get("label_column"))
         X = (X - mean) / std
-    if standardisation is not None:  # the federation's (standardize: federated), after the scenario's own
-        X = standardised(X, *decode_standardisation(standardisation, X.shape[1]))
-    return client_data_from_table(path, X, y, n_components=n_components, test_fraction=params.get("test_fraction"),
-                                  seed=seed, partition_id=partition_id)
+    return X, y
 
 
 def pooled_file_scale(paths: Sequence[str], label_column: int | str | None = None) -> tuple[np.ndarray, np.ndarray]:

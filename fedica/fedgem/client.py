@@ -19,7 +19,7 @@ import numpy as np
 from fedica.metrics import adjusted_rand, contingency, mean_silhouettes
 from fedica.fedgem.geometry import Identity, cluster_anisotropy, feature_scale_spread, geometry
 from fedica.fedgem.local import assign_labels, kmeans_init, kmeanspp_init
-from fedica.fedgem.standardisation import site_moments
+from fedica.fedgem.standardisation import site_moments, standardised
 from fedica.protocol.messages import (
     CLUSTER_SHAPE_KEY, GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_MOMENTS, GEM_ROUND, GEM_SILHOUETTE,
     K_AT_BOUND_KEY, REPORT_CLUSTER_SHAPE_KEY, REPORT_SCALE_SPREAD_KEY, SCALE_SPREAD_KEY,
@@ -161,6 +161,26 @@ def adapted_labels(X_fit: np.ndarray, X: np.ndarray, centres: Any, global_ids: A
         raise ValueError(f"global-ids of shape {global_ids.shape} do not name the {centres.shape[0]} global centres")
     weights, variance = model.site_mixture(X_fit, centres)
     return global_ids.astype(np.int64)[model.site_labels(X, centres, weights, variance)]
+
+
+def result_labels(X_fit: np.ndarray, X: np.ndarray, fedgem_result: Mapping[str, Any], settings: Mapping[str, Any],
+                  global_ids: Any) -> np.ndarray:
+    """Global ids of the rows of ``X`` as a site of a finished run labels them, from the run's result.
+
+    ``fedgem_result`` is the result's ``fedgem`` section (its centres in the data's units, and under
+    ``standardize`` the federation's location and scale), ``settings`` its ``config.algorithm``,
+    ``global_ids`` the site's ``client_mapping``; ``X_fit`` are the site's points its own mixture is
+    fitted to under ``labelling: adapted``. Both in the units the site's loader gives them.
+    """
+    centres = np.asarray(fedgem_result["global_centroids"], dtype=np.float64)
+    if fedgem_result.get("feature_scale") is not None:  # the sites clustered the standardised points
+        units = (np.asarray(fedgem_result["feature_location"], dtype=np.float64),
+                 np.asarray(fedgem_result["feature_scale"], dtype=np.float64))
+        centres, X_fit, X = (standardised(A, *units) for A in (centres, X_fit, X))
+    if settings.get("labelling", "consensus") == "adapted":
+        return adapted_labels(X_fit, X, centres, np.arange(centres.shape[0]), geometry(settings["covariance_type"]))
+    global_ids = np.asarray(global_ids, dtype=np.int64)
+    return consensus_labels(X, centres[global_ids], global_ids)
 
 
 def evaluate(y_test: np.ndarray | None, predicted: np.ndarray, n_points: int) -> Reply:

@@ -34,12 +34,11 @@ from typing import Any
 import numpy as np
 
 from fedica.sites import ClientData
-from fedica.fedgem.local import assign_labels
 from fedica.parameters import STANDARDIZE_MODES
 from fedica.protocol.tasks import POINT_UNITS
 
 __all__ = ["STANDARDISATION_KEY", "STANDARDIZE_MODES", "decode_standardisation", "encode_standardisation",
-           "federated_scale", "in_request_units", "nearest_centres", "request_standardisation", "site_moments",
+           "federated_scale", "in_request_units", "request_standardisation", "site_moments",
            "standardised"]
 
 
@@ -117,19 +116,6 @@ def in_request_units(data: ClientData, values: Mapping[str, Any]) -> ClientData:
     if named is None:
         return data
     return dataclasses.replace(data, X_train=standardised(data.X_train, *named), X_test=standardised(data.X_test, *named))
-
-
-def nearest_centres(X: np.ndarray, centres: np.ndarray, fedgem_result: Mapping[str, Any]) -> np.ndarray:
-    """The index of each row's nearest centre, both in the data's units, measured in the units the run clustered in.
-
-    ``fedgem_result`` is a result's ``fedgem`` section: a standardised run's holds ``feature_location`` and
-    ``feature_scale``, and its distances are the standardised points' (a site labels its points so).
-    """
-    if "feature_scale" not in fedgem_result:
-        return assign_labels(X, centres)
-    location = np.asarray(fedgem_result["feature_location"], dtype=np.float64)
-    scale = np.asarray(fedgem_result["feature_scale"], dtype=np.float64)
-    return assign_labels(standardised(X, location, scale), standardised(centres, location, scale))
 
 
 # A site's points in the units a request names (the protocol kit's ArraySite asks this for every FedGEM request).

@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from fedica.data.files import read_rows
-from fedica.data.scenarios import ica_scenario_data
-from fedica.fedgem.standardisation import nearest_centres
+from fedica.data.scenarios import file_site_points, ica_scenario_data
+from fedica.fedgem.client import result_labels
 from fedica.persistence import write_atomic
 from fedica.results import RESULT_FILE, SUMMARY_FILE, format_summary, write_json_atomic
 
@@ -52,25 +51,26 @@ def run_output_dir() -> Path:
 
 
 def write_site_labels(result: Mapping[str, Any], out_dir: str | os.PathLike) -> list[str]:
-    """Every site's rows labelled with its consensus model: ``labels_site<g>.csv`` (``row,cluster``) in ``out_dir``.
+    """Every site's rows labelled as the site labels its points: ``labels_site<g>.csv`` (``row,cluster``) in ``out_dir``.
 
     For a FedGEM run on ``scenario=files``: ``row`` counts the file's data rows from 0 (a header is
-    not a row), ``cluster`` is the global cluster id, as in ``fedgem.global_centroids``; each site's
-    rows go to the nearest of its consensus centroids, as the site itself labels its points. The
-    files are read here, so only where every site's file is on this machine (not a deployment,
-    whose sites keep their files and labels). Returns the files written (none for other runs).
+    not a row), ``cluster`` is the global cluster id, as in ``fedgem.global_centroids``. Each site's
+    rows are labelled by the run's ``labelling``, in the units the sites clustered in (the scenario's
+    ``standardize``, then the federation's): ``consensus``, the nearest of the site's consensus
+    centroids; ``adapted``, the most probable global cluster under the site's own mixture over every
+    global centre, fitted to all of the file's rows (as the library's ``labels_`` are). The files are
+    read here, so only where every site's file is on this machine (not a deployment, whose sites keep
+    their files and labels). Returns the files written (none for other runs).
     """
     scenario = result["scenario"]
     if result["algorithm"] != "fedgem" or scenario["name"] != "files" or result["engine"] == "deployment":
         return []
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    centroids = np.asarray(result["fedgem"]["global_centroids"], dtype=np.float64)
     written = []
     for partition, global_ids in sorted(result["fedgem"]["client_mapping"].items(), key=lambda item: int(item[0])):
-        global_ids = np.asarray(global_ids, dtype=np.int64)
-        X = read_rows(scenario["paths"][int(partition)], label_column=scenario.get("label_column"))
-        clusters = global_ids[nearest_centres(X, centroids[global_ids], result["fedgem"])]
+        X = file_site_points(scenario, int(partition))[0]
+        clusters = result_labels(X, X, result["fedgem"], result["config"]["algorithm"], global_ids)
         path = out_dir / f"labels_site{partition}.csv"
         np.savetxt(path, np.c_[np.arange(X.shape[0]), clusters], fmt="%d", delimiter=",", header="row,cluster", comments="")
         written.append(str(path))

@@ -498,6 +498,37 @@ def test_a_fedgem_files_run_without_labels_trains_on_every_row_and_writes_its_la
         assert rows.shape == (40 * (2 + g % 2), 2) and (rows[:, 0] == np.arange(rows.shape[0])).all()
 
 
+@pytest.mark.parametrize("labelling, units, separated", [("adapted", "algorithm.standardize=federated", True),
+                                                       ("consensus", "algorithm.standardize=federated", False),
+                                                       ("adapted", "scenario.standardize=pool", True),
+                                                       ("adapted", "scenario.standardize=null", False)])
+def test_the_labels_files_label_every_row_as_the_run_s_evaluation_does(tmp_path, labelling, units, separated):
+    # Nothing held out: the evaluation labels every row, as the site does under the run's labelling and in its units,
+    # so the files' ARI against the label column is the run's global ARI. Site 2 fits 2 components to 3 clusters: under
+    # "adapted" its own mixture over every global centre labels them apart, its consensus model cannot
+    # (issue 44: the files labelled by the consensus model scored .64 where the run's labels scored 1.00).
+    from sklearn.metrics import adjusted_rand_score
+
+    from fedica.server.harness.outputs import write_site_labels
+
+    rng = np.random.default_rng(5)
+    centres = np.array([[0.0, 0.0], [6.0, 6000.0], [0.0, 6000.0]])
+    paths = []
+    for g in range(3):
+        X = np.vstack([rng.normal(centres[c], [0.5, 500.0], size=(60, 2)) for c in range(3)])
+        path = tmp_path / f"site{g}.csv"
+        np.savetxt(path, np.c_[X, np.repeat(np.arange(3), 60)], delimiter=",", header="a,b,label", comments="", fmt="%.6f")
+        paths.append(str(path))
+    result = _fedgem_files(paths, "scenario.label_column=label", "scenario.test_fraction=0",
+                           "scenario.n_components=[3,3,2]", f"algorithm.labelling={labelling}", units)
+    written = write_site_labels(result, tmp_path / "labels")
+    truth = np.concatenate([np.loadtxt(path, delimiter=",", skiprows=1)[:, 2] for path in paths])
+    labels = np.concatenate([np.loadtxt(path, delimiter=",", skiprows=1, dtype=int)[:, 1] for path in written])
+    assert adjusted_rand_score(truth, labels) == pytest.approx(result["metrics"]["fedgem"]["global_ari"], abs=1e-12)
+    # In the files' units the second feature (x1000) hides the first, which alone tells clusters 1 and 2 apart.
+    assert (result["metrics"]["fedgem"]["global_ari"] > 0.99) == separated
+
+
 def test_the_central_gmm_on_labelled_files_takes_k_from_the_labels(tmp_path):
     paths = _blob_sites(tmp_path, labelled=True)
     result = _fedgem_files(paths, "scenario.label_column=label", "baseline_methods=[central-gmm]")
