@@ -147,7 +147,9 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
     Attributes
     ----------
     n_clusters_ : int
-        K_hat, the number of global clusters (super-clusters of the final aggregation).
+        K_hat, the number of global clusters: the super-clusters of the final aggregation; under
+        ``labelling="adapted"`` those that hold points of the sites (a super-cluster no site's own mixture
+        gives a point is dropped).
     means_ : ndarray of shape (n_clusters_, n_features)
         The global centres, in the data's own units (also under ``standardize``).
     feature_names_in_ : tuple of str or None
@@ -562,22 +564,16 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         # The sites' points and the centres in the units the sites clustered (standardised under standardize).
         data = [self._in_model_units(X) for X in data]
         centres = agg.global_centroids
-        self.n_clusters_ = int(agg.k_hat)
-        self.means_ = server.in_data_units(centres)
         self.site_mapping_ = [agg.labels[slices[g]] if g in slices else None for g in range(len(data))]
-        self.site_means_ = [None if m is None else self.means_[m] for m in self.site_mapping_]
         if self.labelling == "consensus":
             self.site_weights_ = self.site_variances_ = None
             self.labels_ = [None if m is None else m[assign_labels(X, centres[m])]
                             for X, m in zip(data, self.site_mapping_)]
         else:
-            model = geometry(self.covariance_type)
-            mixtures = [None if m is None else model.site_mixture(X, centres)
-                        for X, m in zip(data, self.site_mapping_)]
-            self.site_weights_ = [None if mix is None else mix[0] for mix in mixtures]
-            self.site_variances_ = [None if mix is None else mix[1] for mix in mixtures]
-            self.labels_ = [None if mix is None else model.site_labels(X, centres, *mix)
-                            for X, mix in zip(data, mixtures)]
+            centres = self._adapted_labels(data, centres)
+        self.n_clusters_ = centres.shape[0]
+        self.means_ = server.in_data_units(centres)
+        self.site_means_ = [None if m is None else self.means_[m] for m in self.site_mapping_]
         self.weights_, self.covariance_ = _global_mixture(data, self.labels_, centres)
         self.upsilon_ = server.upsilon
         self.tuning_ = server.tuning
@@ -586,6 +582,34 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         self.cluster_anisotropy_ = server.cluster_anisotropy
         self.history_ = server.history
         self.rejected_ = server.rejected
+
+    def _adapted_labels(self, data: list[np.ndarray], centres: np.ndarray) -> np.ndarray:
+        """Label each site's points by its own mixture over the global ``centres``; the global clusters that hold points.
+
+        A global cluster that no site's mixture gives a point (the centre of one site's component fitted
+        between two clusters the other sites resolve, say) is no cluster of the data: it is dropped, and
+        the sites' mixtures refitted over the rest, until every global cluster holds points (issue 44:
+        ``n_clusters_`` counted 5 where ``labels_`` used 4 ids). A site component that had joined a dropped
+        cluster is mapped, in ``site_mapping_``, to the nearest global centre that remains.
+        Sets ``labels_``, ``site_weights_``, ``site_variances_`` and ``site_mapping_``; returns the kept centres.
+        """
+        model = geometry(self.covariance_type)
+        kept = np.arange(centres.shape[0])
+        while True:
+            mixtures = [None if m is None else model.site_mixture(X, centres[kept])
+                        for X, m in zip(data, self.site_mapping_)]
+            labels = [None if mix is None else model.site_labels(X, centres[kept], *mix) for X, mix in zip(data, mixtures)]
+            used = np.unique(np.concatenate([y for y in labels if y is not None] or [np.arange(kept.size)]))
+            if used.size == kept.size:
+                break
+            kept = kept[used]
+        # Each former global id to its kept index: its own, or the nearest kept centre's.
+        renumbered = assign_labels(centres, centres[kept])
+        self.site_mapping_ = [None if m is None else renumbered[m] for m in self.site_mapping_]
+        self.site_weights_ = [None if mix is None else mix[0] for mix in mixtures]
+        self.site_variances_ = [None if mix is None else mix[1] for mix in mixtures]
+        self.labels_ = labels
+        return centres[kept]
 
 
 def _labels_in_row_order(site_labels: list, rows: list[np.ndarray]) -> np.ndarray:

@@ -119,6 +119,27 @@ def test_the_estimator_labels_a_site_with_its_own_mixture_by_default():
     assert consensus.site_weights_ is None
 
 
+def test_a_global_cluster_no_site_gives_a_point_is_not_counted():
+    # Site 3 fits 3 components to 4 clusters: one lies between two clusters the other sites resolve and forms a global
+    # cluster of its own, which every site's mixture (site 3's too) leaves without a point (issue 44: n_clusters_ 5
+    # where labels_ used 4 ids). The model drops it; its component maps to the nearest global centre left.
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 8.0], [8.0, 8.0]])
+    sites = [np.vstack([rng.normal(c, 0.7, size=(80, 2)) for c in centres]) for _ in range(4)]
+    truth = np.repeat(np.arange(4), 80)
+    consensus = fedica.FedGEM(labelling="consensus", random_state=0).fit(sites, n_local_clusters=[4, 4, 4, 3])
+    assert consensus.n_clusters_ == 5
+    model = fedica.FedGEM(random_state=0).fit(sites, n_local_clusters=[4, 4, 4, 3])
+    assert model.n_clusters_ == 4 == np.unique(np.concatenate(model.labels_)).size
+    assert model.means_.shape == (4, 2) and model.weights_.shape == (4,)
+    assert all(weights.shape == (4,) for weights in model.site_weights_)
+    assert all(mapping.max() < 4 for mapping in model.site_mapping_)
+    assert np.unique(model.site_mapping_[3]).size == 3  # its in-between component went to one of the two
+    for labels in model.labels_:
+        assert adjusted_rand_score(truth, labels) > 0.95  # clusters 0 and 1 touch (4 apart, sd 0.7)
+    assert np.unique(model.predict(np.vstack(sites))).size == 4
+
+
 def test_a_rebuilt_estimator_without_the_sites_mixtures_says_so(tmp_path):
     sites, _, counts = _iris_sites()
     model = fedica.FedGEM(random_state=0).fit(sites, n_local_clusters=counts)
