@@ -185,7 +185,7 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         A private fit's ``epsilon`` and ``delta`` spent, in total and per exchange
         (:meth:`fedica.privacy.PrivacyPlan.record`); None without ``dp_epsilon``.
     feature_scale_spread_ : float or None
-        The median site's largest column standard deviation over its median column's
+        The median site's largest column standard deviation over the median of its other columns'
         (:func:`fedica.fedgem.geometry.feature_scale_spread`); above
         :data:`~fedica.fedgem.geometry.FEATURE_SCALE_SPREAD_LIMIT` (10) the fit warned that the features'
         units weigh them and its result is not to be trusted: standardise the features (``standardize``). None for a

@@ -45,7 +45,7 @@ VARIANCE_FLOOR = 1e-6
 
 
 # Both types give every feature of a component one variance: distances weigh the features by their units.
-# When the median site's largest column standard deviation is more than this many times its median column's,
+# When the median site's largest column standard deviation is more than this many times the others' median,
 # the run warns that the features' scales disagree (docs/ALGORITHMS.md section 2.11.1). Measured on data nobody
 # here generated, the median over a run's sites on every split of RESULTS.md's real-data table: scikit-learn's
 # iris 1.6-2.4 and digits 1.4-1.5, against wine 290-490 and breast cancer 3,500-8,200 in their shipped units,
@@ -54,10 +54,13 @@ FEATURE_SCALE_SPREAD_LIMIT = 10.0
 
 
 def feature_scale_spread(X: np.ndarray) -> float:
-    """How far the isotropic model is from the data's units: the largest column standard deviation over the median.
+    """How far the isotropic model is from the data's units: the largest column standard deviation over the median
+    of the others'.
 
-    Columns constant on the site (a digit's border pixels) are left out; a site whose columns are all
-    constant has spread 1. The ratio does not depend on the data's overall unit (every column times ``c``).
+    Columns constant on the site (a digit's border pixels) are left out; a site with fewer than two
+    columns that vary has spread 1. The ratio does not depend on the data's overall unit (every column
+    times ``c``). The median leaves the largest column out so that two columns give their ratio (the
+    median of both could not exceed half their sum: one feature x1000 beside another gave 2, issue 44).
 
     Parameters
     ----------
@@ -68,9 +71,9 @@ def feature_scale_spread(X: np.ndarray) -> float:
     spread : float
         At least 1.
     """
-    deviations = X.std(axis=0)
+    deviations = np.sort(X.std(axis=0))
     deviations = deviations[deviations > 0]
-    return float(deviations.max() / np.median(deviations)) if deviations.size else 1.0
+    return float(deviations[-1] / np.median(deviations[:-1])) if deviations.size > 1 else 1.0
 
 
 # Both types make every component a sphere. When the median site's cluster_anisotropy exceeds this, the run warns

@@ -36,15 +36,28 @@ def _standardised(X):
     return (X - X.mean(axis=0)) / np.where(deviation > 0, deviation, 1.0)
 
 
-def test_the_spread_is_the_largest_column_deviation_over_the_median_whatever_the_unit():
+def test_the_spread_is_the_largest_column_deviation_over_the_others_median_whatever_the_unit():
     X = np.random.default_rng(0).normal(size=(500, 5)) * np.array([1.0, 2.0, 3.0, 4.0, 50.0])
-    expected = X.std(axis=0).max() / np.median(X.std(axis=0))
+    expected = X.std(axis=0).max() / np.median(X.std(axis=0)[:4])
     assert feature_scale_spread(X) == pytest.approx(expected)
     for c in (1e-3, 1e3):
         assert feature_scale_spread(c * X) == pytest.approx(expected, rel=1e-12)
     # A constant column (a digit's border pixel) is no scale; a site of constant columns has spread 1.
     assert feature_scale_spread(np.column_stack([X, np.zeros(500)])) == pytest.approx(expected)
     assert feature_scale_spread(np.ones((4, 3))) == 1.0
+    # Two columns: their ratio (issue 44: the median of both capped it at 2, and one feature x1000 went unwarned).
+    two = np.random.default_rng(1).normal(size=(500, 2)) * np.array([1.0, 1000.0])
+    assert feature_scale_spread(two) == pytest.approx(two.std(axis=0).max() / two.std(axis=0).min())
+    assert feature_scale_spread(two) > 500 and feature_scale_spread(two[:, :1]) == 1.0
+
+
+def test_a_fit_on_two_features_in_units_a_thousand_apart_warns():
+    rng = np.random.default_rng(2)
+    centres = np.array([[0.0, 0.0], [6.0, 0.0], [0.0, 6.0]])
+    sites = [(centres[rng.integers(3, size=120)] + rng.standard_normal((120, 2))) * np.array([1.0, 1000.0])
+             for _ in range(4)]
+    with pytest.warns(UserWarning, match=SCALE_WARNING):
+        assert FedGEM(random_state=0).fit(sites).feature_scale_spread_ > 100
 
 
 @pytest.mark.parametrize("loader, units_disagree", [(load_wine, True), (load_breast_cancer, True),
