@@ -331,23 +331,31 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                 spreads[reply.partition_id] = spread
             if at_bound:
                 bounded.append(reply.partition_id)
-        for partition, reason in refuse_far_components(self.models):
-            self.reject(partition, "init", reason)
+        refused = refuse_far_components(self.models)
         if self.models:
             # The data's extent, from the clients' own local fits: the centroids the server holds later
             # converge onto the super-clusters' centres, whose median distance to their median is no scale.
             self.extent = FederationExtent.of(np.vstack([m.centroids for m in self.models.values()]))
-        for partition, reason in admit_components(self.models, self.settings.component_cap_factor):
+        refused += admit_components(self.models, self.settings.component_cap_factor, set(bounded))
+        for partition, reason in refused:
             self.reject(partition, "init", reason)
+        if refused:  # a site left out is a result without its points: said where the result is read, not in a log only
+            shown = "; ".join(f"site {partition}: {reason}" for partition, reason in refused[:5])
+            warnings.warn(f"FedGEM: {len(refused)} of {len(self.models) + len(refused)} sites' local models were refused "
+                          f"at initialisation, and K_hat and the labels leave out their points ({shown}"
+                          f"{'; ...' if len(refused) > 5 else ''})", UserWarning, stacklevel=2)
         self.require(len(self.models), "FedGEM initialisation")
         cap_counts(self.models, self.settings.count_cap_factor)
         self._check_feature_scales([spreads[p] for p in self.models if p in spreads])
         self.local_clusters_at_bound = sorted(p for p in bounded if p in self.models)
         if self.local_clusters_at_bound:
             shown = ", ".join(map(str, self.local_clusters_at_bound[:20]))
+            remedy = ("; give their n_components, or more points per site" if self.settings.standardize else
+                      ", as features in different units make them (standardize='federated' puts every feature on one "
+                      "scale; else give their n_components, or more points per site)")
             warnings.warn(f"FedGEM: {len(self.local_clusters_at_bound)} of {len(self.models)} sites chose their K_g at "
                           f"their bound (sites {shown}{', ...' if len(self.local_clusters_at_bound) > 20 else ''}): each "
-                          "may hold more clusters than it fits; give their n_components, or more points per site",
+                          f"may hold more clusters than it fits, or clusters that spheres fit badly{remedy}",
                           UserWarning, stacklevel=2)
 
     @staticmethod

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from numbers import Integral
 
@@ -310,8 +309,8 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
             min_clients=min(self.min_clients, len(data)),
             dp_epsilon=self.dp_epsilon, dp_delta=self.dp_delta, dp_clip=self.dp_clip, dp_unit=self.dp_unit)
         server = FedGEMServer(settings, evaluate=False)
-        sites = {g: ArraySite(ClientData(X, None, X[:0], None, int(k)), g)
-                 for g, (X, k) in enumerate(zip(data, self.n_local_clusters_))}
+        sites = {g: ArraySite(ClientData(X, None, X[:0], None, int(k), bool(at_bound)), g)
+                 for g, (X, k, at_bound) in enumerate(zip(data, self.n_local_clusters_, self.local_clusters_at_bound_))}
         InMemoryFederation(sites, SITE_TASKS, server.rejected).run(server.run())
         self._store(server, data)
         if rows is not None:
@@ -538,12 +537,8 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
                 estimate_n_components(X, self.max_local_clusters, random_state=sklearn_seed(generator(seed, "client.kmeanspp", g)))
                 for g, X in enumerate(data)])
             bounds = np.array([local_bound(X, self.max_local_clusters) for X in data])
-            self.local_clusters_at_bound_ = (counts == bounds) & (bounds > 1)
-            for g in np.flatnonzero(self.local_clusters_at_bound_):
-                warnings.warn(f"site {g} chose K_g={counts[g]}, its bound: it may hold more clusters, or clusters "
-                              "that spheres fit badly, as features in different units make them (standardize="
-                              "'federated' puts every feature on one scale; else give n_local_clusters, or raise "
-                              "max_local_clusters for a site of more points)", UserWarning, stacklevel=3)
+            # The server warns once, naming these sites (their init replies say so, as a federation's do).
+            self.local_clusters_at_bound_ = counts == bounds
             return counts
         counts = np.asarray(n_local_clusters)
         if counts.ndim > 1 or (counts.ndim == 1 and counts.shape[0] != len(data)):

@@ -456,8 +456,8 @@ class LocalChoice:
 
     @property
     def at_bound(self) -> bool:
-        """Whether the site chose its bound (with a bound above 1): it may hold more clusters."""
-        return self.bound > 1 and self.n_components == self.bound
+        """Whether the site chose its bound: it may hold more clusters (a site of fewer than 8 points, bound 1, always)."""
+        return self.n_components == self.bound
 
 
 def local_bound(X, max_components):

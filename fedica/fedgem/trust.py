@@ -80,14 +80,25 @@ def cap_counts(models: Mapping[int, ClientModel], factor: float | None) -> None:
             model.n_points = cap
 
 
-def component_cap(models: Mapping[int, ClientModel], factor: float | None) -> int | None:
-    """The most components one client may declare: ``factor`` times the median declared K_g (None: no cap)."""
+def component_cap(models: Mapping[int, ClientModel], factor: float | None,
+                  at_bound: Collection[int] = ()) -> int | None:
+    """The most components one client may declare: ``factor`` times the median declared K_g (None: no cap).
+
+    A site that chose its K_g at its bound (``at_bound``: too few points for more) may hold any number of
+    clusters: its K_g counts as unbounded in the median, so that small sites cannot cap a larger one below
+    what it found (issue 44: sites of 5 and 16 rows chose 1, and the 54-row site's 4 were refused). Fewer
+    than half of the sites still cannot move the median outside the others' values, flagged or not; when
+    half or more are at their bound the median is unbounded and no cap applies.
+    """
     if factor is None or not models:
         return None
-    return max(2, math.ceil(factor * float(np.median([m.n_components for m in models.values()]))))
+    counts = [math.inf if p in at_bound else m.n_components for p, m in models.items()]
+    median = float(np.median(counts))
+    return None if not math.isfinite(median) else max(2, math.ceil(factor * median))
 
 
-def admit_components(models: dict[int, ClientModel], factor: float | None) -> list[tuple[int, str]]:
+def admit_components(models: dict[int, ClientModel], factor: float | None,
+                     at_bound: Collection[int] = ()) -> list[tuple[int, str]]:
     """Remove the clients whose declared components one client must not add; return them with the reason.
 
     A client is refused when it declares more than :func:`component_cap` components, or a
@@ -95,7 +106,7 @@ def admit_components(models: dict[int, ClientModel], factor: float | None) -> li
     tiny components cost their client nothing and could each found a global cluster
     (docs/ALGORITHMS.md section 2.5).
     """
-    cap = component_cap(models, factor)
+    cap = component_cap(models, factor, at_bound)
     if cap is None:
         return []
     refused = []

@@ -4,6 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
+from sklearn.metrics import adjusted_rand_score
 
 from fedica.fedgem.estimator import FedGEM
 from fedica.fedgem.local import choose_n_components, estimate_n_components, local_bound
@@ -62,11 +63,37 @@ def test_the_choice_is_unit_free():
 def test_a_site_at_its_bound_warns_and_is_recorded():
     many = _blobs(12, [(6.0 * i, 0.0) for i in range(8)])  # 96 points, 8 clusters, bound 6
     sites = [many, _blobs(40, CENTRES, seed=1)]
-    with pytest.warns(UserWarning, match="site 0 chose K_g=6, its bound") as record:
+    # One warning naming the site, the server's, as a federation's (each site said it apart before).
+    with pytest.warns(UserWarning, match=r"1 of 2 sites chose their K_g at their bound \(sites 0\)") as record:
         model = FedGEM(upsilon=1.0, random_state=0).fit(sites)
-    assert len([w for w in record if "its bound" in str(w.message)]) == 1
+    assert len([w for w in record if "bound" in str(w.message)]) == 1
     assert model.local_clusters_at_bound_.tolist() == [True, False]
     assert model.n_local_clusters_.tolist() == [6, 3]
+
+
+def test_a_site_too_small_for_two_components_is_at_its_bound_and_cannot_cap_a_larger_one():
+    # Sites of 5, 16 and 54 rows of four clusters (issue 44): the two small ones fit one component, the 54-row site
+    # four. Before, the median K_g (1) capped every site at 3 components and the 54-row site was refused without a
+    # word: K_hat 1, ARI 0 on 14 of 20 seeds. A site at its bound counts as unbounded in the cap's median.
+    rng = np.random.default_rng(4)
+    centres = np.array([[0.0, 0.0], [5.0, 0.0], [0.0, 5.0], [5.0, 5.0]])  # 16 rows may hold 2; this site chooses 1
+    labels = [rng.integers(4, size=n) for n in (5, 16, 54)]
+    sites = [centres[y] + rng.standard_normal((y.size, 2)) for y in labels]
+    with pytest.warns(UserWarning, match=r"1 of 3 sites chose their K_g at their bound \(sites 0\)"):
+        model = FedGEM(random_state=0).fit(sites)
+    assert model.n_local_clusters_.tolist() == [1, 1, 4]
+    assert model.local_clusters_at_bound_.tolist() == [True, False, False]
+    assert model.rejected_ == []
+    assert model.n_clusters_ == 4
+    assert adjusted_rand_score(np.concatenate(labels), np.concatenate(model.labels_)) > 0.9
+
+
+def test_a_site_refused_at_initialisation_is_said_in_a_warning():
+    sites = [_blobs(40, CENTRES, seed=g) for g in range(4)]
+    with pytest.warns(UserWarning, match=r"FedGEM: 1 of 4 sites' local models were refused at initialisation.*site 3: "
+                                         r"declares 12 components; at most 9"):
+        model = FedGEM(upsilon=1.0, random_state=0).fit(sites, n_local_clusters=[3, 3, 3, 12])
+    assert [r["client"] for r in model.rejected_] == [3]
 
 
 def test_given_counts_are_not_chosen():
