@@ -112,6 +112,9 @@ def format_summary(result: Mapping[str, Any]) -> str:
     for warning, count in result.get("warnings", {}).items():
         if warning.startswith("UserWarning: "):
             lines.append(f"warning: {warning.removeprefix('UserWarning: ')}" + (f" ({count} times)" if count > 1 else ""))
+    support = (result.get("fedgem") or {}).get("k_support")
+    if support:
+        lines.append(k_support_line(support))
     privacy = result.get("privacy")
     if privacy:
         # A result written before the noise's seed was recorded has no "noise".
@@ -122,6 +125,20 @@ def format_summary(result: Mapping[str, Any]) -> str:
                      + ", ".join(f"{e['exchange']} {e['epsilon']:.3g}" for e in privacy["exchanges"]))
     lines.append(f"run time: {_format_number(timings.get('total'))} s (the federation's run; not the engine's start-up)")
     return "\n".join(lines)
+
+
+def k_support_line(support: Mapping[str, Any]) -> str:
+    """The summary's line on how sure K_hat is: each candidate K's weight, and how many sites hold each cluster."""
+    if "weight" not in support:
+        weights = f"no weights under the {support.get('criterion') or 'fixed upsilon'}"
+    elif len(support["k"]) == 1:
+        weights = f"K={support['k'][0]}, the only K among the candidates the sites scored"
+    else:
+        weights = "weights " + ", ".join(f"K={k} {w:.2f}" for k, w in zip(support["k"], support["weight"]))
+    held = ", ".join(f"{c['sites']}" for c in support["clusters"])
+    widest = max((c["spread_max"] for c in support["clusters"] if c["spread_max"] is not None), default=None)
+    spread = f"; components at most {widest:.2f} radii from their cluster's centre" if widest is not None else ""
+    return f"K_hat support: {weights}; sites holding each cluster: {held}{spread}"
 
 
 def _format_number(value: Any) -> str:

@@ -51,6 +51,9 @@ class FedGEMStrategy(ProtocolStrategy):
     site_mapping_ : dict of int to ndarray of shape (K_g,)
         Global id of each local component, by partition id.
     upsilon_ : float
+    k_support_ : dict
+        How sure K_hat is: each candidate K's weight and each global cluster's stability (as
+        ``fedica.FedGEM.k_support_``).
     history_ : list of dict
     privacy_ : dict or None
         A private run's ``epsilon`` and ``delta`` spent, in total and per exchange, and whose seed
@@ -152,6 +155,10 @@ class FedGEMStrategy(ProtocolStrategy):
     @property
     def upsilon_(self) -> float:
         return self.server.upsilon
+
+    @property
+    def k_support_(self) -> dict[str, Any] | None:
+        return self.server.k_support
 
     @property
     def history_(self) -> list[dict[str, Any]]:

@@ -262,7 +262,11 @@ def poisoned_silhouettes(n_candidates: int) -> np.ndarray:
 
 def poisoned_likelihoods(log_likelihoods: np.ndarray, entropies: np.ndarray, sizes: np.ndarray,
                          n_points: int) -> tuple[np.ndarray, np.ndarray]:
-    """A ``poison_tuning`` client's model-selection reply: the coarsest candidate far more likely than any other.
+    """A ``poison_tuning`` client's model-selection reply: the coarsest candidates far more likely than any other.
+
+    The candidates of the two smallest K_hat: the request also holds neighbours the server scores only for
+    ``k_support`` (one merge beyond the coarsest candidate among them), which a client cannot tell from the
+    candidates it chooses among, so the attack poisons both counts.
 
     Parameters
     ----------
@@ -277,7 +281,7 @@ def poisoned_likelihoods(log_likelihoods: np.ndarray, entropies: np.ndarray, siz
     -------
     log_likelihoods, entropies : ndarray of shape (L,)
     """
-    target = int(np.argmin(sizes))
+    target = np.isin(sizes, np.unique(sizes)[:2])
     scores = np.asarray(log_likelihoods, dtype=np.float64).copy()
     scores[target] = scores.max() + 10.0 * n_points
     poisoned_entropies = np.asarray(entropies, dtype=np.float64).copy()

@@ -23,9 +23,10 @@ from fedica.fedgem import privacy
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.evaluation import ClientEvaluation, EvaluationStage
 from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT, FEATURE_SCALE_SPREAD_LIMIT, geometry
+from fedica.fedgem.support import NEAR_TIE_GAP, candidate_support, cluster_stability, merged_labels, near_tie, split_labels
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.overlaps import TooManyOverlaps
-from fedica.fedgem.selection import EVIDENCE_MINORITY, Candidate, bic, evidence_path_sizes, icl, merge_path, path_sizes
+from fedica.fedgem.selection import EVIDENCE_MINORITY, Candidate, bic, evidence_path_sizes, icl, merge_path, path_sizes, relabel
 from fedica.fedgem.standardisation import STANDARDISATION_KEY, encode_standardisation, federated_scale
 from fedica.fedgem.trust import (
     FederationExtent,
@@ -168,6 +169,10 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         self.upsilon: float | None = None
         self.merges = 0
         self.tuning: dict[str, Any] | None = None
+        # How sure K_hat is: each K's weight under the criterion and each global cluster's stability (_support_of_k).
+        self.k_support: dict[str, Any] | None = None
+        # Every K_hat the selection's criterion scored and its score (the candidates, then their neighbours).
+        self.scored_candidates: tuple[np.ndarray, np.ndarray] | None = None
         self.skipped_upsilons: dict[float, str] = {}   # the grid's values over max_overlap_pairs, and why
         self.evaluation: dict[str, float] = {}
         self.client_aris: dict[str, float] = {}
@@ -237,6 +242,7 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             yield from self._select(self._likelihood_candidates(), model)
         if self.skipped_upsilons:
             self.tuning["skipped"] = {str(u): why for u, why in self.skipped_upsilons.items()}
+        self._support_of_k()
         if self.evaluate:
             payloads = self.evaluation_payloads()
             replies = yield Request(GEM_EVALUATE, "evaluate", payloads,
@@ -249,13 +255,60 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                         "excluded_components)", len(self.excluded_clients), len(self.models), len(counts),
                         len(self.history), sum(counts), max(counts))
 
+    def _support_of_k(self) -> None:
+        """How sure K_hat is (``k_support``, :mod:`fedica.fedgem.support`); a warning when another K nearly ties."""
+        agg = self.aggregation
+        with self.server_time():
+            tuning = self.tuning or {}
+            support: dict[str, Any] = {"criterion": {"likelihood": "icl", "private-bic": "private-bic"}.get(
+                tuning.get("criterion"), tuning.get("criterion"))}
+            scored = self.scored_candidates
+            if scored is not None:
+                support.update(candidate_support(*scored, agg.k_hat))
+            support["clusters"] = cluster_stability(agg.labels, self.final.owners, self.final.centers,
+                                                    agg.global_centroids, self._final_radii(self.upsilon),
+                                                    len(self.final.partitions))
+            self.k_support = support
+        tied = near_tie(support) if scored is not None else []
+        if tied:
+            weights = dict(zip(support["k"], support["weight"]))
+            warnings.warn(f"FedGEM: K_hat={agg.k_hat} is a near tie with K={', '.join(map(str, tied))}: their "
+                          f"{support['criterion'].upper()} lies within {NEAR_TIE_GAP:g} of the chosen (weights "
+                          + ", ".join(f"K={k} {weights[k]:.2f}" for k in sorted([agg.k_hat, *tied]))
+                          + "): the data support them nearly as well (k_support)", UserWarning, stacklevel=3)
+
     def _select(self, candidates: list[Candidate], model: dict[str, Any]) -> Protocol:
-        """The final partition among ``candidates``: by the clients' federated ICL, or by a private run's criterion."""
+        """The final partition among ``candidates``: by the clients' federated ICL, or by a private run's criterion.
+
+        The candidates' neighbours (one merge and one split further, :func:`fedica.fedgem.support.neighbour_labels`)
+        are scored with them, for ``k_support`` only: the choice is among ``candidates``, each scored as before.
+        """
+        with self.server_time():
+            neighbours = self._neighbours(candidates)
         if self.privacy is None:
-            replies = yield Request(GEM_LIKELIHOOD, "likelihood", self._candidate_payloads(candidates), model)
-            self._choose_by_likelihood(candidates, replies)
+            replies = yield Request(GEM_LIKELIHOOD, "likelihood", self._candidate_payloads(candidates + neighbours), model)
+            self._choose_by_likelihood(candidates, replies, neighbours)
         else:  # no further release: the criterion of the final stage's private sums
-            self._choose_privately(candidates)
+            self._choose_privately(candidates, neighbours)
+
+    def _neighbours(self, candidates: list[Candidate]) -> list[Candidate]:
+        """The candidates' neighbours beyond their range of K: the fewest clusters' one merge further, the most's one
+        split further (each distinct partition once, none that is a candidate's)."""
+        seen = {c.aggregation.labels.tobytes() for c in candidates}
+        k_hats = [c.aggregation.k_hat for c in candidates]
+        neighbours = []
+        for candidate in candidates:
+            steps = ([merged_labels] if candidate.aggregation.k_hat == min(k_hats) else []) + (
+                [split_labels] if candidate.aggregation.k_hat == max(k_hats) else [])
+            for step in steps:
+                labels = step(candidate.aggregation.labels, self.final.centers, self.final.weights)
+                if labels is None:
+                    continue
+                aggregation = relabel(labels, self.final.centers, self.final.weights)
+                if aggregation.labels.tobytes() not in seen:
+                    seen.add(aggregation.labels.tobytes())
+                    neighbours.append(Candidate(aggregation, candidate.upsilon, candidate.merges))
+        return neighbours
 
     def in_data_units(self, centres: np.ndarray) -> np.ndarray:
         """Centres the server holds (standardised under ``standardize``) in the data's own units."""
@@ -589,14 +642,20 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         sizes = np.array([c.aggregation.k_hat for c in candidates], dtype=np.int64)
         return {p: {"centroids": centroids, "sizes": sizes} for p in self.final.slices()}
 
-    def _choose_by_likelihood(self, candidates: list[Candidate], replies: list[Reply]) -> None:
-        """The candidate with the smallest federated ICL (ties: fewer clusters, then the earlier candidate)."""
+    def _choose_by_likelihood(self, candidates: list[Candidate], replies: list[Reply],
+                              neighbours: list[Candidate] = ()) -> None:
+        """The candidate with the smallest federated ICL (ties: fewer clusters, then the earlier candidate).
+
+        The replies score ``candidates`` then ``neighbours``; each candidate's totals are its own column's
+        (:func:`~fedica.fedgem.trust.robust_totals` clips column by column), so the neighbours change no choice.
+        """
+        scored = len(candidates) + len(neighbours)
         with self.server_time():
             likelihoods, entropies, sizes, n_points = [], [], [], 0
             for reply in replies:
                 try:
-                    scores = require_array(reply.arrays, "log-likelihoods", (len(candidates),))
-                    entropy = require_array(reply.arrays, "entropies", (len(candidates),), nonnegative=True)
+                    scores = require_array(reply.arrays, "log-likelihoods", (scored,))
+                    entropy = require_array(reply.arrays, "entropies", (scored,), nonnegative=True)
                 except InvalidReply as err:
                     self.reject(reply.partition_id, "likelihood", f"invalid reply: {err}")
                     continue
@@ -608,10 +667,13 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             self.require(len(sizes), "FedGEM model selection")
             totals, entropies = (robust_totals(np.array(scores), np.array(sizes, dtype=float), self.settings.max_hostile_fraction)
                                  for scores in (likelihoods, entropies))
-            k_hats = np.array([c.aggregation.k_hat for c in candidates])
-            n_parameters = self.geometry.n_parameters(k_hats, self.dim)
-            bics = bic(totals, n_parameters, n_points)
-            scores = icl(totals, entropies, n_parameters, n_points)
+            every_k = np.array([c.aggregation.k_hat for c in [*candidates, *neighbours]])
+            n_parameters = self.geometry.n_parameters(every_k, self.dim)
+            every_score = icl(totals, entropies, n_parameters, n_points)
+            self.scored_candidates = (every_k, every_score)
+            n = len(candidates)
+            k_hats, scores, totals, entropies = every_k[:n], every_score[:n], totals[:n], entropies[:n]
+            bics = bic(totals, n_parameters[:n], n_points)
             best = icl_winners(scores)
             chosen = int(best[np.argmin(k_hats[best])])
             log.info("model selection: K_hat %s, ICL %s -> K_hat %d", k_hats.tolist(), np.round(scores, 1).tolist(),
@@ -623,13 +685,18 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             self.merges = candidates[chosen].merges
             self.aggregation = candidates[chosen].aggregation
 
-    def _choose_privately(self, candidates: list[Candidate]) -> None:
-        """The candidate with the smallest private BIC of the final stage's noisy sums (fedica.fedgem.privacy.private_criterion)."""
+    def _choose_privately(self, candidates: list[Candidate], neighbours: list[Candidate] = ()) -> None:
+        """The candidate with the smallest private BIC of the final stage's noisy sums (fedica.fedgem.privacy.private_criterion).
+
+        The ``neighbours`` are scored too, for ``k_support`` only (no further release: the same noisy sums).
+        """
         with self.server_time():
             n_points = float(sum(self.models[p].n_points for p in self.final.partitions))
-            scores = privacy.private_criterion([c.aggregation.labels for c in candidates], self.final.centers,
-                                               self.final_counts, n_points)
-            k_hats = np.array([c.aggregation.k_hat for c in candidates])
+            every_score = privacy.private_criterion([c.aggregation.labels for c in [*candidates, *neighbours]],
+                                                    self.final.centers, self.final_counts, n_points)
+            every_k = np.array([c.aggregation.k_hat for c in [*candidates, *neighbours]])
+            self.scored_candidates = (every_k, every_score)
+            scores, k_hats = every_score[:len(candidates)], every_k[:len(candidates)]
             best = np.flatnonzero(scores <= scores.min() + 1e-9 * abs(scores.min()))
             chosen = int(best[np.argmin(k_hats[best])])
             log.info("private model selection: K_hat %s, BIC %s -> K_hat %d", k_hats.tolist(),

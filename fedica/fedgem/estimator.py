@@ -180,6 +180,15 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         The upsilon used (given, or tuned).
     tuning_ : dict or None
         The tuning's grid, silhouettes and K_hat per candidate.
+    k_support_ : dict
+        How sure the number of clusters is (docs/ALGORITHMS.md section 2.6.4; the result's ``fedgem.k_support``):
+        ``criterion`` that chose K_hat; where it is a likelihood criterion, ``k`` (the candidate Ks the sites
+        scored), ``weight`` (each K's ``exp(-criterion / 2)``, normalised: its approximate posterior weight),
+        ``gap`` (each K's criterion less the chosen's) and ``chosen``; and ``clusters``, per global cluster of
+        the final aggregation (before ``labelling="adapted"`` drops one no site's points reach): ``sites``
+        holding it, ``site_share``, ``spread_median`` and ``spread_max`` (its components' distances to its
+        centre over their own final radii). A K within 2 of the chosen's criterion is a near tie, and the
+        fit warned.
     privacy_ : dict or None
         A private fit's ``epsilon`` and ``delta`` spent, in total and per exchange
         (:meth:`fedica.privacy.PrivacyPlan.record`); None without ``dp_epsilon``.
@@ -387,6 +396,7 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
                                            dtype=np.int64)
         model.upsilon_ = float(section["upsilon"])
         model.tuning_ = section["upsilon_tuning"]
+        model.k_support_ = section.get("k_support")  # None in a result written before it
         model.feature_scale_spread_ = section.get("feature_scale_spread")  # None in a result written before it
         model.cluster_anisotropy_ = section.get("cluster_anisotropy")  # likewise
         # Only a standardised run records them (its centres are in the data's units, as means_ here).
@@ -401,8 +411,8 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
 
     _PARAMETERS = FEDGEM_PARAMETERS
     _FITTED_ATTRIBUTES = frozenset({
-        "means_", "weights_", "covariance_", "n_clusters_", "labels_", "upsilon_", "tuning_", "history_", "rejected_",
-        "privacy_", "site_mapping_", "site_means_", "site_weights_", "site_variances_", "n_local_clusters_",
+        "means_", "weights_", "covariance_", "n_clusters_", "labels_", "upsilon_", "tuning_", "k_support_", "history_",
+        "rejected_", "privacy_", "site_mapping_", "site_means_", "site_weights_", "site_variances_", "n_local_clusters_",
         "local_clusters_at_bound_", "feature_location_", "feature_scale_", "feature_scale_spread_",
         "cluster_anisotropy_", "n_features_in_", "feature_names_in_"})
 
@@ -572,6 +582,7 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         self.weights_, self.covariance_ = _global_mixture(data, self.labels_, centres)
         self.upsilon_ = server.upsilon
         self.tuning_ = server.tuning
+        self.k_support_ = server.k_support
         self.privacy_ = None if server.privacy is None else server.privacy.record()
         self.feature_scale_spread_ = server.feature_scale_spread
         self.cluster_anisotropy_ = server.cluster_anisotropy

@@ -119,6 +119,7 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
             **({"local_clusters_at_bound": server.local_clusters_at_bound} if server.local_clusters_at_bound else {}),
             "upsilon": server.upsilon,
             "upsilon_tuning": server.tuning,
+            "k_support": server.k_support,
             "feature_scale_spread": server.feature_scale_spread,
             "cluster_anisotropy": server.cluster_anisotropy,
             "participation": federation.participation,

@@ -164,4 +164,7 @@ def test_one_client_poisoning_the_tuning_of_five_moves_nothing(criterion):
                                                       "algorithm.max_hostile_fraction=0"]))["metrics"]["fedgem"]
     assert clean["k_hat"] == poisoned["k_hat"] == 10
     assert poisoned["honest_global_ari"] >= clean["global_ari"] - 0.02
-    assert trusting["k_hat"] < 10 and trusting["upsilon"] > clean["upsilon"]
+    # Trusting, the poisoner wins: under the silhouette by a coarser upsilon; under the likelihood by whichever
+    # candidate of the two smallest K_hat it poisons the honest sites prefer (a merge path's, at the same upsilon).
+    assert trusting["k_hat"] < 10
+    assert criterion == "likelihood" or trusting["upsilon"] > clean["upsilon"]
