@@ -165,6 +165,12 @@ class RFICAState(ProtocolState):
         return self.whitening == "federated" or (self.whitening is None and self.n_components is not None)
 
 
+
+def _warn(message: str) -> None:
+    """A warning about the result, where its reader looks: a ``UserWarning`` (the library's caller sees it; a run's
+    harness counts it in result.json's warnings and prints it in summary.txt), not a log line only (issue 45)."""
+    warnings.warn(message, UserWarning, stacklevel=3)
+
 def rfica_protocol(state: RFICAState):
     """The whole RF-ICA protocol (one exchange, two with the federated whitening); results land in ``state``."""
     values = {"contrast": state.contrast, "init": state.init, "seed": state.seed, "solver": state.local_solver}
@@ -213,8 +219,8 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
         replies = yield Request(RFICA_COVARIANCE, round_label, {g: {} for g in participants}, {})
         covariances, participants = _refinement_covariances(state, replies, round_label, state.aggregate.rf_ica.shape[0])
         if len(covariances) < state.min_clients:
-            state.logger.warning("RF-ICA: the refinement needs %d covariances, %d were valid; the one-shot "
-                                 "aggregate stands", state.min_clients, len(covariances))
+            _warn(f"RF-ICA: the refinement needs {state.min_clients} covariances, {len(covariances)} were valid; the "
+                  "one-shot aggregate stands")
             return
         with state.server_time():
             whitening, _ = federated_whitening(np.stack(covariances), state.components, gm_tol=state.gm_tol)
@@ -227,8 +233,8 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
                                 {"contrast": state.contrast})
         statistics, partitions = _refinement_statistics(state, replies, round_label, unmixing.shape[0])
         if len(statistics) < state.min_clients:
-            state.logger.warning("RF-ICA: refinement step %d had %d valid replies, fewer than %d; it stops there",
-                                 step + 1, len(statistics), state.min_clients)
+            _warn(f"RF-ICA: refinement step {step + 1} had {len(statistics)} valid replies, fewer than "
+                  f"{state.min_clients}; it stops there")
             break
         with state.server_time():
             updated, kept = refinement_step(statistics, unmixing, gm_tol=state.gm_tol)
@@ -246,8 +252,8 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
         # FastICA converges quadratically from a start this close; steps that keep turning the rows are what a
         # minority steering within the cut produces (measured: 40 % of sites, 4e-3 a step for 20 steps).
         state.refinement_reverted = list(range(one_shot.shape[1]))
-        state.logger.warning("RF-ICA: the refinement did not converge in %d steps (last change %.2e); the "
-                             "one-shot aggregate stands", len(state.refinement), state.refinement[-1]["change"])
+        _warn(f"RF-ICA: the refinement did not converge in {len(state.refinement)} steps (last change "
+              f"{state.refinement[-1]['change']:.2e}); the one-shot aggregate stands")
         return
     refined = np.linalg.pinv(whitening) @ np.linalg.inv(unmixing)
     refined /= np.linalg.norm(refined, axis=0)
@@ -257,13 +263,13 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
     state.refinement_reverted = [int(j) for j in np.flatnonzero(~inside)]
     if state.refinement_reverted:
         refined[:, ~inside] = one_shot[:, ~inside] / np.linalg.norm(one_shot[:, ~inside], axis=0)
-        state.logger.warning("RF-ICA: the refinement moved column(s) %s beyond the spread of their sites' "
-                             "estimates; the one-shot column(s) stand", ", ".join(map(str, state.refinement_reverted)))
+        _warn(f"RF-ICA: the refinement moved column(s) {', '.join(map(str, state.refinement_reverted))} beyond the "
+              "spread of their sites' estimates; the one-shot column(s) stand")
     state.aggregate = replace(state.aggregate, rf_ica=refined)
     set_aside = sorted({g for entry in state.refinement for g in entry["set_aside"]})
     if set_aside:
-        state.logger.warning("RF-ICA: the refinement set aside the averages of site(s) %s, far beyond the "
-                             "others'", ", ".join(map(str, set_aside)))
+        _warn(f"RF-ICA: the refinement set aside the averages of site(s) {', '.join(map(str, set_aside))}, far beyond "
+              "the others'")
 
 
 def _one_shot_clusters(state: RFICAState) -> list[np.ndarray]:
@@ -411,10 +417,9 @@ def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: i
     refuse_degenerate(state, round_label)
     state.unconverged = [g for g, ok in zip(state.partitions, state.converged) if ok is False]
     if state.unconverged:
-        state.logger.warning("RF-ICA: the local ICA of site(s) %s did not converge, even after a retry "
-                             "(iterations: %s); their estimates are kept for the robust aggregation",
-                             ", ".join(map(str, state.unconverged)),
-                             ", ".join(str(n) for n, ok in zip(state.n_iter, state.converged) if ok is False))
+        iterations = ", ".join(str(n) for n, ok in zip(state.n_iter, state.converged) if ok is False)
+        _warn(f"RF-ICA: the local ICA of site(s) {', '.join(map(str, state.unconverged))} did not converge, even "
+              f"after a retry (iterations: {iterations}); their estimates are kept for the robust aggregation")
 
 
 def compare_channels_alike(state: RFICAState) -> None:

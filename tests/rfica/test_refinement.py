@@ -144,3 +144,23 @@ def test_a_steering_minority_leaves_the_one_shot_estimate_standing():
     refinement = result["rfica"]["refinement"]
     assert len(refinement["steps"]) == 20 and refinement["reverted_columns"] == [0, 1, 2, 3]
     assert result["metrics"]["rf-ica"]["error"] == refinement["one_shot_error"] < 0.02
+
+
+def test_a_run_on_files_says_which_site_the_refinement_set_aside_in_result_json_and_the_summary(tmp_path):
+    """Issue 45: "set aside" went to the log only; summary.txt and result.json's warnings stayed empty."""
+    from fedica.results import format_summary
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    _, sites = noisy_site_workload(0)
+    paths = []
+    for g, Y in enumerate(sites):
+        paths.append(tmp_path / f"site{g}.csv")
+        np.savetxt(paths[-1], Y, delimiter=",", header="c0,c1,c2,c3", comments="")
+    result = run_inprocess(compose_config(["algorithm=rfica", "scenario=files", "engine=inprocess",
+                                           f"scenario.paths=[{','.join(map(str, paths))}]"]))
+    assert all(step["set_aside"] == [0] for step in result["rfica"]["refinement"]["steps"])
+    said = [w for w in result["warnings"] if "set aside the averages of site(s) 0," in w]
+    assert len(said) == 1 and said[0].startswith("UserWarning: RF-ICA:")
+    assert any(line.startswith("warning: RF-ICA: the refinement set aside the averages of site(s) 0,")
+               for line in format_summary(result).splitlines())
