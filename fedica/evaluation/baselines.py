@@ -12,6 +12,7 @@ server work, not prediction or evaluation).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -39,14 +40,20 @@ from fedica.metrics import (
 from fedica.protocol import ProtocolDriver
 from fedica.seeding import sklearn_seed
 
-__all__ = ["BASELINE_METHODS", "FILE_METHODS", "BaselineResult", "central_gmm", "central_gmm_icl", "dp_gmm",
+__all__ = ["BASELINE_METHODS", "FILE_METHODS", "BaselineResult", "central_gmm", "central_gmm_bic", "central_gmm_icl", "dp_gmm",
            "dp_gmm_truncation", "evaluate_clustering", "fed_kmeans", "k_fed", "run_baselines", "run_seed"]
 
 # The names baseline_methods selects.
-BASELINE_METHODS = ("central-gmm", "central-gmm-icl", "dp-gmm", "k-fed", "fed-kmeans", "ffcm-avg1", "ffcm-avg2", "afcl")
-# Those that run on scenario=files: the central GMMs on the pooled files (K told, or chosen by the ICL), the
-# references a user compares with.
-FILE_METHODS = ("central-gmm", "central-gmm-icl")
+BASELINE_METHODS = ("central-gmm", "central-gmm-icl", "central-gmm-bic", "dp-gmm", "k-fed", "fed-kmeans", "ffcm-avg1",
+                    "ffcm-avg2", "afcl")
+# Those that run on scenario=files: the central GMMs on the pooled files (K told, chosen by the ICL, or family and K
+# chosen by the BIC), the references a user compares with.
+FILE_METHODS = ("central-gmm", "central-gmm-icl", "central-gmm-bic")
+
+# central-gmm-bic: the statistician's choice on the pooled data (issue 44's yardstick), scikit-learn's covariance
+# types and K from 1 to this many (also at most sqrt(n / 2)), as mclust compares models.
+CENTRAL_BIC_COVARIANCE_TYPES = ("spherical", "diag", "full")
+CENTRAL_BIC_MAX_COMPONENTS = 10
 
 # central-gmm-icl: the most components the ICL compares on the pooled data (also at most sqrt(n / 2)).
 CENTRAL_ICL_MAX_COMPONENTS = 20
@@ -126,6 +133,45 @@ def central_gmm_icl(clients: Sequence[ClientData], *, max_components: int = CENT
                             n_init=n_init, max_iter=max_iter, random_state=sklearn_seed(rng)).fit(X)
     seconds = time.perf_counter() - start
     return baseline_result("central-gmm-icl", [model.predict(c.X_test) for c in clients], seconds, {"k_chosen": k})
+
+
+def central_gmm_bic(clients: Sequence[ClientData], *, max_components: int = CENTRAL_BIC_MAX_COMPONENTS,
+                    n_init: int = 3, max_iter: int = 100, random_state=None) -> BaselineResult:
+    """Centralised GMM whose covariance type and K the BIC choose on the pooled training data: what a statistician runs.
+
+    Every :data:`CENTRAL_BIC_COVARIANCE_TYPES` and K from 1 to ``min(max_components, sqrt(n / 2))`` is fitted
+    once (``GaussianMixture``, k-means++ start, one seed for all), and the smallest ``bic`` wins; the winner
+    is refitted with the best of ``n_init`` starts. The yardstick "federated equals central" measures FedGEM's
+    default against (issue 44): not told K, not told the family.
+
+    Parameters
+    ----------
+    clients : sequence of ClientData
+    max_components : int
+    n_init : int
+    max_iter : int
+    random_state : int, numpy.random.Generator or None
+
+    Returns
+    -------
+    BaselineResult
+        ``info["k_chosen"]`` and ``info["covariance_type"]`` are the choice.
+    """
+    check_clients(clients, "central-gmm-bic")
+    rng = np.random.default_rng(random_state)
+    X = _pooled_train(clients)
+    seed = sklearn_seed(rng)
+    start = time.perf_counter()
+    upper = max(1, min(int(max_components), math.isqrt(X.shape[0] // 2)))
+    scores = {(family, k): GaussianMixture(k, covariance_type=family, init_params="k-means++", max_iter=max_iter,
+                                           random_state=seed).fit(X).bic(X)
+              for family in CENTRAL_BIC_COVARIANCE_TYPES for k in range(1, upper + 1)}
+    family, k = min(scores, key=scores.get)
+    model = GaussianMixture(k, covariance_type=family, init_params="k-means++", n_init=n_init, max_iter=max_iter,
+                            random_state=sklearn_seed(rng)).fit(X)
+    seconds = time.perf_counter() - start
+    return baseline_result("central-gmm-bic", [model.predict(c.X_test) for c in clients], seconds,
+                           {"k_chosen": k, "covariance_type": family})
 
 
 def dp_gmm_truncation(clients: Sequence[ClientData]) -> int:
@@ -313,6 +359,7 @@ def _method_runs(clients: Sequence[ClientData], true_k: int, seed: int, n_init: 
     return {
         "central-gmm": lambda: central_gmm(clients, true_k, n_init=n_init, random_state=seed),
         "central-gmm-icl": lambda: central_gmm_icl(clients, n_init=n_init, random_state=seed),
+        "central-gmm-bic": lambda: central_gmm_bic(clients, n_init=n_init, random_state=seed),
         "dp-gmm": lambda: dp_gmm(clients, random_state=seed),
         "k-fed": lambda: k_fed(clients, true_k, random_state=seed),
         "fed-kmeans": lambda: fed_kmeans(clients, true_k, random_state=seed),
@@ -400,7 +447,7 @@ def run_baselines(scenario: Mapping[str, Any], methods: Sequence[str], *, seed: 
         for key, value in outcome.info.items():
             if key in _INFO_TIMINGS:
                 timings[f"{name}_{_INFO_TIMINGS[key]}"] = float(value)
-            elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+            elif isinstance(value, (int, float, np.integer, np.floating, str)) and not isinstance(value, bool):
                 scores[key] = value
         result_metrics[name] = scores
         timings[name] = outcome.fit_seconds

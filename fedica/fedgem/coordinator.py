@@ -276,6 +276,16 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                           f"{support['criterion'].upper()} lies within {NEAR_TIE_GAP:g} of the chosen (weights "
                           + ", ".join(f"K={k} {weights[k]:.2f}" for k in sorted([agg.k_hat, *tied]))
                           + "): the data support them nearly as well (k_support)", UserWarning, stacklevel=3)
+        # Only a neighbour beyond the candidates can score clearly better than the chosen (the choice is the best
+        # candidate): the sites' likelihood asks for a merge or a split the merge rules did not offer.
+        better = [(k, gap) for k, gap in zip(support.get("k", []), support.get("gap", [])) if gap <= -NEAR_TIE_GAP]
+        if better:
+            k, gap = min(better, key=lambda item: item[1])
+            how = "joins clusters the merge rules kept apart" if k < agg.k_hat else "splits a cluster"
+            warnings.warn(f"FedGEM: the sites' {support['criterion'].upper()} prefers K={k} to K_hat={agg.k_hat} (by "
+                          f"{-gap:.3g}), a partition that {how}: K_hat may {'over' if k < agg.k_hat else 'under'}-count "
+                          "the clusters, as spheres do for elongated clusters or features in different units "
+                          "(k_support)", UserWarning, stacklevel=3)
 
     def _select(self, candidates: list[Candidate], model: dict[str, Any]) -> Protocol:
         """The final partition among ``candidates``: by the clients' federated ICL, or by a private run's criterion.
@@ -429,7 +439,7 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         """Warn when the sites' features are in units the isotropic model cannot weigh alike (ALGORITHMS.md 2.11.1)."""
         self.feature_scale_spread = self._sites_median_check(spreads, FEATURE_SCALE_SPREAD_LIMIT, lambda spread, n: (
             f"FedGEM: the features' scales differ {spread:.3g}-fold (largest column standard deviation over the median "
-            f"column's, median of {n} sites; over {FEATURE_SCALE_SPREAD_LIMIT:g}, the model's one variance per component "
+            f"of the others', median of {n} sites; over {FEATURE_SCALE_SPREAD_LIMIT:g}, the model's one variance per component "
             "weighs the features by their units): K_hat and the labels are not to be trusted; standardise each feature "
             "by one scale shared by all sites (standardize='federated')"))
 

