@@ -66,12 +66,17 @@ def federated_scale(means: Sequence[np.ndarray], stds: Sequence[np.ndarray]) -> 
     location : ndarray of shape (d,)
         The median over the sites of their means.
     scale : ndarray of shape (d,)
-        ``sqrt(median_g(s_g^2 + (m_g - location)^2))``; 1 for a feature constant at every site (it keeps its unit,
-        as :func:`fedica.data.common.column_scale` keeps a constant column's).
+        ``sqrt(median_g(s_g^2 + (m_g - location)^2))``; for a feature constant at the location at half of the sites
+        or more (a digit's border pixel, blank at most sites), the largest site's value instead, so that the scale
+        is in the feature's unit whatever it is (every feature times its own ``c``, the standardised points are the
+        same; issue 44); 1 for a feature constant at every site, which then is 0 everywhere once standardised.
     """
     means, stds = np.vstack(means), np.vstack(stds)
     location = np.median(means, axis=0)
-    scale = np.sqrt(np.median(np.square(stds) + np.square(means - location), axis=0))
+    spreads = np.square(stds) + np.square(means - location)
+    # The largest only where the median is 0: a hostile site can then only widen the scale of a feature most sites
+    # hold constant, shrinking the few others' values of it, never narrow it.
+    scale = np.sqrt(np.where(np.median(spreads, axis=0) > 0, np.median(spreads, axis=0), spreads.max(axis=0)))
     return location, np.where(scale > 0, scale, 1.0)
 
 

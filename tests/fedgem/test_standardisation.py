@@ -210,3 +210,39 @@ def test_a_quarter_of_the_sites_skewing_their_moments_changes_neither_k_hat_nor_
     assert attacked["metrics"]["fedgem"]["super_clusters"] == honest["metrics"]["fedgem"]["super_clusters"]
     # The attack touches the moments alone (its sites label their points honestly): every site's ARI compares.
     assert attacked["metrics"]["fedgem"]["global_ari"] > honest["metrics"]["fedgem"]["global_ari"] - 0.05
+
+
+@pytest.mark.parametrize("dataset", ["iris", "wine", "penguins", "crabs", "faithful",
+                                     pytest.param("breast_cancer", marks=pytest.mark.slow),
+                                     pytest.param("digits", marks=pytest.mark.slow)])
+def test_every_feature_in_a_unit_of_its_own_gives_the_same_clusters(dataset):
+    # Issue 44, item 2: each feature times its own c in 1e-3..1e3. Digits' border pixels, blank at most sites, took
+    # the scale 1 in their own unit before, and the clusters changed with it (K_hat 17 against 19).
+    from fedica.data.real import real_dataset
+
+    X, _ = real_dataset(dataset)
+    parts = np.array_split(np.random.default_rng(0).permutation(len(X)), 4)
+    units = np.logspace(-3, 3, X.shape[1])[np.random.default_rng(1).permutation(X.shape[1])]
+    fits = []
+    for scale in (1.0, units):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fits.append(FedGEM(standardize="federated", random_state=0).fit([X[p] * scale for p in parts]))
+    assert fits[0].n_clusters_ == fits[1].n_clusters_
+    for ours, theirs in zip(fits[0].labels_, fits[1].labels_):
+        np.testing.assert_array_equal(ours, theirs)
+    # The same to the EM tolerance (its last step differs by rounding).
+    # (Digits' blank pixels: means of 1e-17 against 1e-16, the rounding of the location; hence the absolute part.)
+    np.testing.assert_allclose(fits[1].means_ / units, fits[0].means_, rtol=1e-6, atol=1e-9 * np.abs(X).max())
+
+
+def test_a_feature_most_sites_hold_constant_takes_the_scale_of_the_sites_that_vary_it():
+    from fedica.fedgem.standardisation import federated_scale
+
+    means = [np.array([0.0, 5.0]), np.array([0.0, 6.0]), np.array([0.0, 7.0]), np.array([2.0, 8.0])]
+    stds = [np.array([0.0, 1.0]), np.array([0.0, 1.0]), np.array([0.0, 1.0]), np.array([3.0, 1.0])]
+    location, scale = federated_scale(means, stds)
+    assert location[0] == 0.0 and scale[0] == pytest.approx(np.sqrt(9.0 + 4.0))  # the one site that varies it
+    for c in (1e-3, 1e3):
+        np.testing.assert_allclose(federated_scale([m * c for m in means], [s * c for s in stds])[1], scale * c)
+    assert federated_scale([np.zeros(1)] * 3, [np.zeros(1)] * 3)[1].tolist() == [1.0]  # constant everywhere
