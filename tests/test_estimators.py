@@ -202,7 +202,8 @@ def test_fedgem_refuses_n_local_clusters_of_the_wrong_length():
 @pytest.fixture(scope="module")
 def fitted_fedgem():
     sites = [s.X_train for s in _blobs_sites(compose_config(BLOBS))]
-    return sites, fedica.FedGEM(random_state=0).fit(sites, 3)
+    # In the data's units, where covariance_ is (tests/fedgem/test_standardisation.py checks the standardised density).
+    return sites, fedica.FedGEM(standardize=None, random_state=0).fit(sites, 3)
 
 
 def test_fedgem_weights_and_variance_are_the_sites_labelled_points_shares_and_spread(fitted_fedgem):
@@ -252,7 +253,7 @@ def test_fedgem_predict_is_the_most_probable_cluster_when_the_weights_are_equal(
 
 def test_fedgem_fit_predict_returns_the_fits_labels(fitted_fedgem):
     sites, model = fitted_fedgem
-    labels = fedica.FedGEM(random_state=0).fit_predict(sites, 3)
+    labels = fedica.FedGEM(standardize=None, random_state=0).fit_predict(sites, 3)
     assert isinstance(labels, list) and len(labels) == len(sites)
     for ours, theirs in zip(labels, model.labels_):
         np.testing.assert_array_equal(ours, theirs)

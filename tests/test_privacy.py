@@ -123,9 +123,11 @@ def test_the_accountant_is_dp_accountings_for_the_same_mechanisms():
     ({"covariance_type": "spherical"}, "covariance_type='spherical'"),
     ({"local_steps": 2}, "local_steps=2"),
     ({"upsilon_criterion": "silhouette"}, "upsilon_criterion='silhouette'"),
+    ({"standardize": "federated"}, "standardize='federated'"),
 ])
 def test_a_private_plan_refuses_what_it_does_not_cover_in_one_line(change, message):
-    settings = FedGEMSettings(**{"dp_epsilon": 1.0, "dp_clip": 5.0, "covariance_type": "identity", **change})
+    settings = FedGEMSettings(**{"dp_epsilon": 1.0, "dp_clip": 5.0, "covariance_type": "identity", "standardize": None,
+                                 **change})
     with pytest.raises(ValueError, match=message) as caught:
         fedgem_plan(settings)
     assert "\n" not in str(caught.value)
@@ -151,7 +153,7 @@ def test_a_fit_without_dp_epsilon_is_the_fit_without_the_privacy_transform(monke
 
 def test_a_private_fit_records_what_it_spent_and_finds_the_clusters():
     sites = blob_sites(n_sites=6, n_points=2000)
-    model = fedica.FedGEM(covariance_type="identity", rounds=3, dp_epsilon=4.0, dp_clip=6.0).fit(sites, 2)
+    model = fedica.FedGEM(covariance_type="identity", standardize=None, rounds=3, dp_epsilon=4.0, dp_clip=6.0).fit(sites, 2)
     assert model.privacy_["epsilon"] == pytest.approx(4.0, abs=1e-3)
     assert model.privacy_["delta"] == 1e-5
     assert [e["exchange"] for e in model.privacy_["exchanges"]] == ["init", "round 1", "round 2", "round 3", "final"]
@@ -159,13 +161,13 @@ def test_a_private_fit_records_what_it_spent_and_finds_the_clusters():
     assert model.n_clusters_ == 2
     np.testing.assert_allclose(np.sort(model.means_[:, 0]), [-4.0, 4.0], atol=0.5)
     # Another seed draws other noise.
-    other = fedica.FedGEM(covariance_type="identity", rounds=3, dp_epsilon=4.0, dp_clip=6.0, random_state=1).fit(sites, 2)
+    other = fedica.FedGEM(covariance_type="identity", standardize=None, rounds=3, dp_epsilon=4.0, dp_clip=6.0, random_state=1).fit(sites, 2)
     assert not np.allclose(np.sort(other.means_, axis=0), np.sort(model.means_, axis=0))
 
 
 def test_a_private_fit_needs_each_sites_k():
     with pytest.raises(ValueError, match="n_local_clusters=None"):
-        fedica.FedGEM(covariance_type="identity", dp_epsilon=1.0, dp_clip=5.0).fit(blob_sites())
+        fedica.FedGEM(covariance_type="identity", standardize=None, dp_epsilon=1.0, dp_clip=5.0).fit(blob_sites())
 
 
 def test_a_private_site_refuses_the_tuning_replies_and_sends_no_raw_point():
@@ -247,7 +249,7 @@ def test_the_server_rejects_a_private_reply_without_its_noisy_counts_by_name(mon
         return reply
 
     monkeypatch.setattr(fedgem_estimator, "SITE_TASKS", fedgem_estimator.SITE_TASKS.with_transforms(drop_counts))
-    model = fedica.FedGEM(covariance_type="identity", rounds=2, dp_epsilon=4.0, dp_clip=6.0).fit(blob_sites(), 2)
+    model = fedica.FedGEM(covariance_type="identity", standardize=None, rounds=2, dp_epsilon=4.0, dp_clip=6.0).fit(blob_sites(), 2)
     reasons = {(r["client"], r["round"]): r["reason"] for r in model.rejected_}
     assert set(reasons) == {(0, 1), (0, 2)}
     assert "'dp-counts' must hold 2 finite counts" in reasons[(0, 1)]
@@ -370,9 +372,9 @@ def test_the_result_says_whose_seed_the_noise_came_from(monkeypatch):
     from fedica.privacy import SECRET_NOISE, SEEDED_NOISE
     from fedica.server import FedGEMStrategy
 
-    model = fedica.FedGEM(covariance_type="identity", rounds=1, dp_epsilon=4.0, dp_clip=6.0).fit(blob_sites(), 2)
+    model = fedica.FedGEM(covariance_type="identity", standardize=None, rounds=1, dp_epsilon=4.0, dp_clip=6.0).fit(blob_sites(), 2)
     assert model.privacy_["noise"] == SEEDED_NOISE == "seeded by the run (simulation)"
-    strategy = FedGEMStrategy(covariance_type="identity", dp_epsilon=4.0, dp_clip=6.0)
+    strategy = FedGEMStrategy(covariance_type="identity", standardize=None, dp_epsilon=4.0, dp_clip=6.0)
     strategy.server = FedGEMServer(strategy.settings)  # the protocol's server holds the plan; no exchange is driven
     monkeypatch.delenv(LOCAL_ENGINE_VARIABLE, raising=False)
     assert strategy.privacy_["noise"] == SECRET_NOISE == "secret at each site"

@@ -99,7 +99,7 @@ def test_per_client_releases_stay_in_the_clip_ball_whatever_the_data():
 
 
 def test_a_per_client_plan_is_dp_accountings_composition_of_its_releases():
-    settings = FedGEMSettings(dp_epsilon=1.0, dp_clip=5.0, covariance_type="identity", rounds=2, dp_unit="client")
+    settings = FedGEMSettings(dp_epsilon=1.0, dp_clip=5.0, covariance_type="identity", standardize=None, rounds=2, dp_unit="client")
     plan = fedgem_plan(settings)
     assert plan.exchanges == (("init", 1), ("round 1", 2), ("round 2", 2), ("final", 2))
     accountant = rdp.RdpAccountant()
@@ -111,7 +111,7 @@ def test_a_per_client_plan_is_dp_accountings_composition_of_its_releases():
     assert record["unit"] == "client"
     assert plan.request_values(0)[UNIT_KEY] == "client"
     # A per-record plan's requests are what they were: no unit key.
-    per_record = fedgem_plan(FedGEMSettings(dp_epsilon=1.0, dp_clip=5.0, covariance_type="identity"))
+    per_record = fedgem_plan(FedGEMSettings(dp_epsilon=1.0, dp_clip=5.0, covariance_type="identity", standardize=None))
     assert UNIT_KEY not in per_record.request_values(0)
 
 
@@ -128,7 +128,7 @@ def test_the_server_widens_a_per_client_ball_by_the_means_noise_capped_by_the_ba
 
 def test_a_per_client_fit_finds_the_clusters_when_the_noise_is_small_and_records_its_unit():
     sites = near_sites(n_sites=6, n_points=200, spread=0.3)
-    model = fedica.FedGEM(covariance_type="identity", rounds=2, dp_epsilon=1e5, dp_clip=5.0, dp_unit="client",
+    model = fedica.FedGEM(covariance_type="identity", standardize=None, rounds=2, dp_epsilon=1e5, dp_clip=5.0, dp_unit="client",
                           random_state=0).fit(sites, 2)
     assert model.privacy_["unit"] == "client"
     assert model.privacy_["epsilon"] == pytest.approx(1e5, rel=1e-3)

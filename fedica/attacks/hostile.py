@@ -22,6 +22,7 @@ import numpy as np
 from fedica import attacks
 from fedica.data.scenarios import client_count, ica_scenario_data, ica_scenario_truth, scenario_client_data
 from fedica.fedgem.local import uncertainty_radius
+from fedica.fedgem.standardisation import request_standardisation, standardised
 from fedica.rfica import client as rfica_client
 from fedica.protocol import (
     CLUSTER_SHAPE_KEY,
@@ -62,6 +63,13 @@ def planted_centroids(scenario_json: str, seed: int) -> np.ndarray:
     return attacks.split_components_centroids(means, attacks.attack_rng(seed, 0, zlib.crc32(b"split")))
 
 
+def _in_request_units(points: np.ndarray, values: Mapping[str, Any]) -> np.ndarray:
+    """Points of the data's units in the units a FedGEM request names (standardised under ``standardize: federated``):
+    a planting attacker places its components where the server and the honest sites look for them."""
+    units = request_standardisation(values, points.shape[-1])
+    return points if units is None else standardised(points, *units)
+
+
 def _class_means(scenario: Mapping[str, Any], seed: int, kind: str) -> np.ndarray:
     """The true class means of fedica's own ``scenario`` over all clients' training points (what a worst-case attacker knows)."""
     clients = [scenario_client_data(scenario, g, seed) for g in range(client_count(scenario))]
@@ -97,7 +105,7 @@ def attack_reply(kind: str, task: str, honest: tuple[Arrays, Values], arrays: Ma
     if kind == attacks.BLOATED_REPLY:
         return attacks.bloated_reply(*honest)
     if kind == "split_components" and task in (GEM_INIT, GEM_ROUND, GEM_FINAL):
-        return _split_components(task, arrays, honest, cfg)
+        return _split_components(task, arrays, values, honest, cfg)
     reply_arrays, reply_values = honest
     if kind in attacks.ICA_REPLACEMENTS and task == RFICA_FIT:
         # The worst case: the attacker knows A* (on the user's files, where nobody does, its own estimate).
@@ -183,10 +191,11 @@ def _largest_site(scenario_json: str, seed: int) -> int:
     return max(ica_scenario_data(scenario, g, seed).shape[1] for g in range(client_count(scenario)))
 
 
-def _split_components(task: str, arrays: Arrays, honest_reply: tuple[Arrays, Values],
+def _split_components(task: str, arrays: Arrays, values: Values, honest_reply: tuple[Arrays, Values],
                       cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
     """Declare the planted centroids at initialisation, and send them back as maximisers every round."""
-    planted = planted_centroids(json.dumps(cfg["scenario"], sort_keys=True), int(cfg["seed"]))
+    planted = _in_request_units(planted_centroids(json.dumps(cfg["scenario"], sort_keys=True), int(cfg["seed"])),
+                                values)
     honest_arrays, reply_values = honest_reply
     if task == GEM_INIT:
         reply_arrays = {"centroids": planted, "weights": np.full(planted.shape[0], 1.0 / planted.shape[0])}
@@ -243,7 +252,7 @@ def _midpoint_cluster(task: str, arrays: Arrays, values: Values, honest: tuple[A
                       rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
     """The client's first component held at the midpoint of the two closest true clusters, at every stage that shows it."""
     reply_arrays, reply_values = honest
-    midpoint = planted_midpoint(json.dumps(cfg["scenario"], sort_keys=True), int(cfg["seed"]))
+    midpoint = _in_request_units(planted_midpoint(json.dumps(cfg["scenario"], sort_keys=True), int(cfg["seed"])), values)
     key = "centroids" if task == GEM_INIT else "maximisers"
     if task not in (GEM_INIT, GEM_ROUND, GEM_FINAL):
         return reply_arrays, reply_values

@@ -53,6 +53,10 @@ def site_moments(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return X.mean(axis=0), X.std(axis=0)
 
 
+# A feature's spread at or below this share of its size (squared) is rounding: the feature is constant there.
+CONSTANT_SHARE = 1e-12
+
+
 def federated_scale(means: Sequence[np.ndarray], stds: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The location and scale (d,) every site standardises by: medians over the sites (see the module docstring).
 
@@ -74,10 +78,15 @@ def federated_scale(means: Sequence[np.ndarray], stds: Sequence[np.ndarray]) -> 
     means, stds = np.vstack(means), np.vstack(stds)
     location = np.median(means, axis=0)
     spreads = np.square(stds) + np.square(means - location)
-    # The largest only where the median is 0: a hostile site can then only widen the scale of a feature most sites
-    # hold constant, shrinking the few others' values of it, never narrow it.
-    scale = np.sqrt(np.where(np.median(spreads, axis=0) > 0, np.median(spreads, axis=0), spreads.max(axis=0)))
-    return location, np.where(scale > 0, scale, 1.0)
+    median, largest = np.median(spreads, axis=0), spreads.max(axis=0)
+    # "Constant" is relative to the feature's size at the median site: a blank pixel of data standardised before
+    # (digits on the pool: -0.003 +- 1e-18 at most sites) has a spread of rounding alone, and dividing by it sent
+    # the sites that vary it to 1e17 (their components were then refused as far from the federation).
+    floor = np.square(CONSTANT_SHARE * np.median(np.abs(means) + stds, axis=0))
+    # The largest only where the median is constant: a hostile site can then only widen the scale of a feature most
+    # sites hold constant, shrinking the few others' values of it, never narrow it.
+    scale = np.sqrt(np.where(median > floor, median, largest))
+    return location, np.where(scale > np.sqrt(floor), scale, 1.0)
 
 
 def standardised(X: np.ndarray, location: np.ndarray, scale: np.ndarray) -> np.ndarray:

@@ -501,7 +501,7 @@ def test_a_fedgem_files_run_without_labels_trains_on_every_row_and_writes_its_la
 @pytest.mark.parametrize("labelling, units, separated", [("adapted", "algorithm.standardize=federated", True),
                                                        ("consensus", "algorithm.standardize=federated", False),
                                                        ("adapted", "scenario.standardize=pool", True),
-                                                       ("adapted", "scenario.standardize=null", False)])
+                                                       ("adapted", "algorithm.standardize=null", False)])
 def test_the_labels_files_label_every_row_as_the_run_s_evaluation_does(tmp_path, labelling, units, separated):
     # Nothing held out: the evaluation labels every row, as the site does under the run's labelling and in its units,
     # so the files' ARI against the label column is the run's global ARI. Site 2 fits 2 components to 3 clusters: under
@@ -585,15 +585,16 @@ def test_a_fedgem_files_run_learns_the_variances_so_the_data_s_units_change_noth
 
 
 def test_standardised_files_are_free_of_each_feature_s_unit_and_the_scale_warning_says_when_they_are_not(tmp_path):
-    # wine as shipped: proline (standard deviation 315) beside hue (0.23); FedGEM weighs features by their units.
-    shipped = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target")
+    # wine as shipped: proline (standard deviation 315) beside hue (0.23); FedGEM in the data's units weighs features
+    # by them.
+    shipped = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target", "algorithm.standardize=null")
     assert shipped["fedgem"]["feature_scale_spread"] > 100
     assert any("the features' scales differ" in warning for warning in shipped["warnings"])
     assert any("scenario.standardize=pool" in warning for warning in shipped["warnings"])  # what the user can set
     # Every feature in a unit of its own (1e-3 to 1e3): standardize=pool gives the same clusters, without a warning.
     units = np.logspace(-3, 3, 13)[np.random.default_rng(1).permutation(13)]
     pooled = [_fedgem_files(_wine_sites(tmp_path, unit, folder), "scenario.label_column=target",
-                            "scenario.standardize=pool")
+                            "scenario.standardize=pool", "algorithm.standardize=null")
               for unit, folder in ((1.0, None), (units, "per-feature"))]
     for result in pooled:
         assert result["fedgem"]["feature_scale_spread"] < 2
@@ -606,7 +607,7 @@ def test_standardised_files_are_free_of_each_feature_s_unit_and_the_scale_warnin
 def test_federated_standardisation_frees_files_of_each_feature_s_unit_and_the_sites_choose_k_g_after_it(tmp_path):
     # The sites agree on every feature's location and scale (medians of their column moments), on any engine: each
     # reads its own file only. Every feature in a unit of its own gives the same run, labels files included.
-    shipped = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target")
+    shipped = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target", "algorithm.standardize=null")
     assert any("algorithm.standardize=federated" in warning for warning in shipped["warnings"])
     units = np.logspace(-3, 3, 13)[np.random.default_rng(1).permutation(13)]
     runs = [_fedgem_files(_wine_sites(tmp_path, unit, folder), "scenario.label_column=target",

@@ -57,7 +57,7 @@ def test_a_fit_on_two_features_in_units_a_thousand_apart_warns():
     sites = [(centres[rng.integers(3, size=120)] + rng.standard_normal((120, 2))) * np.array([1.0, 1000.0])
              for _ in range(4)]
     with pytest.warns(UserWarning, match=SCALE_WARNING):
-        assert FedGEM(random_state=0).fit(sites).feature_scale_spread_ > 100
+        assert FedGEM(standardize=None, random_state=0).fit(sites).feature_scale_spread_ > 100
 
 
 @pytest.mark.parametrize("loader, units_disagree", [(load_wine, True), (load_breast_cancer, True),
@@ -73,11 +73,11 @@ def test_a_fit_on_wine_as_shipped_warns_and_records_the_spread_and_standardised_
     X, y = load_wine(return_X_y=True)
     truth = np.concatenate(_sites(y, 4))
     with pytest.warns(UserWarning, match=SCALE_WARNING + r" \d+-fold .*median of 4 sites"):
-        raw = FedGEM(random_state=0).fit(_sites(X, 4))
+        raw = FedGEM(standardize=None, random_state=0).fit(_sites(X, 4))
     assert raw.feature_scale_spread_ > 100
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*" + SCALE_WARNING)
-        standardised = FedGEM(random_state=0).fit(_sites(_standardised(X), 4))
+        standardised = FedGEM(standardize=None, random_state=0).fit(_sites(_standardised(X), 4))
     assert 1 <= standardised.feature_scale_spread_ < 2
     # What the warning is for: as shipped, the three cultivars are lost (K_hat 10, ARI .16; standardised .85).
     assert adjusted_rand_score(truth, np.concatenate(raw.labels_)) < 0.3
@@ -85,7 +85,8 @@ def test_a_fit_on_wine_as_shipped_warns_and_records_the_spread_and_standardised_
 
 
 def _server_after_init(federation_of, sites, transform=None):
-    server = FedGEMServer(FedGEMSettings(rounds=1, upsilon=1.0, same_client_rule="strict", min_clients=2, seed=0),
+    server = FedGEMServer(FedGEMSettings(rounds=1, upsilon=1.0, same_client_rule="strict", min_clients=2, seed=0,
+                                         standardize=None),
                           evaluate=False)
     federation = federation_of(server, sites, 2, transform)
     protocol = server.run()
@@ -122,7 +123,7 @@ def test_a_malformed_spread_rejects_the_reply_with_its_reason(value, reason, sen
 def test_a_private_fit_asks_for_neither_the_spread_nor_the_shape_and_a_private_site_never_sends_them():
     rng = np.random.default_rng(3)
     sites = [np.vstack([rng.normal(size=(200, 2)), rng.normal(size=(200, 2)) + 8]) for _ in range(4)]
-    model = FedGEM(covariance_type="identity", rounds=3, dp_epsilon=4.0, dp_clip=20.0, random_state=0).fit(sites, 2)
+    model = FedGEM(covariance_type="identity", standardize=None, rounds=3, dp_epsilon=4.0, dp_clip=20.0, random_state=0).fit(sites, 2)
     assert model.feature_scale_spread_ is None and model.cluster_anisotropy_ is None
     # A server that asks anyway in a private request gets no number the noise does not cover.
     site = ArraySite(ClientData(sites[0], None, sites[0][:0], None, 2), 0, None)

@@ -161,8 +161,9 @@ def test_spherical_results_do_not_depend_on_the_datas_units():
 def test_identity_results_depend_on_the_datas_units():
     # The paper's unit covariance: at a tenth of their scale the same clusters overlap under the model.
     sites, k_local, truth = _six_clusters()
-    own = fedica.FedGEM(covariance_type="identity", random_state=0).fit(sites, k_local)
-    tenth = fedica.FedGEM(covariance_type="identity", random_state=0).fit([0.1 * X for X in sites], k_local)
+    own = fedica.FedGEM(covariance_type="identity", standardize=None, random_state=0).fit(sites, k_local)
+    tenth = fedica.FedGEM(covariance_type="identity", standardize=None, random_state=0).fit([0.1 * X for X in sites],
+                                                                                          k_local)
     assert own.n_clusters_ == 6 and adjusted_rand_score(truth, np.concatenate(own.labels_)) > 0.99
     assert tenth.n_clusters_ != 6 and adjusted_rand_score(truth, np.concatenate(tenth.labels_)) < 0.9
 

@@ -127,9 +127,9 @@ def test_a_global_cluster_no_site_gives_a_point_is_not_counted():
     centres = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 8.0], [8.0, 8.0]])
     sites = [np.vstack([rng.normal(c, 0.7, size=(80, 2)) for c in centres]) for _ in range(4)]
     truth = np.repeat(np.arange(4), 80)
-    consensus = fedica.FedGEM(labelling="consensus", random_state=0).fit(sites, n_local_clusters=[4, 4, 4, 3])
+    consensus = fedica.FedGEM(labelling="consensus", standardize=None, random_state=0).fit(sites, n_local_clusters=[4, 4, 4, 3])
     assert consensus.n_clusters_ == 5
-    model = fedica.FedGEM(random_state=0).fit(sites, n_local_clusters=[4, 4, 4, 3])
+    model = fedica.FedGEM(standardize=None, random_state=0).fit(sites, n_local_clusters=[4, 4, 4, 3])
     assert model.n_clusters_ == 4 == np.unique(np.concatenate(model.labels_)).size
     assert model.means_.shape == (4, 2) and model.weights_.shape == (4,)
     assert all(weights.shape == (4,) for weights in model.site_weights_)
@@ -168,7 +168,7 @@ def test_the_protocols_evaluation_labels_as_the_clients_model_says(labelling):
 
     clients = [blobs_client_data(g, n_clients=8, n_clusters=6, dim=3, r_min=4, n_train=1600, n_test=800, k_min=2,
                                  k_max=5, seed=3) for g in range(8)]
-    server = FedGEMServer(FedGEMSettings(upsilon=1.0, covariance_type="spherical", labelling=labelling), evaluate=True)
+    server = FedGEMServer(FedGEMSettings(upsilon=1.0, covariance_type="spherical", labelling=labelling, standardize=None), evaluate=True)
     sites = {g: ArraySite(c, g) for g, c in enumerate(clients)}
     InMemoryFederation(sites, CLIENT_TASKS, server.rejected).run(server.run())
     payloads = server.evaluation_payloads()

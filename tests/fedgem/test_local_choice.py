@@ -80,7 +80,7 @@ def test_a_site_too_small_for_two_components_is_at_its_bound_and_cannot_cap_a_la
     labels = [rng.integers(4, size=n) for n in (5, 16, 54)]
     sites = [centres[y] + rng.standard_normal((y.size, 2)) for y in labels]
     with pytest.warns(UserWarning, match=r"1 of 3 sites chose their K_g at their bound \(sites 0\)"):
-        model = FedGEM(random_state=0).fit(sites)
+        model = FedGEM(standardize=None, random_state=0).fit(sites)
     assert model.n_local_clusters_.tolist() == [1, 1, 4]
     assert model.local_clusters_at_bound_.tolist() == [True, False, False]
     assert model.rejected_ == []

@@ -81,14 +81,17 @@ def test_every_features_unit_and_origin_leave_k_hat_and_the_labels_exactly_as_th
     np.testing.assert_allclose(moved.score_samples(X_all * UNITS + ORIGINS),
                                plain.score_samples(X_all) - np.log(UNITS).sum(), rtol=1e-9)
     # Without it the units decide: wine as shipped and in these units do not agree.
-    assert quiet_fit(sites).n_clusters_ != quiet_fit([X * UNITS + ORIGINS for X in sites]).n_clusters_
+    assert (quiet_fit(sites, standardize=None).n_clusters_
+            != quiet_fit([X * UNITS + ORIGINS for X in sites], standardize=None).n_clusters_)
+    # It is the default (issue 44).
+    assert quiet_fit(sites).n_clusters_ == plain.n_clusters_
 
 
 def test_on_wine_as_shipped_it_finds_the_three_cultivars_where_the_shipped_units_do_not():
     sites, y = wine_sites()
     with pytest.warns(UserWarning, match="standardize='federated'"):  # the scale check names the remedy
-        FedGEM(random_state=0).fit(sites)
-    raw = quiet_fit(sites)
+        FedGEM(standardize=None, random_state=0).fit(sites)
+    raw = quiet_fit(sites, standardize=None)
     fitted = quiet_fit(sites, standardize="federated")
     raw_ari = adjusted_rand_score(y, np.concatenate(raw.labels_))
     ari = adjusted_rand_score(y, np.concatenate(fitted.labels_))
@@ -246,3 +249,17 @@ def test_a_feature_most_sites_hold_constant_takes_the_scale_of_the_sites_that_va
     for c in (1e-3, 1e3):
         np.testing.assert_allclose(federated_scale([m * c for m in means], [s * c for s in stds])[1], scale * c)
     assert federated_scale([np.zeros(1)] * 3, [np.zeros(1)] * 3)[1].tolist() == [1.0]  # constant everywhere
+
+
+def test_a_feature_constant_but_for_rounding_is_constant():
+    # Digits standardised on the pool: a blank pixel is -0.003 +- 1e-18 at most sites. Its rounding was taken for its
+    # spread, and the sites that vary it went to 1e17 (refused as far from the federation; the run stopped).
+    from fedica.fedgem.standardisation import federated_scale
+
+    means = [np.array([-0.003]), np.array([-0.003]), np.array([-0.003]), np.array([0.5])]
+    stds = [np.array([1e-18]), np.array([2e-18]), np.array([1e-18]), np.array([2.0])]
+    location, scale = federated_scale(means, stds)
+    assert scale[0] == pytest.approx(np.sqrt(4.0 + 0.503 ** 2))  # the site that varies it
+    # Constant everywhere, rounding included: the values stay near 0 once standardised.
+    _, scale = federated_scale([np.array([5.0])] * 3, [np.array([1e-15])] * 3)
+    assert scale[0] == 1.0

@@ -74,12 +74,12 @@ def test_a_near_tie_is_a_warning_and_its_weights_say_how_near():
     # Two clusters 3.2 apart: K=1 and K=2 score within 2 of each other on this draw.
     with pytest.warns(UserWarning, match=r"FedGEM: K_hat=2 is a near tie with K=1: their ICL lies within 2 of the "
                                          r"chosen \(weights K=1 0\.\d\d, K=2 0\.\d\d\)"):
-        model = fedica.FedGEM(random_state=0).fit(_touching_pair(3.2, 2))
+        model = fedica.FedGEM(standardize=None, random_state=0).fit(_touching_pair(3.2, 2))
     weights = dict(zip(model.k_support_["k"], model.k_support_["weight"]))
     assert 0.3 < weights[1] < 0.7 and 0.3 < weights[2] < 0.7
     with warnings.catch_warnings():  # the same clusters further apart: no tie
         warnings.filterwarnings("error", message=".*near tie")
-        fedica.FedGEM(random_state=0).fit(_touching_pair(5.0, 2))
+        fedica.FedGEM(standardize=None, random_state=0).fit(_touching_pair(5.0, 2))
 
 
 def test_the_neighbours_change_no_choice(monkeypatch):
@@ -99,7 +99,7 @@ def test_the_neighbours_change_no_choice(monkeypatch):
 def test_a_private_fit_weighs_k_by_its_private_criterion():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = fedica.FedGEM(covariance_type="identity", dp_epsilon=5.0, dp_clip=10.0, random_state=0).fit(_three_apart(n=400), n_local_clusters=3)
+        model = fedica.FedGEM(covariance_type="identity", standardize=None, dp_epsilon=5.0, dp_clip=10.0, random_state=0).fit(_three_apart(n=400), n_local_clusters=3)
     assert model.k_support_["criterion"] == "private-bic"
     assert len(model.k_support_["k"]) >= 2 and model.k_support_["chosen"] == model.n_clusters_
 
@@ -148,6 +148,6 @@ def test_a_neighbour_the_sites_prefer_to_the_choice_is_a_warning():
         sites.append(np.c_[rng.normal(0.0, 6.0, 150), rng.normal(0.0, 0.7, 150) + 5.0 * y])
     with pytest.warns(UserWarning, match=r"FedGEM: the sites' ICL prefers K=3 to K_hat=4 \(by \d+\), a partition that "
                                          r"joins clusters the merge rules kept apart: K_hat may over-count"):
-        model = fedica.FedGEM(random_state=0).fit(sites)
+        model = fedica.FedGEM(standardize=None, random_state=0).fit(sites)
     gaps = dict(zip(model.k_support_["k"], model.k_support_["gap"]))
     assert model.n_clusters_ == 4 and gaps[3] < -2
