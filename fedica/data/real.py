@@ -27,6 +27,7 @@ that chooses its bound is logged, one warning line per site).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import logging
@@ -42,7 +43,7 @@ from fedica.seeding import generator, sklearn_seed
 from fedica.validation import check_partition, check_seed, check_test_fraction
 
 __all__ = ["DATASETS", "SPLITS", "STANDARDIZE", "K_G_MODES", "MAX_AUTO_COMPONENTS", "real_client_data",
-           "real_dataset"]
+           "real_dataset", "with_chosen_components"]
 
 def _package(name: str, dataset: str):
     """An optional package that ships a data set (the ``realdata`` extra), or one line saying how to get it."""
@@ -213,14 +214,18 @@ def real_client_data(partition_id: int, *, dataset: str = "iris", split: str = "
     else:  # none: the features as measured, each in its own unit, as a user's files hold them
         mean, std = 0.0, 1.0
     X_train, X_test = (X[train] - mean) / std, (X[test] - mean) / std
-    at_bound = False
     if n_components == "given":
-        k = int(np.unique(y[train]).size)
-    else:
-        choice = choose_n_components(X_train, MAX_AUTO_COMPONENTS,
-                                     random_state=sklearn_seed(generator(seed, "real.components", g)))
-        k, at_bound = choice.n_components, choice.at_bound
-        if at_bound:
-            log.warning("site %d chose K_g=%d, its bound: it may hold more clusters (%s, %s split, seed %d)",
-                        g, k, dataset, split, seed)
-    return ClientData(X_train, y[train], X_test, y[test], k, at_bound)
+        return ClientData(X_train, y[train], X_test, y[test], int(np.unique(y[train]).size), False)
+    return with_chosen_components(ClientData(X_train, y[train], X_test, y[test], 1, False), g, seed)
+
+
+def with_chosen_components(data: ClientData, partition_id: int, seed: int) -> ClientData:
+    """``data`` with the K_g the site chooses on its training points (``n_components: auto``), and whether it chose
+    its bound (logged). A federation that standardises its points (``standardize: federated``) has the site choose
+    again on the standardised points, as a files site does (:func:`fedica.data.scenarios.scenario_client_data`)."""
+    choice = choose_n_components(data.X_train, MAX_AUTO_COMPONENTS,
+                                 random_state=sklearn_seed(generator(seed, "real.components", partition_id)))
+    if choice.at_bound:
+        log.warning("site %d chose K_g=%d, its bound: it may hold more clusters (seed %d)", partition_id,
+                    choice.n_components, seed)
+    return dataclasses.replace(data, n_components=choice.n_components, n_components_at_bound=choice.at_bound)

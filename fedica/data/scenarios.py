@@ -45,7 +45,15 @@ from fedica.data.ica_paper import (
     ica_true_mixing,
 )
 from fedica.data.mnist import mnist_client_data
-from fedica.data.real import DATASETS, K_G_MODES, SPLITS, STANDARDIZE, real_client_data, real_dataset
+from fedica.data.real import (
+    DATASETS,
+    K_G_MODES,
+    SPLITS,
+    STANDARDIZE,
+    real_client_data,
+    real_dataset,
+    with_chosen_components,
+)
 from fedica.data.recordings import (
     LINE_FREQUENCIES,
     recordings_client_data,
@@ -482,8 +490,9 @@ def scenario_client_data(scenario: Mapping, partition_id: int, seed: int, standa
     standardisation : str or None, default=None
         The location and scale a FedGEM request names (``standardize: federated``,
         :func:`fedica.fedgem.standardisation.encode_standardisation`): the points are standardised by them, a
-        file site's before its held-out share is drawn and before it chooses its K_g (``n_components: auto``);
-        another scenario's K_g is the scenario's own. None: the data's own units.
+        file site's before its held-out share is drawn and before it chooses its K_g (``n_components: auto``), a
+        ``sklearn_real`` site's before it chooses its K_g; another scenario's K_g is the scenario's own. None: the
+        data's own units.
 
     Returns
     -------
@@ -533,8 +542,11 @@ def _cached_client_data(name: str, items: tuple, partition_id: int, seed: int, _
         return SCENARIOS[name].client_data(params, partition_id, seed)
     if name == "files":  # the site's own K_g choice and held-out share see the standardised rows
         return _load_client_file(params, partition_id, seed, standardisation)
-    return in_request_units(SCENARIOS[name].client_data(params, partition_id, seed),
+    data = in_request_units(SCENARIOS[name].client_data(params, partition_id, seed),
                             {STANDARDISATION_KEY: standardisation})
+    if name == "sklearn_real" and params.get("n_components") == "auto":  # the site chooses on the points it clusters
+        data = with_chosen_components(data, partition_id, seed)
+    return data
 
 
 def file_table(path, label_column: int | str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
