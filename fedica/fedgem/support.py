@@ -18,10 +18,10 @@ The candidates the merge rules produce may hold one K only (well-separated clust
 the same partition, and no join has evidence), which would make any weight 1. So the sites also score,
 in the same likelihood request, the candidates' neighbours beyond their range of K: each partition of the
 fewest clusters one merge further (:func:`merged_labels`: the pair of global clusters whose join costs
-least in Ward's sense), each of the most clusters one split further (:func:`split_labels`: the cluster
-whose components spread most, cut in two across their principal direction; Boley 1998). Only beyond the
-range, so that the likelihood stage, the costliest of a large federation, gains a few models, not one
-per candidate. The neighbours only weigh the support; the selection chooses among the merge rules'
+least in Ward's sense) and, where the candidates hold one K only, one split further (:func:`split_labels`:
+the cluster whose components spread most, cut in two across their principal direction; Boley 1998). Only
+beyond the range, so that the likelihood stage, the costliest of a large federation, gains a few models,
+not one per candidate. The neighbours only weigh the support; the selection chooses among the merge rules'
 candidates as before.
 
 Plain numpy; the server computes both once its selection is made.
