@@ -23,7 +23,7 @@ from fedica.fedgem import privacy
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.evaluation import ClientEvaluation, EvaluationStage
 from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT, FEATURE_SCALE_SPREAD_LIMIT, geometry
-from fedica.fedgem.support import NEAR_TIE_GAP, candidate_support, cluster_stability, merged_labels, near_tie, split_labels
+from fedica.fedgem.support import candidate_support, cluster_stability, merged_labels, split_labels, support_warnings
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.overlaps import TooManyOverlaps
 from fedica.fedgem.selection import EVIDENCE_MINORITY, Candidate, bic, evidence_path_sizes, icl, merge_path, path_sizes, relabel
@@ -256,7 +256,8 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                         len(self.history), sum(counts), max(counts))
 
     def _support_of_k(self) -> None:
-        """How sure K_hat is (``k_support``, :mod:`fedica.fedgem.support`); a warning when another K nearly ties."""
+        """How sure K_hat is (``k_support``, :mod:`fedica.fedgem.support`); a warning when another K nearly ties or
+        a neighbour scores clearly better."""
         agg = self.aggregation
         with self.server_time():
             tuning = self.tuning or {}
@@ -269,23 +270,8 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                                                     agg.global_centroids, self._final_radii(self.upsilon),
                                                     len(self.final.partitions))
             self.k_support = support
-        tied = near_tie(support) if scored is not None else []
-        if tied:
-            weights = dict(zip(support["k"], support["weight"]))
-            warnings.warn(f"FedGEM: K_hat={agg.k_hat} is a near tie with K={', '.join(map(str, tied))}: their "
-                          f"{support['criterion'].upper()} lies within {NEAR_TIE_GAP:g} of the chosen (weights "
-                          + ", ".join(f"K={k} {weights[k]:.2f}" for k in sorted([agg.k_hat, *tied]))
-                          + "): the data support them nearly as well (k_support)", UserWarning, stacklevel=3)
-        # Only a neighbour beyond the candidates can score clearly better than the chosen (the choice is the best
-        # candidate): the sites' likelihood asks for a merge or a split the merge rules did not offer.
-        better = [(k, gap) for k, gap in zip(support.get("k", []), support.get("gap", [])) if gap <= -NEAR_TIE_GAP]
-        if better:
-            k, gap = min(better, key=lambda item: item[1])
-            how = "joins clusters the merge rules kept apart" if k < agg.k_hat else "splits a cluster"
-            warnings.warn(f"FedGEM: the sites' {support['criterion'].upper()} prefers K={k} to K_hat={agg.k_hat} (by "
-                          f"{-gap:.3g}), a partition that {how}: K_hat may {'over' if k < agg.k_hat else 'under'}-count "
-                          "the clusters, as spheres do for elongated clusters or features in different units "
-                          "(k_support)", UserWarning, stacklevel=3)
+        for message in support_warnings(support):
+            warnings.warn(message, UserWarning, stacklevel=3)
 
     def _select(self, candidates: list[Candidate], model: dict[str, Any]) -> Protocol:
         """The final partition among ``candidates``: by the clients' federated ICL, or by a private run's criterion.

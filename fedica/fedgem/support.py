@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["NEAR_TIE_GAP", "candidate_support", "cluster_stability", "merged_labels", "near_tie", "split_labels"]
+__all__ = ["NEAR_TIE_GAP", "candidate_support", "cluster_stability", "merged_labels", "near_tie", "split_labels",
+           "support_warnings"]
 
 NEAR_TIE_GAP = 2.0
 
@@ -70,6 +71,32 @@ def candidate_support(k_hats: np.ndarray, scores: np.ndarray, chosen: int) -> di
 def near_tie(support: Mapping[str, Any]) -> list[int]:
     """The Ks other than the chosen whose best criterion lies within :data:`NEAR_TIE_GAP` of the chosen K's."""
     return [k for k, gap in zip(support["k"], support["gap"]) if k != support["chosen"] and abs(gap) < NEAR_TIE_GAP]
+
+
+def support_warnings(support: Mapping[str, Any]) -> list[str]:
+    """What a run says about its choice of K (``k_support`` with its weights): a near tie, and a neighbour beyond the
+    candidates that the sites' criterion clearly prefers (none without weights)."""
+    if "weight" not in support:
+        return []
+    chosen, criterion = support["chosen"], support["criterion"].upper()
+    messages = []
+    tied = near_tie(support)
+    if tied:
+        weights = dict(zip(support["k"], support["weight"]))
+        messages.append(f"FedGEM: K_hat={chosen} is a near tie with K={', '.join(map(str, tied))}: their {criterion} "
+                        f"lies within {NEAR_TIE_GAP:g} of the chosen (weights "
+                        + ", ".join(f"K={k} {weights[k]:.2f}" for k in sorted([chosen, *tied]))
+                        + "): the data support them nearly as well (k_support)")
+    # Only a neighbour beyond the candidates can score clearly better than the chosen (the choice is the best
+    # candidate): the sites' likelihood asks for a merge or a split the merge rules did not offer.
+    better = [(k, gap) for k, gap in zip(support["k"], support["gap"]) if gap <= -NEAR_TIE_GAP]
+    if better:
+        k, gap = min(better, key=lambda item: item[1])
+        how = "joins clusters the merge rules kept apart" if k < chosen else "splits a cluster"
+        messages.append(f"FedGEM: the sites' {criterion} prefers K={k} to K_hat={chosen} (by {-gap:.3g}), a partition "
+                        f"that {how}: K_hat may {'over' if k < chosen else 'under'}-count the clusters, as spheres do "
+                        "for elongated clusters or features in different units (k_support)")
+    return messages
 
 
 def cluster_stability(labels: np.ndarray, owners: np.ndarray, centres: np.ndarray, global_centroids: np.ndarray,
