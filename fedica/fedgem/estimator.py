@@ -115,15 +115,16 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         clusters in one component labels their points apart; "consensus" (the paper's, the default of
         ``fedica-run``'s config): the nearest global centre of the site's own components.
         docs/ALGORITHMS.md section 2.8.
-    standardize : {"federated"} or None, default=None
+    standardize : {"federated"} or None, default="federated"
         "federated": before anything else, every feature is centred and scaled by one location and
         scale the sites agree on: each site sends its columns' means and standard deviations, and
         the server takes medians over the sites (docs/ALGORITHMS.md section 2.11.2), so that no
         feature's unit weighs it and no minority of sites sets the scales. The sites choose K_g,
         fit and label on the standardised points; ``means_`` is mapped back to the data's units,
         and ``predict``, ``predict_proba`` and ``score_samples`` take points in the data's units.
-        None: the data's own units (the fit warns when they are over 10-fold apart). Not with
-        ``dp_epsilon``.
+        The default since issue 44 (measured: docs/RESULTS.md, "Federated equals central"); the
+        paper preset (:meth:`paper`) keeps the data's units. None: the data's own units (the fit
+        warns when they are over 10-fold apart); a private fit (``dp_epsilon``) needs None.
     min_clients : int, default=2
         Fewest valid sites a round needs.
     max_local_clusters : int, default=10
@@ -174,8 +175,8 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
     n_local_clusters_ : ndarray of shape (n_sites,)
         K_g of each site (given, or estimated).
     local_clusters_at_bound_ : ndarray of shape (n_sites,), bool
-        Whether each site chose its bound (it may hold more clusters; each such site also warned);
-        all False when ``n_local_clusters`` is given.
+        Whether each site chose its bound (it may hold more clusters; a site of fewer than 8 points, whose
+        bound is 1, always; one warning named them); all False when ``n_local_clusters`` is given.
     upsilon_ : float
         The upsilon used (given, or tuned).
     tuning_ : dict or None
@@ -341,8 +342,8 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
     def paper(cls, **params) -> FedGEM:
         """FedGEM as the paper runs it: the preset ``algorithm=fedgem_paper`` of ``fedica-run``.
 
-        The identity covariance, two components of one site never in one global cluster, and each
-        site labelling its points by its consensus model (the values ``paper=`` in
+        The identity covariance, two components of one site never in one global cluster, each
+        site labelling its points by its consensus model, the data's own units (the values ``paper=`` in
         :data:`fedica.parameters.FEDGEM_PARAMETERS`); ``params`` set any parameter besides.
 
         Returns
