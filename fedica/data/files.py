@@ -277,7 +277,11 @@ def read_recording(path) -> Recording:
 
     The file is read whole (``mne.io.read_raw(path, preload=True)``) and its EEG channels are kept
     (``raw.pick("eeg", exclude="bads")``: a channel the file marks bad is left out, as MNE's own ICA leaves it
-    out, since a flat or broken channel makes the channels' covariance singular). MNE returns EEG in volts.
+    out, since a flat or broken channel makes the channels' covariance singular). The stretches the file annotates
+    bad (an annotation whose description starts with "bad", as ``BAD_ACQ_SKIP``, the padding MNE's EDF export adds
+    to fill a last data record) are left out, as MNE's own ICA leaves them out (``reject_by_annotation``): an EDF
+    copy of a FIF recording then gives the same samples (issue 45: the padding read as signal took RF-ICA's error
+    from .239 to .632). MNE returns EEG in volts.
 
     Parameters
     ----------
@@ -315,7 +319,7 @@ def read_recording(path) -> Recording:
         kinds = ", ".join(f"{kind} ({types.count(kind)})" for kind in sorted(set(types)))
         raise DataFileError(path, f"has no EEG channel (its channel types: {kinds}); RF-ICA reads the EEG channels")
     _pick_eeg(raw)
-    data = np.ascontiguousarray(raw.get_data(), dtype=np.float64)
+    data = np.ascontiguousarray(raw.get_data(reject_by_annotation="omit"), dtype=np.float64)
     names = tuple(raw.ch_names)
     bad = np.argwhere(~np.isfinite(data))
     if bad.size:

@@ -83,6 +83,27 @@ def test_a_recording_reads_back_as_its_eeg_channels_in_volts(tmp_path, fmt):
     np.testing.assert_array_equal(load_ica_file(path), recording.data.T)  # rows = samples, as for tables
 
 
+def test_the_stretches_a_recording_marks_bad_are_left_out_and_an_edf_copy_reads_as_its_fif(tmp_path):
+    # 12.4 s at 250 Hz: MNE's EDF export pads the last 1 s record and marks the padding BAD_ACQ_SKIP (issue 45: read
+    # as signal, 150 samples of zeros). A FIF with a stretch annotated bad leaves it out, as MNE's ICA does.
+    pytest.importorskip("edfio")
+    n = 3100
+    data = 1e-5 * true_mixing() @ sources(n, 0)
+    raw = mne.io.RawArray(data, mne.create_info(CHANNELS, SFREQ, "eeg"), verbose="error")
+    fif, edf = tmp_path / "site0_raw.fif", tmp_path / "site0.edf"
+    raw.save(fif, verbose="error")
+    mne.export.export_raw(edf, raw, fmt="edf", verbose="error")
+    assert any(a["description"] == "BAD_ACQ_SKIP" for a in mne.io.read_raw(edf, verbose="error").annotations)
+    from_fif, from_edf = read_recording(fif), read_recording(edf)
+    assert from_fif.data.shape == from_edf.data.shape == (4, n)
+    np.testing.assert_allclose(from_edf.data, from_fif.data, atol=1e-3 * np.abs(data).max())
+    marked = raw.copy().set_annotations(mne.Annotations([2.0], [1.0], ["BAD_blink"]))
+    marked.save(tmp_path / "site1_raw.fif", verbose="error")
+    kept = read_recording(tmp_path / "site1_raw.fif").data
+    assert kept.shape == (4, n - int(SFREQ))
+    np.testing.assert_array_equal(kept, np.hstack([from_fif.data[:, :500], from_fif.data[:, 750:]]))
+
+
 def test_only_the_eeg_channels_are_kept(tmp_path):
     path = write_site(tmp_path, 0, "fif", names=[*CHANNELS, "ECG", "STI"],
                       types=["eeg"] * 4 + ["ecg", "stim"])
