@@ -319,7 +319,8 @@ def read_recording(path) -> Recording:
         kinds = ", ".join(f"{kind} ({types.count(kind)})" for kind in sorted(set(types)))
         raise DataFileError(path, f"has no EEG channel (its channel types: {kinds}); RF-ICA reads the EEG channels")
     _pick_eeg(raw)
-    data = np.ascontiguousarray(raw.get_data(reject_by_annotation="omit"), dtype=np.float64)
+    # MNE would print how many samples it left out on every read; the result's shapes say it.
+    data = np.ascontiguousarray(raw.get_data(reject_by_annotation="omit", verbose="error"), dtype=np.float64)
     names = tuple(raw.ch_names)
     bad = np.argwhere(~np.isfinite(data))
     if bad.size:
