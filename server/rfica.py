@@ -12,7 +12,7 @@ from flwr.app import Array, ArrayRecord
 from fedica.parameters import RFICA_PARAMETERS as _P
 from fedica.privacy import SECRET_NOISE, SEEDED_NOISE
 from fedica.protocol.tasks import LOCAL_ENGINE_VARIABLE
-from fedica.rfica.coordinator import RFICAState, rfica_protocol
+from fedica.rfica.coordinator import RFICAState, explained_variance_record, rfica_protocol
 from fedica.rfica.privacy import check_covered
 
 
@@ -43,6 +43,8 @@ class RFICAStrategy(ProtocolStrategy):
     ----------
     mixing_ : ndarray of shape (r, n_components)
     components_ : ndarray of shape (n_components, r)
+    explained_variance_, explained_variance_ratio_ : ndarray of shape (n_components,) or None
+        As :class:`fedica.RFICA`'s: the components are ordered by the first, when the sites sent covariances.
     privacy_ : dict or None
         A private run's ``epsilon`` and ``delta`` spent, its one exchange, and whose seed the sites'
         noise came from (``noise``: secret at each site, or the run's under fedica's local engines);
@@ -98,6 +100,14 @@ class RFICAStrategy(ProtocolStrategy):
     @property
     def components_(self) -> np.ndarray:
         return np.linalg.pinv(self.state.aggregate.rf_ica)
+
+    @property
+    def explained_variance_(self) -> np.ndarray | None:
+        return explained_variance_record(self.state)[0]
+
+    @property
+    def explained_variance_ratio_(self) -> np.ndarray | None:
+        return explained_variance_record(self.state)[1]
 
     @property
     def privacy_(self) -> dict[str, Any] | None:

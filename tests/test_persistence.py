@@ -321,10 +321,14 @@ def test_rfica_from_result_is_the_runs_model(rfica_run):
     assert model.benchmark_site_ == int(section["benchmark_client"])
     assert model.channel_scale_spread_ == section["channel_scale_spread"] and model.channel_scale_spread_ >= 1
     assert model.contrast == "logcosh" and model.random_state == result["seed"]
-    np.testing.assert_array_equal(model.mean_, np.zeros(model.mixing_.shape[0]))
+    # The sites sent their means beside their covariances (the refinement's exchange): new data is centred.
+    np.testing.assert_array_equal(model.mean_, np.asarray(section["mean"]))
+    np.testing.assert_array_equal(model.explained_variance_, np.asarray(section["explained_variance"]))
+    assert np.all(np.diff(model.explained_variance_) <= 0)
     assert model.site_mixings_ is None and model.labels_ is None
     X = np.random.default_rng(1).standard_normal((50, model.mixing_.shape[0]))
-    np.testing.assert_allclose(model.transform(X), X @ np.asarray(section["unmixing"]).T, rtol=0, atol=0)
+    np.testing.assert_allclose(model.transform(X), (X - model.mean_) @ np.asarray(section["unmixing"]).T, rtol=0,
+                               atol=1e-12)
     np.testing.assert_allclose(model.inverse_transform(model.transform(X)), X, rtol=0, atol=1e-10)
 
 

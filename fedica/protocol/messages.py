@@ -399,6 +399,11 @@ def validate_covariance_reply(arrays: Mapping[str, Any], values: Mapping[str, An
     return covariance, require_int(values, "n-samples", minimum=r + 1)
 
 
+def validate_channel_means(arrays: Mapping[str, Any], *, r: int) -> np.ndarray:
+    """Check an RF-ICA site's channel means (sent beside its channel covariance): ``"mean"``, finite, shape (r,)."""
+    return require_array(arrays, "mean", (r,))
+
+
 def validate_refinement_reply(arrays: Mapping[str, Any], values: Mapping[str, Any], *,
                               r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Check an RF-ICA site's averages for one refinement step (docs/ALGORITHMS.md section 1.10).

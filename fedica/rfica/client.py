@@ -56,7 +56,10 @@ def fit(Y: np.ndarray, values: Mapping[str, Any], partition_id: int,
 
 
 def covariance(Y: np.ndarray) -> Reply:
-    """The client's channel covariance and sample count, for the server's federated whitening.
+    """The client's channel covariance, means and sample count, for the server's federated whitening.
+
+    The means let the server centre new observations as the sites centred theirs (``mean_`` of an
+    estimator rebuilt from the run's result). A private run sends no covariance, so no mean either.
 
     Parameters
     ----------
@@ -65,13 +68,13 @@ def covariance(Y: np.ndarray) -> Reply:
     Returns
     -------
     arrays : dict
-        ``covariance`` of shape (n_channels, n_channels).
+        ``covariance`` of shape (n_channels, n_channels), ``mean`` of shape (n_channels,).
     values : dict
         ``n-samples``, ``fit-seconds``.
     """
     start = time.perf_counter()
     data = observation_matrix(Y)
-    return {"covariance": site_covariance(data)}, {"n-samples": data.shape[1],
+    return {"covariance": site_covariance(data), "mean": data.mean(axis=1)}, {"n-samples": data.shape[1],
                                                    "fit-seconds": time.perf_counter() - start}
 
 

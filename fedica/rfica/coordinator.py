@@ -33,6 +33,7 @@ from fedica.protocol import (
 from fedica.protocol.messages import (
     RFICA_COVARIANCE,
     RFICA_REFINE,
+    validate_channel_means,
     validate_covariance_reply,
     validate_ica_convergence,
     validate_refinement_reply,
@@ -92,6 +93,12 @@ class RFICAState(ProtocolState):
         the federated whitening's count for a share, the majority's width otherwise.
     global_eigenvalues : ndarray of shape (r,) or None
         The robust global covariance's eigenvalues, in decreasing order (federated whitening).
+    global_covariance, global_mean : ndarray of shape (r, r) and (r,), or None
+        The federation's robust channel covariance and centre (:func:`federation_moments`), once the
+        sites have sent their covariances (federated whitening, or the refinement's covariance exchange).
+    explained_variance : ndarray of shape (components,) or None
+        The variance each column of the estimate explains in ``global_covariance``, in the columns'
+        order, which is decreasing (:func:`order_by_explained_variance`); None without a covariance.
     whitening_matrix : ndarray of shape (components, r) or None
         The whitening the sites received (federated whitening).
     covariance_partitions : list of int
@@ -148,6 +155,9 @@ class RFICAState(ProtocolState):
     unconverged: list[int] = field(default_factory=list)
     components: int | None = None
     global_eigenvalues: np.ndarray | None = None
+    global_covariance: np.ndarray | None = None
+    global_mean: np.ndarray | None = None
+    explained_variance: np.ndarray | None = None
     whitening_matrix: np.ndarray | None = None
     covariance_partitions: list[int] = field(default_factory=list)
     aggregate: RfIcaAggregate | None = None
@@ -195,6 +205,47 @@ def rfica_protocol(state: RFICAState):
     aggregate_estimates(state)
     if state.refine_rounds > 0:
         yield from refinement_protocol(state, first_round=3 if state.federated_whitening else 2)
+    if state.global_covariance is not None:
+        order_by_explained_variance(state)
+
+
+def explained_variances(mixing, covariance) -> np.ndarray:
+    """The variance each column of ``mixing`` explains in data of channel covariance ``covariance``.
+
+    The sources of the unmixing ``pinv(mixing)`` are uncorrelated, so the data's variance splits
+    into one share per component, ``|a_k|^2 var(s_k)``, plus what lies outside ``mixing``'s span
+    (docs/ALGORITHMS.md section 1.11).
+    """
+    unmixing = np.linalg.pinv(mixing)
+    source_variances = np.einsum("kc,cd,kd->k", unmixing, covariance, unmixing)
+    return np.sum(mixing**2, axis=0) * source_variances
+
+
+def explained_variance_record(state: RFICAState) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(explained_variance, explained_variance_ratio)`` of the estimate: None, None without a covariance."""
+    if state.explained_variance is None:
+        return None, None
+    return state.explained_variance, state.explained_variance / np.trace(state.global_covariance)
+
+
+def order_by_explained_variance(state: RFICAState) -> None:
+    """Order the estimate's columns by the variance they explain in the federation's covariance, largest first.
+
+    The columns otherwise follow the benchmark site's, an order that means nothing to the reader,
+    where MNE's ICA (and PCA) list the components that matter first. Everything indexed by column
+    follows: the comparators' centroids, the sites' labels, the one-shot estimate and the reverted
+    columns. Ties keep their order (a stable sort), so the result is a function of the estimate alone.
+    """
+    aggregate = state.aggregate
+    variances = explained_variances(aggregate.rf_ica, state.global_covariance)
+    order = np.argsort(-variances, kind="stable")
+    rank = np.argsort(order)
+    state.aggregate = replace(aggregate, rf_ica=aggregate.rf_ica[:, order], f_ica=aggregate.f_ica[:, order],
+                              labels=rank[aggregate.labels])
+    if state.one_shot_mixing is not None:
+        state.one_shot_mixing = state.one_shot_mixing[:, order]
+    state.refinement_reverted = sorted(int(rank[j]) for j in state.refinement_reverted)
+    state.explained_variance = variances[order]
 
 
 def refinement_protocol(state: RFICAState, *, first_round: int):
@@ -217,13 +268,14 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
     whitening = state.whitening_matrix
     if whitening is None:
         replies = yield Request(RFICA_COVARIANCE, round_label, {g: {} for g in participants}, {})
-        covariances, participants = _refinement_covariances(state, replies, round_label, state.aggregate.rf_ica.shape[0])
+        covariances, means, participants = _valid_covariances(state, replies, round_label,
+                                                              state.aggregate.rf_ica.shape[0])
         if len(covariances) < state.min_clients:
             _warn(f"RF-ICA: the refinement needs {state.min_clients} covariances, {len(covariances)} were valid; the "
                   "one-shot aggregate stands")
             return
-        with state.server_time():
-            whitening, _ = federated_whitening(np.stack(covariances), state.components, gm_tol=state.gm_tol)
+        federation_moments(state, covariances, means)
+        whitening, _ = whitening_of(state.global_covariance, state.components)
         round_label += 1
     one_shot = state.aggregate.rf_ica
     unmixing = np.linalg.pinv(whitening @ one_shot)
@@ -280,19 +332,34 @@ def _one_shot_clusters(state: RFICAState) -> list[np.ndarray]:
     return [columns[aggregate.labels.ravel() == j] for j in range(signed.shape[2])]
 
 
-def _refinement_covariances(state: RFICAState, replies: list[Reply], round_label: int, channels: int):
-    """The valid channel covariances of the refinement's covariance exchange, and their sites."""
-    covariances, partitions = [], []
+def _valid_covariances(state: RFICAState, replies: list[Reply], round_label: int, channels: int):
+    """The valid channel covariances and means of a covariance exchange, and their sites (the others refused)."""
+    covariances, means, partitions = [], [], []
     for reply in replies:
         try:
             covariance, _ = validate_covariance_reply(reply.arrays, reply.values, r=channels)
+            mean = validate_channel_means(reply.arrays, r=channels)
         except InvalidReply as err:
             state.reject(reply.partition_id, round_label, f"invalid reply: {err}")
             continue
         covariances.append(covariance)
+        means.append(mean)
         partitions.append(reply.partition_id)
         state.client_seconds += reported_seconds(reply)
-    return covariances, partitions
+    return covariances, means, partitions
+
+
+def federation_moments(state: RFICAState, covariances: list[np.ndarray], means: list[np.ndarray]) -> None:
+    """The federation's robust channel covariance (:func:`robust_covariance`) and centre, into ``state``.
+
+    The centre is the geometric median of the sites' means: breakdown point 1/2, as the covariance's,
+    so that no minority of sites can move where new observations are centred by more than the
+    honest sites' own spread. It serves only to centre observations the run did not see (the
+    sources' constant offsets); the estimate does not depend on it.
+    """
+    with state.server_time():
+        state.global_covariance = robust_covariance(np.stack(covariances), gm_tol=state.gm_tol)
+        state.global_mean = geometric_median(np.stack(means), tol=state.gm_tol)
 
 
 def _refinement_statistics(state: RFICAState, replies: list[Reply], round_label: int, r: int):
@@ -318,24 +385,15 @@ def receive_covariances(state: RFICAState, replies: list[Reply]) -> None:
     covariance needs (:func:`federated_whitening`).
     """
     r = state.r if state.r is not None else (majority_width(replies, "covariance") or 0)
-    covariances = []
-    for reply in replies:
-        try:
-            covariance, _ = validate_covariance_reply(reply.arrays, reply.values, r=r)
-        except InvalidReply as err:
-            state.reject(reply.partition_id, 1, f"invalid reply: {err}")
-            continue
-        covariances.append(covariance)
-        state.covariance_partitions.append(reply.partition_id)
-        state.client_seconds += reported_seconds(reply)
+    covariances, means, state.covariance_partitions = _valid_covariances(state, replies, 1, r)
     if not covariances:
         return
     if isinstance(state.n_components, Integral) and state.n_components > r:
         raise RunStopped(f"n_components={state.n_components} is more than the federation's {r} channels")
     state.r = r
+    federation_moments(state, covariances, means)
     with state.server_time():
-        state.whitening_matrix, state.global_eigenvalues = federated_whitening(
-            np.stack(covariances), state.n_components, gm_tol=state.gm_tol)
+        state.whitening_matrix, state.global_eigenvalues = whitening_of(state.global_covariance, state.n_components)
     state.components = state.whitening_matrix.shape[0]
 
 
@@ -366,6 +424,26 @@ def federated_whitening(covariances, n_components, *, gm_tol=1e-10) -> tuple[np.
     eigenvalues : ndarray of shape (n_channels,)
         The global covariance's eigenvalues, in decreasing order.
     """
+    return whitening_of(robust_covariance(covariances, gm_tol=gm_tol), n_components)
+
+
+def robust_covariance(covariances, *, gm_tol=1e-10) -> np.ndarray:
+    """The federation's channel covariance from the sites' ones, robust to a minority of them.
+
+    Every covariance is divided by its trace; the shape is the geometric median (in the Frobenius
+    norm) of these unit-trace matrices and the scale the median of the traces (see
+    :func:`federated_whitening`).
+
+    Parameters
+    ----------
+    covariances : array-like of shape (n_sites, n_channels, n_channels)
+        Validated covariances (symmetric, positive semi-definite, non-zero).
+    gm_tol : float, default=1e-10
+
+    Returns
+    -------
+    covariance : ndarray of shape (n_channels, n_channels), exactly symmetric
+    """
     stack = np.asarray(covariances, dtype=np.float64)
     n_sites, n_channels, _ = stack.shape
     traces = np.trace(stack, axis1=1, axis2=2)
@@ -376,7 +454,12 @@ def federated_whitening(covariances, n_components, *, gm_tol=1e-10) -> tuple[np.
     basis = np.linalg.svd(shapes - mean, full_matrices=False)[2]
     median = mean + geometric_median((shapes - mean) @ basis.T, tol=gm_tol) @ basis
     median = median.reshape(n_channels, n_channels)
-    global_covariance = np.median(traces) * (median + median.T) / 2
+    return np.median(traces) * (median + median.T) / 2
+
+
+def whitening_of(global_covariance, n_components) -> tuple[np.ndarray, np.ndarray]:
+    """The whitening of the federation's covariance onto its top ``n_components`` (:func:`federated_whitening`)."""
+    n_channels = global_covariance.shape[0]
     eigenvalues, eigenvectors = np.linalg.eigh(global_covariance)
     eigenvalues, eigenvectors = eigenvalues[::-1], eigenvectors[:, ::-1]
     if n_components is None:

@@ -17,9 +17,11 @@ from fedica.rfica import client as rfica_client
 from fedica.rfica.coordinator import (
     RFICAState,
     aggregate_estimates,
+    explained_variance_record,
     receive_estimates,
     rfica_protocol,
 )
+from fedica.rfica.mne_ica import fitted_mne_ica
 from fedica.rfica.privacy import check_covered, private_mixing_reply
 from fedica.validation import check_columns, check_seed, fit_sites
 
@@ -122,7 +124,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         The number of components estimated.
     mean_ : ndarray of shape (n_features,)
         The mean of all sites' observations, weighted by their sizes (removed by ``transform``);
-        zeros after ``aggregate`` and ``from_result`` (no site sends its mean).
+        zeros after ``aggregate``; after ``from_result``, the run's robust centre of the sites' means
+        (zeros where the sites sent none).
     site_mixings_ : ndarray of shape (n_sites, n_features, n_components_)
         Each site's own (unit-column) estimate in channel space; with ``dp_epsilon``, its noisy release
         as received (the server aggregates its columns' directions).
@@ -157,6 +160,19 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     refinement_reverted_ : list of int
         The columns where the refined value left the spread of the sites' estimates of it, and the
         one-shot column stands (a warning names them).
+    explained_variance_ : ndarray of shape (n_components_,) or None
+        The variance of the observations each component explains, in the federation's robust channel
+        covariance (docs/ALGORITHMS.md section 1.11); the components (columns of ``mixing_``, rows of
+        ``components_``) are in decreasing order of it. None when the sites sent no covariance (no
+        refinement and no federated whitening, as in the paper's protocol): the columns then follow
+        the benchmark site's.
+    explained_variance_ratio_ : ndarray of shape (n_components_,) or None
+        ``explained_variance_`` over the covariance's trace, the total variance: each component's
+        share, as scikit-learn's ``PCA.explained_variance_ratio_``.
+    covariance_ : ndarray of shape (n_features, n_features) or None
+        The federation's robust channel covariance (the median trace times the geometric median of
+        the sites' trace-normalised covariances, docs/ALGORITHMS.md section 1.8); None when the sites
+        sent none.
     privacy_ : dict or None
         A private fit's ``epsilon`` and ``delta`` spent, its noise multiplier and its one exchange
         (:meth:`fedica.privacy.PrivacyPlan.record`); None without ``dp_epsilon``.
@@ -263,7 +279,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         "f_ica_", "site_mixings_",
         "labels_", "benchmark_site_", "whitening_", "refinement_", "refinement_reverted_", "rejected_", "privacy_",
         "site_converged_", "site_iterations_", "channel_scale_spread_", "smallest_channel_scale_", "n_features_in_",
-        "feature_names_in_"})
+        "feature_names_in_", "explained_variance_", "explained_variance_ratio_", "covariance_"})
 
     def _check_fitted(self) -> None:
         """What ``transform`` and ``inverse_transform`` read, checked after :meth:`load`."""
@@ -303,6 +319,32 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
             raise ValueError(f"S must have shape (n_samples, {self.mixing_.shape[1]}), got {S.shape}")
         return S @ self.mixing_.T + self.mean_
 
+    def to_mne(self, info):
+        """The estimate as a fitted ``mne.preprocessing.ICA`` (needs the ``eeg`` extra).
+
+        MNE's tools then work on the federation's model: ``plot_components`` (topomaps, with a
+        montage in ``info``), ``plot_sources``, ``plot_properties(raw)``, ``get_sources(raw)``,
+        ``apply(raw, exclude=[...])`` (which keeps what lies outside the components' span) and
+        ``save``. Its sources are :meth:`transform`'s, ``ICA000`` the component explaining the most
+        variance when ``explained_variance_`` is known.
+
+        Parameters
+        ----------
+        info : mne.Info
+            The recordings' measurement info (``raw.info``): with ``feature_names_in_`` (sites given as
+            DataFrames named by channel) it must hold those channels, in any order; otherwise exactly
+            the fitted channels, in the fitted order.
+
+        Returns
+        -------
+        ica : mne.preprocessing.ICA
+            Fitted (``current_fit="raw"``), ``pca_mean_`` this ``mean_``.
+        """
+        check_is_fitted(self, "mixing_")
+        names = getattr(self, "feature_names_in_", None)
+        return fitted_mne_ica(self.mixing_, self.mean_, info, channel_names=None if names is None else list(names),
+                              covariance=getattr(self, "covariance_", None), method=self.local_solver)
+
     @classmethod
     def paper(cls, **params) -> RFICA:
         """RF-ICA as the paper runs it: the preset ``algorithm=rfica_paper`` of ``fedica-run``.
@@ -326,10 +368,14 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         its ``seed`` and ``min_clients`` its ``min_clients``. From the result's ``rfica`` section
         come ``mixing_`` (``estimate``), ``components_`` (``unmixing``), ``benchmark_site_``
         (``benchmark_client``, a partition id) and ``f_ica_``, ``simple_mean_``, ``simple_median_``
-        (``estimates``); ``rejected_`` from the result's ``clients``. No site sends its mean, so
-        ``mean_`` is zeros and ``transform`` does not centre: pass observations with their site's
-        mean removed (as the run's ``sources_site<g>.csv`` are computed). ``site_mixings_`` and
-        ``labels_`` stay with the run (the result holds neither): None.
+        (``estimates``); ``rejected_`` from the result's ``clients``; ``explained_variance_`` and
+        ``explained_variance_ratio_``. ``mean_`` is the result's ``mean``, the geometric median of the
+        sites' channel means, which they send beside their covariances (the refinement's or the
+        federated whitening's exchange), so ``transform`` centres new observations. A run whose sites
+        sent no covariance (the paper's one-shot protocol, a private run) sent no mean either: ``mean_``
+        is then zeros and ``transform`` does not centre; pass observations with their site's mean
+        removed (as the run's ``sources_site<g>.csv`` are computed). ``site_mixings_`` and ``labels_``
+        stay with the run (the result holds neither): None.
 
         Parameters
         ----------
@@ -351,7 +397,10 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         model = cls(**params)
         model.mixing_ = np.asarray(section["estimate"], dtype=np.float64)
         model.components_ = np.asarray(section["unmixing"], dtype=np.float64)
-        model.mean_ = np.zeros(model.mixing_.shape[0])
+        # The sites' robust centre where they sent their means (beside their covariances); a run whose sites sent
+        # none (the paper's one-shot protocol, a private run) leaves its sources uncentred, as its files were.
+        model.mean_ = (np.zeros(model.mixing_.shape[0]) if section.get("mean") is None
+                       else np.asarray(section["mean"], dtype=np.float64))
         model.site_mixings_ = model.labels_ = None
         model.benchmark_site_ = int(section["benchmark_client"])
         model.f_ica_, model.simple_mean_, model.simple_median_ = (
@@ -362,6 +411,10 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         model.channel_scale_spread_ = section.get("channel_scale_spread")  # None in a result written before it
         model.feature_names_in_ = None  # a run's channels are its files' or its scenario's, not named here
         model.smallest_channel_scale_ = section.get("smallest_channel_scale")
+        model.covariance_ = None if section.get("covariance") is None else np.asarray(section["covariance"], dtype=np.float64)
+        model.explained_variance_, model.explained_variance_ratio_ = (
+            None if section.get(key) is None else np.asarray(section[key], dtype=np.float64)
+            for key in ("explained_variance", "explained_variance_ratio"))  # None in a result written before them
         return model
 
     def _state(self, r: int, n_sites: int) -> RFICAState:
@@ -393,5 +446,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.one_shot_mixing_ = agg.rf_ica if state.one_shot_mixing is None else state.one_shot_mixing
         self.refinement_ = state.refinement
         self.refinement_reverted_ = state.refinement_reverted
+        self.explained_variance_, self.explained_variance_ratio_ = explained_variance_record(state)
+        self.covariance_ = state.global_covariance
         return self
 

@@ -17,6 +17,7 @@ from fedica.server.rfica import RFICAStrategy
 
 from fedica.data.scenarios import ica_channel_names, ica_poor_sites, ica_scenario_truth
 from fedica.evaluation.ica import ica_error
+from fedica.rfica.coordinator import explained_variance_record
 
 METHODS = ("rf-ica", "f-ica", "simple-mean", "simple-median")
 
@@ -97,6 +98,11 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
     channel_names = None if cfg["engine"]["name"] == "deployment" else ica_channel_names(sc)
     if channel_names is not None:
         rfica["channel_names"] = channel_names
+    explained, ratio = explained_variance_record(state)
+    if explained is not None:  # only a run whose sites sent covariances knows it (and orders its columns by it)
+        rfica["explained_variance"], rfica["explained_variance_ratio"] = explained, ratio
+        # The sites' robust centre and covariance: an estimator rebuilt from this file centres, and gives MNE's ICA.
+        rfica["mean"], rfica["covariance"] = state.global_mean, state.global_covariance
     if sc.get("write_sources"):
         rfica["sources_files"] = write_site_sources(sc, strategy.components_, seed, run_output_dir())
     if alg["refine_rounds"]:  # only a refined run records it: a one-shot run writes the result it always wrote

@@ -48,6 +48,9 @@ def test_fedica_run_on_signals_scores_every_method_against_a_star(signals_result
     np.testing.assert_array_equal(rfica["true_mixing"], truth)
     assert signals_result["metrics"]["rf-ica"]["error"] == pytest.approx(ica_error(model.mixing_, truth), abs=1e-12)
     assert signals_result["metrics"]["rf-ica"]["error"] < signals_result["metrics"]["f-ica"]["error"]
+    np.testing.assert_allclose(rfica["explained_variance"], model.explained_variance_, rtol=1e-9)
+    np.testing.assert_allclose(rfica["explained_variance_ratio"], model.explained_variance_ratio_, rtol=1e-9)
+    assert np.all(np.diff(rfica["explained_variance"]) <= 0)
     assert sorted(rfica["n_samples"]).count(40) == 2
     poor = rfica["poor_sites"]
     assert len(poor["noisy"]) == 2 and len(poor["short"]) == 2
