@@ -315,8 +315,10 @@ def validate_ica_reply(arrays: Mapping[str, Any], values: Mapping[str, Any], *, 
     Parameters
     ----------
     arrays : mapping
-        Must hold ``"mixing"``, a finite (r, n_components) matrix with no zero column: the site's
-        mixing estimate in channel space.
+        Must hold ``"mixing"``, a (r, n_components) matrix with no zero column: the site's mixing
+        estimate in channel space. Finite, except whole NaN rows, the site's bad channels (fewer
+        than half of the channels), and at most as many whole NaN columns, the components its
+        other channels could not hold (docs/ALGORITHMS.md section 1.12).
     values : mapping
         Must hold ``"n-samples"``, an integer >= 1.
     r : int
@@ -326,12 +328,24 @@ def validate_ica_reply(arrays: Mapping[str, Any], values: Mapping[str, Any], *, 
 
     Returns
     -------
-    mixing : ndarray of shape (r, n_components)
+    mixing : ndarray of shape (r, n_components), NaN where the site marked its bad channels
     n_samples : int
     """
-    mixing = require_array(arrays, "mixing", (r, r if n_components is None else n_components))
+    mixing = require_array(arrays, "mixing", (r, r if n_components is None else n_components), allow_nan=True)
+    missing = np.isnan(mixing)
+    bad_rows, absent_columns = missing.all(axis=1), missing.all(axis=0)
+    if missing.any():
+        if np.any(missing & ~bad_rows[:, None] & ~absent_columns[None, :]):
+            raise InvalidReply("'mixing' holds NaN outside whole rows (bad channels) and whole columns")
+        if 2 * bad_rows.sum() >= r:
+            raise InvalidReply(f"'mixing' marks {int(bad_rows.sum())} of {r} channels bad; fewer than half may be")
+        if absent_columns.all():
+            raise InvalidReply("'mixing' has no column that is not NaN")
+        if absent_columns.sum() > bad_rows.sum():
+            raise InvalidReply(f"'mixing' lacks {int(absent_columns.sum())} columns for {int(bad_rows.sum())} bad "
+                               "channel(s); a site lacks a column only for a channel it lacks")
     # The largest entry, not the norm: a column of 1e-170s has a norm that underflows to 0.
-    if np.any(np.max(np.abs(mixing), axis=0) == 0):
+    if np.any(np.nanmax(np.abs(mixing[:, ~absent_columns]), axis=0) == 0):
         raise InvalidReply("'mixing' has a zero column")
     return mixing, require_int(values, "n-samples", minimum=1)
 

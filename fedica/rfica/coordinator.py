@@ -49,6 +49,7 @@ from fedica.rfica.aggregation import (
     normalise_estimates,
     rf_ica_aggregate,
 )
+from fedica.rfica.filling import bad_rows, fill_alone, fill_from_reference
 from fedica.rfica.geometric_median import geometric_median
 from fedica.rfica.local import components_for_share
 from fedica.rfica.privacy import check_covered, rfica_plan
@@ -124,6 +125,9 @@ class RFICAState(ProtocolState):
         (:func:`fedica.rfica.aggregation.channel_scales`); None before any estimate.
     smallest_channel_scale : float or None
         The smallest of the channels' scales over the median; None before any estimate.
+    bad_channels : dict of int to list of int
+        The sites (partition ids) whose estimates marked bad channels, and those channels; their
+        estimates were filled from the complete sites' (:func:`fill_bad_channels`).
     channel_scales : ndarray of shape (r,) or None
         The scales the columns were compared with (each channel divided by its own), set when the
         spread is over :data:`~fedica.rfica.aggregation.CHANNEL_SCALE_SPREAD_LIMIT` or the smallest
@@ -168,6 +172,7 @@ class RFICAState(ProtocolState):
     channel_scale_spread: float | None = None
     smallest_channel_scale: float | None = None
     channel_scales: np.ndarray | None = None
+    bad_channels: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def federated_whitening(self) -> bool:
@@ -277,6 +282,11 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
         federation_moments(state, covariances, means)
         whitening, _ = whitening_of(state.global_covariance, state.components)
         round_label += 1
+    good = sum(g not in state.bad_channels for g in participants)
+    if good < state.min_clients:
+        _warn(f"RF-ICA: the refinement needs {state.min_clients} site(s) without bad channels, only {good} have; the "
+              "one-shot aggregate stands")
+        return
     one_shot = state.aggregate.rf_ica
     unmixing = np.linalg.pinv(whitening @ one_shot)
     for step in range(state.refine_rounds):
@@ -289,11 +299,13 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
                   f"{state.min_clients}; it stops there")
             break
         with state.server_time():
-            updated, kept = refinement_step(statistics, unmixing, gm_tol=state.gm_tol)
+            good = [g not in state.bad_channels for g in partitions]
+            updated, kept = refinement_step(statistics, unmixing, gm_tol=state.gm_tol, averaged=good)
             change = direction_change(unmixing, updated)
+        # A site with bad channels is never averaged, and was named already (fill_bad_channels): not set aside.
         state.refinement.append({"round": round_label, "change": change,
-                                 "sites": [g for g, k in zip(partitions, kept) if k],
-                                 "set_aside": [g for g, k in zip(partitions, kept) if not k]})
+                                 "sites": [g for g, k, ok in zip(partitions, kept, good) if k and ok],
+                                 "set_aside": [g for g, k, ok in zip(partitions, kept, good) if not k and ok]})
         unmixing, round_label = updated, round_label + 1
         if change < REFINEMENT_TOLERANCE:
             break
@@ -496,6 +508,7 @@ def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: i
         state.n_iter.append(n_iter)
         state.converged.append(converged)
         state.client_seconds += reported_seconds(reply)
+    fill_bad_channels(state, round_label)
     compare_channels_alike(state)
     refuse_degenerate(state, round_label)
     state.unconverged = [g for g, ok in zip(state.partitions, state.converged) if ok is False]
@@ -549,6 +562,39 @@ def refuse_degenerate(state: RFICAState, round_label: int = 1) -> None:
         state.reject(state.partitions[index], round_label, f"degenerate estimate: {defects[index]}")
         for books in (state.estimates, state.n_samples, state.partitions, state.n_iter, state.converged):
             del books[index]
+
+
+def fill_bad_channels(state: RFICAState, round_label: int = 1) -> None:
+    """Complete the estimates of sites with bad channels from the complete sites' aggregate (section 1.12).
+
+    The reference is the one-shot aggregate of the sites that sent every channel, with the run's
+    own settings; each incomplete estimate is filled from it (:func:`fedica.rfica.filling.fill_from_reference`)
+    and enters the aggregation as any other. One warning names the sites and their bad channels.
+    With fewer than two complete sites there is no consensus to fill from: each estimate is filled on
+    its own (:func:`fedica.rfica.filling.fill_alone`: zeros on the bad rows), as a federation of one
+    with a constant column needs.
+    """
+    incomplete = [i for i, estimate in enumerate(state.estimates) if np.isnan(estimate).any()]
+    if not incomplete:
+        return
+    complete = [i for i in range(len(state.estimates)) if i not in incomplete]
+    bad = {state.partitions[i]: [int(c) for c in bad_rows(state.estimates[i])] for i in incomplete}
+    with state.server_time():
+        if len(complete) < 2:
+            for i in incomplete:
+                state.estimates[i] = fill_alone(state.estimates[i])
+        else:
+            reference = rf_ica_aggregate(
+                np.stack([state.estimates[i] for i in complete]), np.asarray(state.n_samples)[complete],
+                benchmark=state.benchmark, kmeans_restarts=state.kmeans_restarts, gm_tol=state.gm_tol,
+                clustering=state.clustering, center=state.center, random_state=state.seed).rf_ica
+            for i in incomplete:
+                state.estimates[i] = fill_from_reference(state.estimates[i], reference)
+    state.bad_channels = bad
+    _warn("RF-ICA: bad channels (flat: dead, disconnected or constant; or saturated: clipped at a rail): "
+          + "; ".join(f"site {g}: channel(s) {', '.join(map(str, channels))}" for g, channels in bad.items())
+          + ". These sites estimated their columns on their other channels, the server filled those channels from "
+          "the sites that have them, and they take no part in the refinement")
 
 
 def _majority_rows(replies: list[Reply]) -> int:

@@ -169,6 +169,12 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     explained_variance_ratio_ : ndarray of shape (n_components_,) or None
         ``explained_variance_`` over the covariance's trace, the total variance: each component's
         share, as scikit-learn's ``PCA.explained_variance_ratio_``.
+    bad_channels_ : dict of int to list of int
+        The sites with bad channels and those channels: flat (dead, disconnected or constant: a
+        deviation under 1e-12 of the channels' root mean square) or saturated (at least 1 % of the
+        samples at the channel's minimum, or at its maximum: clipped at a rail). Such a site estimates its columns on its other
+        channels, the server fills the rest from the sites that have them, and the site takes no part
+        in the refinement (docs/ALGORITHMS.md section 1.12); one warning names them. Empty: none.
     covariance_ : ndarray of shape (n_features, n_features) or None
         The federation's robust channel covariance (the median trace times the geometric median of
         the sites' trace-normalised covariances, docs/ALGORITHMS.md section 1.8); None when the sites
@@ -279,7 +285,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         "f_ica_", "site_mixings_",
         "labels_", "benchmark_site_", "whitening_", "refinement_", "refinement_reverted_", "rejected_", "privacy_",
         "site_converged_", "site_iterations_", "channel_scale_spread_", "smallest_channel_scale_", "n_features_in_",
-        "feature_names_in_", "explained_variance_", "explained_variance_ratio_", "covariance_"})
+        "feature_names_in_", "explained_variance_", "explained_variance_ratio_", "covariance_",
+        "bad_channels_"})
 
     def _check_fitted(self) -> None:
         """What ``transform`` and ``inverse_transform`` read, checked after :meth:`load`."""
@@ -411,6 +418,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         model.channel_scale_spread_ = section.get("channel_scale_spread")  # None in a result written before it
         model.feature_names_in_ = None  # a run's channels are its files' or its scenario's, not named here
         model.smallest_channel_scale_ = section.get("smallest_channel_scale")
+        model.bad_channels_ = {int(g): channels for g, channels in section.get("bad_channels", {}).items()}
         model.covariance_ = None if section.get("covariance") is None else np.asarray(section["covariance"], dtype=np.float64)
         model.explained_variance_, model.explained_variance_ratio_ = (
             None if section.get(key) is None else np.asarray(section[key], dtype=np.float64)
@@ -448,5 +456,6 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.refinement_reverted_ = state.refinement_reverted
         self.explained_variance_, self.explained_variance_ratio_ = explained_variance_record(state)
         self.covariance_ = state.global_covariance
+        self.bad_channels_ = dict(state.bad_channels)
         return self
 

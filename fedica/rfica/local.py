@@ -8,6 +8,7 @@ import contextlib
 import functools
 import warnings
 from dataclasses import dataclass
+from numbers import Integral
 
 import numpy as np
 from picard import picard
@@ -103,7 +104,8 @@ class LocalICA:
     Attributes
     ----------
     mixing : ndarray of shape (n_channels, n_components)
-        ``Y ~ mixing @ S``, unit-norm columns, always finite.
+        ``Y ~ mixing @ S``, unit-norm columns; finite, except the rows of bad channels and the
+        columns a site with bad channels could not estimate, which are NaN (:func:`bad_channels`).
     n_iter : int
         Iterations of the attempt whose estimate this is.
     converged : bool
@@ -165,6 +167,65 @@ def site_covariance(Y) -> np.ndarray:
     centred = data - data.mean(axis=1, keepdims=True)
     covariance = centred @ centred.T / data.shape[1]
     return (covariance + covariance.T) / 2
+
+
+# A channel whose standard deviation is below this share of the channels' root mean square carries no signal (dead,
+# disconnected, or constant up to rounding): 1e-12 keeps a channel in nanovolts beside channels in volts (1e-9) live,
+# which the local ICA handles in its own units (local_ica's channel_units). The root mean square, not the median: half
+# the channels in microvolts would pull a median down to them.
+FLAT_CHANNEL_RATIO = 1e-12
+
+
+def flat_channels(centred) -> np.ndarray:
+    """Which channels of centred observations ``(n_channels, n_samples)`` are flat (boolean mask).
+
+    Flat: constant, or of a standard deviation under :data:`FLAT_CHANNEL_RATIO` of the channels'
+    root mean square deviation. Such a channel holds nothing of any source, and its zero variance makes the
+    covariance singular: the solvers' whitening divides by it, or a scalar whitening crawls for
+    thousands of iterations (docs/ALGORITHMS.md section 1.12).
+    """
+    deviations = np.sqrt(np.mean(centred**2, axis=1))
+    return (deviations == 0) | (deviations < FLAT_CHANNEL_RATIO * np.sqrt(np.mean(deviations**2)))
+
+
+# A channel with at least this share of its samples at its minimum, or at its maximum, is saturated (clipped at an
+# amplifier's rail). A continuous signal holds its extremes once; one clipped at 1 sd holds about a sixth of its
+# samples at each (fedica.data.recordings.SATURATION_LEVEL), one clipped at 3 sd a thousandth at each end.
+SATURATED_SHARE = 0.01
+# ... and at least this many samples: in a site of fewer than 100 samples one sample is over 1 %, and a continuous
+# signal never repeats its extreme.
+SATURATED_MIN_SAMPLES = 3
+# ... and at least this many times as many samples as any other value: a pile at the rail. Data measured to a coarse
+# resolution (iris's centimetres to one decimal) repeat their extremes too, but less often than their common values.
+SATURATED_PILE_FACTOR = 2
+# A channel of fewer distinct values than this is discrete (counts, levels), not a signal clipped at a rail.
+SATURATED_MIN_LEVELS = 16
+
+
+def saturated_channels(data) -> np.ndarray:
+    """Which channels of observations ``(n_channels, n_samples)`` are saturated (boolean mask).
+
+    Saturated: at least :data:`SATURATED_SHARE` of the samples, and :data:`SATURATED_MIN_SAMPLES`,
+    equal the channel's minimum, or its maximum, :data:`SATURATED_PILE_FACTOR` times as many as
+    hold any value between them (a pile at the rail, where coarsely measured data repeat every value),
+    of at least :data:`SATURATED_MIN_LEVELS` distinct values, and not flat. Clipping cuts every source's contribution at once, so that
+    the channel is no longer a linear mixture of them (docs/ALGORITHMS.md section 1.12).
+    """
+    n_samples = data.shape[1]
+    saturated = np.zeros(data.shape[0], dtype=bool)
+    for channel, values in enumerate(data):
+        at_rail = max(np.sum(values == values.max()), np.sum(values == values.min()))
+        if at_rail < max(SATURATED_SHARE * n_samples, SATURATED_MIN_SAMPLES) or at_rail == n_samples:
+            continue  # the common case, decided without counting every value
+        counts = np.unique(values, return_counts=True)[1]  # in increasing order of value: the rails at both ends
+        saturated[channel] = (counts.size >= SATURATED_MIN_LEVELS
+                              and at_rail >= SATURATED_PILE_FACTOR * counts[1:-1].max())
+    return saturated
+
+
+def bad_channels(data) -> np.ndarray:
+    """The channels a site leaves out of its ICA (boolean mask): flat (:func:`flat_channels`) or saturated."""
+    return flat_channels(data - data.mean(axis=1, keepdims=True)) | saturated_channels(data)
 
 
 def components_for_share(eigenvalues, share: float) -> int:
@@ -281,6 +342,11 @@ def local_ica(
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
 
     centred = data - data.mean(axis=1, keepdims=True)
+    bad = bad_channels(data)
+    if bad.any() and not bad.all():
+        return _without_bad_channels(data, bad, solver=solver, contrast=contrast, init=init, n_components=n_components,
+                                      whitening=whitening, random_state=random_state, shared_init_seed=shared_init_seed,
+                                      max_iter=max_iter, tol=tol, retry_random_state=retry_random_state)
     projection = _projection(centred, n_components, whitening)
     # Without a projection the solver sees the observations as given (it centres them itself),
     # exactly as before the projections existed.
@@ -330,6 +396,25 @@ def local_ica(
     if projection is not None:
         mixing = np.linalg.pinv(projection) @ mixing
     return LocalICA(normalize_columns(mixing), int(n_iter), bool(converged), attempts)
+
+
+def _without_bad_channels(data, bad, *, n_components, whitening, **settings) -> LocalICA:
+    """The local ICA on the good channels alone, its estimate NaN on the bad channels' rows.
+
+    Every channel asked (``n_components`` None) is more components than the good channels hold:
+    the columns beyond them are NaN, and the server fills them, with the bad rows, from the other
+    sites (docs/ALGORITHMS.md section 1.12). A count above the good channels is refused.
+    """
+    n_channels, live = data.shape[0], ~bad
+    if isinstance(n_components, Integral) and n_components > live.sum():
+        raise ValueError(f"n_components={n_components} is more than the {int(live.sum())} channels that are not flat "
+                         f"or saturated (bad: {', '.join(map(str, np.flatnonzero(bad)))})")
+    part = local_ica(data[live], n_components=n_components, whitening=None if whitening is None
+                     else as_float_array(whitening, "whitening")[:, live], **settings)
+    columns = n_channels if n_components is None and whitening is None else part.mixing.shape[1]
+    mixing = np.full((n_channels, columns), np.nan)
+    mixing[np.ix_(live, np.arange(part.mixing.shape[1]))] = part.mixing
+    return LocalICA(mixing, part.n_iter, part.converged, part.attempts)
 
 
 def local_fastica(

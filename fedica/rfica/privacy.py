@@ -133,5 +133,10 @@ def private_mixing_reply(task: str, site: Site, arrays: Mapping[str, Any], value
     if not noise_multiplier > 0:
         raise ValueError(f"a private request needs dp-noise > 0, got {noise_multiplier!r}")
     reply_arrays, reply_values = reply
-    released = private_mixing(reply_arrays["mixing"], noise_multiplier, _noise_rng(values, site))
+    # A site's flat channels are NaN rows (and its missing components NaN columns, fedica.rfica.local): zeros here, so
+    # that the release is unit columns plus noise as for every site. Which channels are flat is a fact of the data the
+    # NaN pattern would release outside the mechanism; as zeros it is within the sensitivity, which bounds any two
+    # matrices of unit (or canonical, for a zero column) columns.
+    released = private_mixing(np.nan_to_num(reply_arrays["mixing"], nan=0.0), noise_multiplier,
+                              _noise_rng(values, site))
     return {"mixing": released}, {"n-samples": 1, "fit-seconds": reply_values["fit-seconds"]}

@@ -86,6 +86,8 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
         # How far the channels' scales are apart in the estimates; over 10 the columns were compared scaled.
         "channel_scale_spread": state.channel_scale_spread,
         "smallest_channel_scale": state.smallest_channel_scale,
+        # The sites that marked bad channels (flat or saturated), by partition, and those channels: filled from the others.
+        "bad_channels": {str(g): channels for g, channels in state.bad_channels.items()},
         # The sites the scenario makes poor on purpose (all kinds together), None when unknown.
         "corrupted_clients": None if poor is None else sorted(g for sites in poor.values() for g in sites),
         "poor_sites": poor,

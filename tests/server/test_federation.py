@@ -155,7 +155,7 @@ def _replace(content, arrays=None, values=None):
 def test_malformed_rfica_replies_are_rejected_with_reasons():
     def corrupt(partition, content):
         return {
-            0: _replace(content, arrays={"mixing": np.full((4, 4), np.nan)}),
+            0: _replace(content, arrays={"mixing": np.full((4, 4), np.inf)}),
             1: _replace(content, arrays={"mixing": np.eye(3)}),
             2: _replace(content, values={"n-samples": 0}),
             3: RecordDict({"other": ConfigRecord({"x": 1})}),
