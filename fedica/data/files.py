@@ -266,18 +266,23 @@ class Recording:
         The EEG channels in volts, float64, C-ordered.
     channel_names : tuple of str
         The channels of ``data``'s rows, in order.
+    bad_channels : tuple of str
+        The channels the file marks bad (``raw.info["bads"]``), whose rows are held at zero.
     """
 
     data: np.ndarray
     channel_names: tuple[str, ...]
+    bad_channels: tuple[str, ...] = ()
 
 
 def read_recording(path) -> Recording:
     """A site's EEG channels from a recording file (:data:`RECORDING_SUFFIXES`), read through MNE.
 
-    The file is read whole (``mne.io.read_raw(path, preload=True)``) and its EEG channels are kept
-    (``raw.pick("eeg", exclude="bads")``: a channel the file marks bad is left out, as MNE's own ICA leaves it
-    out, since a flat or broken channel makes the channels' covariance singular). The stretches the file annotates
+    The file is read whole (``mne.io.read_raw(path, preload=True)``) and its EEG channels are kept, those the
+    file marks bad (``raw.info["bads"]``) included but held at zero: a flat channel to the site's ICA, which
+    leaves it out as MNE's own ICA leaves out a bad channel, and which the server fills from the sites that
+    have it (docs/ALGORITHMS.md section 1.12). Dropping it instead would give this site other channels than
+    the others', and the site would be refused (issue 45). The stretches the file annotates
     bad (an annotation whose description starts with "bad", as ``BAD_ACQ_SKIP``, the padding MNE's EDF export adds
     to fill a last data record) are left out, as MNE's own ICA leaves them out (``reject_by_annotation``): an EDF
     copy of a FIF recording then gives the same samples (issue 45: the padding read as signal took RF-ICA's error
@@ -322,6 +327,8 @@ def read_recording(path) -> Recording:
     # MNE would print how many samples it left out on every read; the result's shapes say it.
     data = np.ascontiguousarray(raw.get_data(reject_by_annotation="omit", verbose="error"), dtype=np.float64)
     names = tuple(raw.ch_names)
+    marked = tuple(name for name in names if name in raw.info["bads"])
+    data[[names.index(name) for name in marked]] = 0.0
     bad = np.argwhere(~np.isfinite(data))
     if bad.size:
         channel, sample = bad[0]
@@ -333,7 +340,7 @@ def read_recording(path) -> Recording:
     if data.shape[1] <= data.shape[0]:
         raise DataFileError(path, f"has {data.shape[1]} samples for {data.shape[0]} EEG channels; ICA needs more "
                                   "samples than channels")
-    return Recording(data, names)
+    return Recording(data, names, marked)
 
 
 def ica_observations(path, X: np.ndarray) -> np.ndarray:
@@ -438,8 +445,8 @@ def site_columns(path, *, delimiter: str = ",") -> tuple[str, ...] | None:
 
 
 def _pick_eeg(raw):
-    """The channels RF-ICA reads of a recording: its EEG channels but those the file marks bad (in place)."""
-    return raw.pick("eeg", exclude="bads")
+    """The channels RF-ICA reads of a recording: its EEG channels, those the file marks bad included (in place)."""
+    return raw.pick("eeg", exclude=())
 
 
 def table_extent(path, *, delimiter: str = ",") -> tuple[int, int]:

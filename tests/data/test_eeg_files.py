@@ -122,7 +122,21 @@ def test_a_deployed_site_reports_the_channels_it_reads_from_the_header_alone(tmp
     raw.info["bads"] = ["Cz"]
     marked = tmp_path / "marked_raw.fif"
     raw.save(marked, verbose="error")
-    assert site_columns(marked) == read_recording(marked).channel_names == ("Fp1", "Fz", "Pz")
+    # A channel the file marks bad is kept, held at zero: the site's ICA leaves it out, the server fills it.
+    recording = read_recording(marked)
+    assert site_columns(marked) == recording.channel_names == tuple(CHANNELS) and recording.bad_channels == ("Cz",)
+    assert np.all(recording.data[CHANNELS.index("Cz")] == 0) and np.all(recording.data[CHANNELS.index("Fz")] != 0)
+
+
+def test_a_site_whose_file_marks_a_channel_bad_takes_part_and_is_named(tmp_path):
+    paths = [write_site(tmp_path, site, "fif") for site in range(4)]
+    raw = mne.io.read_raw(paths[2], preload=True, verbose="error")
+    raw.info["bads"] = ["Pz"]
+    raw.save(paths[2], overwrite=True, verbose="error")
+    sites = [load_ica_file(path) for path in paths]
+    model = RFICA(random_state=0).fit(sites)
+    assert model.bad_channels_ == {2: [CHANNELS.index("Pz")]}
+    assert ica_error(model.mixing_, true_mixing()) < 0.1
 
 
 def test_rfica_recovers_the_mixing_from_the_files(tmp_path):
