@@ -55,6 +55,8 @@ STREAMS: dict[str, Stream] = {
     "recordings.mixing": Stream("spawn", 15),
     "recordings.roles": Stream("spawn", 16),
     "recordings.site": Stream("spawn", 17, ("partition",)),
+    # Its sources' strengths at each site (strength_spread): a stream of its own, so that the sites' other draws stay.
+    "recordings.strength": Stream("spawn", 19, ("partition",)),
     # Clustering scenarios.
     "blobs.centers": Stream("spawn", 1),
     "scenario.cluster_sets": Stream("spawn", 2),

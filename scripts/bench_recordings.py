@@ -3,7 +3,9 @@
 Each workload is ``scenario=recordings`` (fedica/data/recordings.py) with six sites of 1,000 to 5,000
 samples (5,000 to 10,000 for 64 channels), ``A*`` of condition number 10, in three conditions:
 ``clean`` (no poor site), ``noisy`` (one site of six with noise at 3 channel standard deviations: issue
-23's case) and ``faulty`` (one site with a dead channel, one with a saturated channel). On every seed:
+23's case), ``faulty`` (one site with a dead channel, one with a saturated channel), ``unequal`` (each source 10
+times louder or softer from site to site, ``strength_spread=10``: issue 45's trial) and ``unequal+noisy`` (the
+same with one noisy site). On every seed:
 
 - ``rfica``: :class:`fedica.RFICA` with the library's defaults on all sites, and on the clean sites only;
 - ``fastica``: scikit-learn's ``FastICA(n_components=n_sources)`` (its defaults) on the pooled data;
@@ -39,9 +41,12 @@ CONDITIONS = {
     "clean": {"n_noisy": 0, "dead_channel": False, "saturated_channel": False},
     "noisy": {"n_noisy": 1, "dead_channel": False, "saturated_channel": False},
     "faulty": {"n_noisy": 0, "dead_channel": True, "saturated_channel": True},
+    # Issue 45's trial: each source 10 times louder or softer from site to site (subjects and sessions differ).
+    "unequal": {"n_noisy": 0, "dead_channel": False, "saturated_channel": False, "strength_spread": 10.0},
+    "unequal+noisy": {"n_noisy": 1, "dead_channel": False, "saturated_channel": False, "strength_spread": 10.0},
 }
 BASE = {"name": "recordings", "n_clients": 6, "sampling_rate": 250.0, "condition_number": 10.0,
-        "sensor_noise": 0.02, "noise_level": 3.0, "line_frequency": 50}
+        "sensor_noise": 0.02, "noise_level": 3.0, "line_frequency": 50, "strength_spread": 1.0}
 METHODS = ("rfica", "fastica", "picard")
 DEFAULT_SEEDS = 3
 

@@ -28,8 +28,12 @@ times the channel's standard deviation to every channel; with ``dead_channel`` o
 (all-zero) channel; with ``saturated_channel`` one other site has a channel clipped at
 ``SATURATION_LEVEL`` times its standard deviation (an amplifier at its rail).
 
+With ``strength_spread`` above 1 each source's strength differs from site to site (log-uniform in
+``[1 / strength_spread, strength_spread]``), as sources do between subjects and sessions.
+
 Random streams (:mod:`fedica.seeding`): ``recordings.mixing`` (A*), ``recordings.roles`` (which sites are
 poor), ``recordings.site`` with the partition id (the site's length, sources, noise and faulty channel),
+``recordings.strength`` with the partition id (the sources' strengths there),
 so any site can be built alone, in any order, bit-identically for a seed.
 """
 
@@ -255,7 +259,8 @@ def recordings_sources(rng: np.random.Generator, n: int, *, n_sources: int, samp
 
 def recordings_site(partition_id, *, n_clients=6, n_channels=4, n_sources=4, sampling_rate=250.0, min_samples=1000,
                     max_samples=5000, condition_number=10.0, sensor_noise=0.02, n_noisy=1, noise_level=3.0,
-                    dead_channel=False, saturated_channel=False, line_frequency=50, seed=0) -> RecordingsSite:
+                    dead_channel=False, saturated_channel=False, line_frequency=50, strength_spread=1.0,
+                    seed=0) -> RecordingsSite:
     """One site's true sources and observations.
 
     Parameters
@@ -283,11 +288,16 @@ def recordings_site(partition_id, *, n_clients=6, n_channels=4, n_sources=4, sam
         Whether one (other) site has a flat channel, and one a clipped channel.
     line_frequency : {50, 60}
         Hz.
+    strength_spread : float
+        ``>= 1``: each source's strength at each site is ``strength_spread ** u``, ``u`` uniform in
+        ``[-1, 1]`` (stream ``recordings.strength``): a source loud at some sites and faint at others,
+        as subjects and sessions differ. 1: every source of unit variance at every site.
     seed : int
 
     Returns
     -------
     RecordingsSite
+        ``sources`` at their strengths at the site.
     """
     g = check_index(partition_id, "partition_id", check_int(n_clients, "n_clients", minimum=1))
     mixing = recordings_true_mixing(n_channels=n_channels, n_sources=n_sources, condition_number=condition_number,
@@ -302,12 +312,17 @@ def recordings_site(partition_id, *, n_clients=6, n_channels=4, n_sources=4, sam
     for name, value in (("sensor_noise", sensor_noise), ("noise_level", noise_level)):
         if not (np.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if not (np.isfinite(strength_spread) and strength_spread >= 1):
+        raise ValueError(f"strength_spread must be a finite number >= 1, got {strength_spread!r}")
     roles = recordings_roles(n_clients=n_clients, n_noisy=n_noisy, dead_channel=dead_channel,
                              saturated_channel=saturated_channel, seed=seed)
     rng = generator(seed, "recordings.site", g)
     n = int(rng.integers(min_samples, max_samples + 1))
     sources = recordings_sources(rng, n, n_sources=n_sources, sampling_rate=float(sampling_rate),
                                  line_frequency=float(line_frequency))
+    if strength_spread > 1:  # a stream of its own: the sites of a spread of 1 are drawn as they always were
+        strengths = strength_spread ** generator(seed, "recordings.strength", g).uniform(-1.0, 1.0, size=n_sources)
+        sources = sources * strengths[:, None]
     clean = mixing @ sources
     channel_sd = clean.std(axis=1, keepdims=True)
     observations = clean + sensor_noise * channel_sd * rng.standard_normal(clean.shape)

@@ -128,6 +128,7 @@ def _check_recordings(sc: Checker) -> None:
     sc.integer("max_samples", minimum=min_samples)
     sc.number("condition_number", low=1)
     sc.number("sensor_noise", low=0)
+    sc.number("strength_spread", low=1)
     n_noisy = sc.integer("n_noisy", minimum=0)
     sc.number("noise_level", low=0)
     n_faulty = int(sc.boolean("dead_channel")) + int(sc.boolean("saturated_channel"))
@@ -371,6 +372,8 @@ class Scenario:
         config refuses a scenario over half the machine's memory); None: data read or shipped, not made.
     memory_key : str or None
         The key a too-large scenario is reported under.
+    defaults : mapping
+        Keys a section written before them may leave out, and the value that draws its data as it was drawn.
     """
 
     name: str
@@ -383,6 +386,7 @@ class Scenario:
     poor_sites: Callable[[dict, int], dict[str, list[int]] | None] = _none
     data_values: Callable[[Mapping, int], int] | None = None
     memory_key: str | None = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
     algorithms: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -419,13 +423,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              data_values=lambda sc, n_clients: n_clients * sc["n_samples"] * sc["r"], memory_key="n_samples"),
     Scenario("recordings", ("n_clients", "n_channels", "n_sources", "sampling_rate", "min_samples", "max_samples",
                             "condition_number", "sensor_noise", "n_noisy", "noise_level", "dead_channel",
-                            "saturated_channel", "line_frequency"),
+                            "saturated_channel", "line_frequency", "strength_spread"),
              {"rfica": _check_recordings},
              site_data=_load_labelled(recordings_client_data), true_mixing=_recordings_mixing,
              poor_sites=_recordings_poor_sites,
              # Every site at its largest length: an upper bound, known before any site is drawn.
              data_values=lambda sc, n_clients: n_clients * sc["max_samples"] * sc["n_channels"],
-             memory_key="max_samples"),
+             memory_key="max_samples", defaults={"strength_spread": 1.0}),
     Scenario("blobs", ("n_clients", "n_clusters", "dim", "r_min", "n_train", "n_test", "setting", "k_min", "k_max"),
              {"fedgem": _check_blobs},
              client_data=_load_blobs, true_n_clusters=lambda params: int(params["n_clusters"]),
@@ -637,7 +641,7 @@ def true_n_clusters(scenario: Mapping) -> int | None:
 
 def _ica_params(scenario: Mapping) -> tuple[str, dict]:
     name, items = _scenario_key(scenario, "rfica")
-    params = dict(items)
+    params = {**SCENARIOS[name].defaults, **dict(items)}
     if name != "files":
         missing = [key for key in SCENARIOS[name].keys if key not in params]
         if missing:

@@ -28,7 +28,7 @@ from fedica.server.app import compose_config
 RECORDINGS = {"name": "recordings", "n_clients": 6, "n_channels": 8, "n_sources": 4, "sampling_rate": 250.0,
               "min_samples": 1000, "max_samples": 5000, "condition_number": 10.0, "sensor_noise": 0.02,
               "n_noisy": 1, "noise_level": 3.0, "dead_channel": True, "saturated_channel": True,
-              "line_frequency": 50}
+              "line_frequency": 50, "strength_spread": 1.0}
 PARAMS = {key: value for key, value in RECORDINGS.items() if key != "name"}
 
 
@@ -180,3 +180,18 @@ def test_the_recordings_benchmark_scores_every_method_and_skips_what_fedica_cann
     assert "error" in wide["fastica/all"] and "error" in wide["picard/all"]
     summary = summarise([wide])
     assert set(summary["fastica/all"]) >= {"median_error", "median_amari"}
+
+
+def test_unequal_strengths_scale_each_source_per_site_and_leave_a_spread_of_one_as_it_was():
+    from fedica.data.recordings import recordings_site
+
+    params = dict(n_clients=4, n_channels=4, n_sources=4, n_noisy=0, seed=3)
+    for g in range(4):
+        plain = recordings_site(g, **params)
+        np.testing.assert_array_equal(recordings_site(g, **params, strength_spread=1.0).observations, plain.observations)
+        unequal = recordings_site(g, **params, strength_spread=10.0)
+        strengths = unequal.sources.std(axis=1) / plain.sources.std(axis=1)
+        assert np.all((strengths >= 0.1) & (strengths <= 10.0)) and np.ptp(np.log10(strengths)) > 0.2
+        np.testing.assert_allclose(unequal.sources / strengths[:, None], plain.sources, atol=1e-12)
+    with pytest.raises(ValueError, match="strength_spread must be a finite number >= 1, got 0.5"):
+        recordings_site(0, **params, strength_spread=0.5)
