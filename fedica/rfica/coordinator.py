@@ -280,7 +280,7 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
                   "one-shot aggregate stands")
             return
         federation_moments(state, covariances, means)
-        whitening, _ = whitening_of(state.global_covariance, state.components)
+        whitening, _ = whitening_of(state.global_covariance, state.components, covariances, gm_tol=state.gm_tol)
         round_label += 1
     good = sum(g not in state.bad_channels for g in participants)
     if good < state.min_clients:
@@ -405,7 +405,8 @@ def receive_covariances(state: RFICAState, replies: list[Reply]) -> None:
     state.r = r
     federation_moments(state, covariances, means)
     with state.server_time():
-        state.whitening_matrix, state.global_eigenvalues = whitening_of(state.global_covariance, state.n_components)
+        state.whitening_matrix, state.global_eigenvalues = whitening_of(state.global_covariance, state.n_components,
+                                                                        covariances, gm_tol=state.gm_tol)
     state.components = state.whitening_matrix.shape[0]
 
 
@@ -436,7 +437,7 @@ def federated_whitening(covariances, n_components, *, gm_tol=1e-10) -> tuple[np.
     eigenvalues : ndarray of shape (n_channels,)
         The global covariance's eigenvalues, in decreasing order.
     """
-    return whitening_of(robust_covariance(covariances, gm_tol=gm_tol), n_components)
+    return whitening_of(robust_covariance(covariances, gm_tol=gm_tol), n_components, covariances, gm_tol=gm_tol)
 
 
 def robust_covariance(covariances, *, gm_tol=1e-10) -> np.ndarray:
@@ -469,8 +470,12 @@ def robust_covariance(covariances, *, gm_tol=1e-10) -> np.ndarray:
     return np.median(traces) * (median + median.T) / 2
 
 
-def whitening_of(global_covariance, n_components) -> tuple[np.ndarray, np.ndarray]:
-    """The whitening of the federation's covariance onto its top ``n_components`` (:func:`federated_whitening`)."""
+def whitening_of(global_covariance, n_components, covariances=None, *, gm_tol=1e-10) -> tuple[np.ndarray, np.ndarray]:
+    """The whitening of the federation's covariance onto its top ``n_components`` (:func:`federated_whitening`).
+
+    With the sites' ``covariances`` and fewer components than channels, the subspace is the sites'
+    (:func:`robust_subspace`), and the global covariance is whitened within it.
+    """
     n_channels = global_covariance.shape[0]
     eigenvalues, eigenvectors = np.linalg.eigh(global_covariance)
     eigenvalues, eigenvectors = eigenvalues[::-1], eigenvectors[:, ::-1]
@@ -480,8 +485,33 @@ def whitening_of(global_covariance, n_components) -> tuple[np.ndarray, np.ndarra
         count = components_for_share(eigenvalues, n_components)
     else:
         count = int(n_components)
+    if covariances is not None and count < n_channels:
+        basis = robust_subspace(covariances, count, gm_tol=gm_tol)
+        within, rotation = np.linalg.eigh(basis.T @ global_covariance @ basis)
+        within, rotation = within[::-1], rotation[:, ::-1]
+        kept = np.maximum(within, _RANK_DEFICIENT_RATIO * eigenvalues[0])
+        return ((basis @ rotation) / np.sqrt(kept)).T, eigenvalues
     kept = np.maximum(eigenvalues[:count], _RANK_DEFICIENT_RATIO * eigenvalues[0])
     return (eigenvectors[:, :count] / np.sqrt(kept)).T, eigenvalues
+
+
+def robust_subspace(covariances, count: int, *, gm_tol=1e-10) -> np.ndarray:
+    """The ``count``-dimensional subspace the sites agree on: orthonormal columns, shape (n_channels, count).
+
+    Each site's own principal subspace of that dimension is its projector ``P_k = V_k V_k^T``, whatever
+    the strengths of the sources there: a source faint at most sites is still in every site's
+    subspace as long as it stands above that site's noise, where the top eigenvectors of a median
+    covariance drop it below a noisy site's pull. The subspace is the top ``count`` eigenvectors of
+    the projectors' geometric median (breakdown point 1/2, as the covariance's).
+    """
+    stack = np.asarray(covariances, dtype=np.float64)
+    n_sites, n_channels, _ = stack.shape
+    vectors = np.linalg.eigh(stack)[1][:, :, ::-1][:, :, :count]
+    projectors = np.einsum("kic,kjc->kij", vectors, vectors).reshape(n_sites, -1)
+    mean = projectors.mean(axis=0)
+    basis = np.linalg.svd(projectors - mean, full_matrices=False)[2]
+    median = (mean + geometric_median((projectors - mean) @ basis.T, tol=gm_tol) @ basis).reshape(n_channels, n_channels)
+    return np.linalg.eigh((median + median.T) / 2)[1][:, ::-1][:, :count]
 
 
 def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: int = 1) -> None:
