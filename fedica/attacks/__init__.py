@@ -7,17 +7,22 @@ server is never told which clients are hostile; only the result records it.
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import linear_sum_assignment
 
 from fedica.metrics import PooledTables, ari_from_contingency
 from fedica.sites import apportion
 from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT
 from fedica.fedgem.tables import TABLE_INFLUENCE_LIMIT
+from fedica.rfica.aggregation import trim_cut
 from fedica.seeding import generator
 
 # RF-ICA: a junk estimate instead of the honest one (hostile_ica_estimate) ...
 ICA_REPLACEMENTS = ("random_orthogonal", "scaled_junk", "permuted_truth")
 # ... or attacks that know RF-ICA's defences: they target its benchmark, its clusters and its medians.
-ICA_ADAPTIVE_ATTACKS = ("benchmark_hijack", "rank_one_collusion", "midpoint_columns", "rotated_truth")
+ICA_ADAPTIVE_ATTACKS = ("benchmark_hijack", "rank_one_collusion", "midpoint_columns", "rotated_truth", "inlier_drift")
+# inlier_drift: how far inside the trimmed centre's cut the colluders place their columns (the cut itself is where a
+# column starts to be left out; just inside it, every colluder's column is averaged).
+INLIER_DRIFT_SHARE_OF_CUT = 0.95
 ICA_ATTACKS = (*ICA_REPLACEMENTS, *ICA_ADAPTIVE_ATTACKS)
 # rotated_truth: the sample count it claims, far beyond any site's (the benchmark rule "largest" picks it).
 ROTATED_TRUTH_COUNT = 10**9
@@ -193,6 +198,34 @@ def rotated_truth_estimate(true_mixing: np.ndarray) -> np.ndarray:
     first, second = true_mixing[:, 0], true_mixing[:, 1]
     rotated[:, 0], rotated[:, 1] = (first + second) / np.sqrt(2.0), (second - first) / np.sqrt(2.0)
     return rotated
+
+
+def inlier_drift_estimate(true_mixing: np.ndarray, own: np.ndarray, n_sites: int) -> np.ndarray:
+    """An ``inlier_drift`` colluder's estimate: every true column moved along one shared direction, just inside the cut.
+
+    The attacker knows ``A*`` (the worst case) and the trimmed centre's rule (docs/ALGORITHMS.md
+    1.4.2): a column is averaged when it lies within ``c`` median distances of its cluster's
+    geometric median, ``c`` the cut for ``n_sites`` points in ``p - 1`` dimensions. It takes the
+    honest spread from its own honest estimate (the median distance of its unit columns, matched to
+    ``A*``'s and sign-aligned, from them), and sends column ``i`` at ``a_i + lambda s d_i``, with
+    ``lambda`` :data:`INLIER_DRIFT_SHARE_OF_CUT` of ``c`` and ``d_i`` the unit direction of the next
+    true column orthogonalised against ``a_i``, the same for every colluder (issue 45: against the
+    trimmed mean it took the error to 3.9x the attack-free one at 25 % hostile).
+    """
+    truth = np.asarray(true_mixing, dtype=np.float64)
+    truth = truth / np.linalg.norm(truth, axis=0)
+    own = np.asarray(own, dtype=np.float64)
+    own = own / np.linalg.norm(own, axis=0)
+    cosines = truth.T @ own
+    rows, columns = linear_sum_assignment(-np.abs(cosines))
+    matched = own[:, columns[np.argsort(rows)]] * np.sign(cosines[rows, columns][np.argsort(rows)])
+    spread = float(np.median(np.linalg.norm(matched - truth, axis=0)))
+    cut = trim_cut(max(truth.shape[0] - 1, 1), n_sites)
+    following = np.roll(truth, -1, axis=1)
+    directions = following - truth * np.sum(following * truth, axis=0)
+    directions /= np.linalg.norm(directions, axis=0)
+    drifted = truth + INLIER_DRIFT_SHARE_OF_CUT * cut * spread * directions
+    return drifted / np.linalg.norm(drifted, axis=0)
 
 
 def hostile_gem_reply(

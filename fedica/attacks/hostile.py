@@ -178,6 +178,10 @@ def _adaptive_ica_reply(kind: str, honest: tuple[Arrays, Values], arrays: Mappin
     if kind == "rotated_truth":
         return ({**reply_arrays, "mixing": attacks.rotated_truth_estimate(truth)},
                 {**reply_values, "n-samples": attacks.ROTATED_TRUTH_COUNT})
+    if kind == "inlier_drift":
+        return ({**reply_arrays, "mixing": attacks.inlier_drift_estimate(truth, reply_arrays["mixing"],
+                                                                          client_count(cfg["scenario"]))},
+                reply_values)
     # benchmark_hijack: one sample more than the largest honest site, so that "largest" picks it.
     return ({**reply_arrays, "mixing": attacks.benchmark_hijack_estimate(truth)},
             {**reply_values, "n-samples": _largest_site(json.dumps(cfg["scenario"], sort_keys=True),

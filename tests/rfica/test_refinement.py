@@ -231,3 +231,27 @@ def test_the_federated_subspace_keeps_a_source_faint_at_most_sites_beside_a_nois
     assert np.linalg.norm(truth - subspace @ (subspace.T @ truth), axis=0).max() < 0.1
     assert ica_error(model.mixing_, truth) < 0.05
     assert {g for step in model.refinement_ for g in step["set_aside"]} == set(ica_poor_sites(scenario, 2)["noisy"])
+
+
+def test_inlier_drift_colluders_lie_inside_the_cut_and_the_defaults_leave_them_no_effect():
+    """Issue 45's adaptive attacker: every colluder's column just inside the trimmed centre's cut, along one direction;
+    under the one-shot protocol it drifts the result (3.7x), under the library's defaults the refinement undoes it."""
+    from fedica import attacks
+    from fedica.config import validate_config
+    from fedica.rfica.aggregation import trim_cut
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    rng = np.random.default_rng(0)
+    truth = normalize_columns(rng.standard_normal((5, 5)))
+    own = normalize_columns(truth + 0.02 * rng.standard_normal((5, 5)))[:, [2, 0, 1, 4, 3]] * [1, -1, 1, 1, -1]
+    drifted = attacks.inlier_drift_estimate(truth, own, 30)
+    spread = np.median(np.linalg.norm(own[:, [1, 2, 0, 4, 3]] * [-1, 1, 1, -1, 1] - truth, axis=0))
+    distances = np.linalg.norm(drifted - truth, axis=0)
+    assert np.all(distances < trim_cut(4, 30) * spread) and np.all(distances > 0.8 * trim_cut(4, 30) * spread)
+
+    def error(*overrides):
+        run = ["engine=inprocess", "baselines=false", "scenario.corrupt_ratio=0.0", "scenario.n_clients=12", "seed=1"]
+        return run_inprocess(validate_config(compose_config([*run, *overrides])))["metrics"]["rf-ica"]["error"]
+
+    assert error("algorithm=rfica", "attack=inlier_drift", "attack.fraction=0.25") < 2 * error("algorithm=rfica")
