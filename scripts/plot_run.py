@@ -258,7 +258,12 @@ def draw_sources(fig: Any, Y: np.ndarray, rfica: Mapping[str, Any], truth: np.nd
     if truth is None:
         # No A* to match to: source i is the estimate's component i, drawn beside its channel weights.
         axes = fig.subplots(n_drawn, 2, squeeze=False, width_ratios=[1, 3])
-        draw_weights(axes[:, 0], np.asarray(rfica["estimate"], dtype=np.float64), rfica.get("channel_names"))
+        mixing, names = np.asarray(rfica["estimate"], dtype=np.float64), rfica.get("channel_names")
+        positions = scalp_positions(names)
+        if positions is None:
+            draw_weights(axes[:, 0], mixing, names)
+        else:
+            draw_topomaps(axes[:, 0], mixing, positions, rfica.get("explained_variance_ratio"))
         axes = axes[:, 1]
         for ax in axes[:-1]:
             ax.sharex(axes[-1])
@@ -279,6 +284,36 @@ def draw_sources(fig: Any, Y: np.ndarray, rfica: Mapping[str, Any], truth: np.nd
     grey = "; grey: the true source (A*^-1 x)" if true_sources is not None else ""
     fig.suptitle(f"site {site}: recovered sources unmixing @ (x - mean), the first {len(samples)} samples, "
                  f"unit variance{grey}", fontsize=9)
+
+
+def scalp_positions(channel_names: list[str] | None) -> Any:
+    """An ``mne.Info`` placing ``channel_names`` on the scalp by the 10-05 system's names, or None.
+
+    None without names, without MNE (the ``eeg`` extra), or when a channel is not a 10-05 name: the
+    run's result holds the channels' names only, and no position but the standard one is known.
+    """
+    if not channel_names:
+        return None
+    try:
+        import mne
+    except ImportError:
+        return None
+    montage = mne.channels.make_standard_montage("standard_1005")
+    if not set(channel_names) <= set(montage.ch_names):
+        return None
+    info = mne.create_info(list(channel_names), sfreq=100.0, ch_types="eeg")
+    info.set_montage(montage, verbose="error")
+    return info
+
+
+def draw_topomaps(axes: Any, mixing: np.ndarray, info: Any, shares: list[float] | None) -> None:
+    """Component i's channel weights (column i of the mixing) as MNE's topomap in ``axes[i]``: an EEG user's view."""
+    import mne
+
+    for i, ax in enumerate(axes):
+        mne.viz.plot_topomap(mixing[:, i], info, axes=ax, show=False, contours=0, sensors=True)
+        share = "" if shares is None else f" ({100 * shares[i]:.1f} % of the variance)"
+        ax.set_title(f"component {i}{share}", fontsize=7, pad=2)
 
 
 def draw_weights(axes: Any, mixing: np.ndarray, channel_names: list[str] | None) -> None:

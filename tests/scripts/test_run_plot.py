@@ -159,3 +159,35 @@ def test_an_rfica_run_on_recordings_draws_each_components_channel_weights(rfica_
     (tmp_path / "result.json").write_text(json.dumps(result))
     image, _ = draw(capsys, tmp_path)
     assert_a_picture(image, 1000, 900)
+
+
+def test_an_eeg_files_run_draws_mne_s_topomaps_of_its_components(tmp_path, capsys, monkeypatch):
+    """Recordings named by the 10-05 system: each component's channel weights as MNE's topomap, with its share of the
+    variance (issue 45); channels of other names keep the bars."""
+    mne = pytest.importorskip("mne")
+    from fedica.scripts import plot_run
+
+    names = ["Fp1", "Fp2", "F3", "F4", "C3", "C4", "P3", "P4"]
+    rng = np.random.default_rng(0)
+    mixing = rng.standard_normal((8, 4))
+    paths = []
+    for site in range(3):
+        sources = rng.laplace(size=(4, 4000))
+        raw = mne.io.RawArray(1e-5 * (mixing @ sources + 0.01 * rng.standard_normal((8, 4000))),
+                              mne.create_info(names, 200.0, ch_types="eeg"), verbose="error")
+        paths.append(tmp_path / f"site{site}_raw.fif")
+        raw.save(paths[-1], verbose="error")
+    folder = tmp_path / "run"
+    fedica_run("algorithm=rfica", "scenario=files", f"scenario.paths=[{','.join(map(str, paths))}]",
+               "algorithm.n_components=4", f"hydra.run.dir={folder}")
+    drawn = []
+    monkeypatch.setattr(plot_run, "draw_topomaps", lambda axes, *rest: drawn.append(len(axes)) or
+                        plot_run.draw_weights(axes, rest[0], names))
+    image, _ = draw(capsys, folder)
+    assert drawn == [4]
+    assert_a_picture(image, 700, 500)
+    assert plot_run.scalp_positions(names)["ch_names"] == names
+    assert plot_run.scalp_positions(["c0", "c1"]) is None and plot_run.scalp_positions(None) is None
+    monkeypatch.undo()
+    image, _ = draw(capsys, folder)  # MNE's own topomaps, drawn for real
+    assert_a_picture(image, 700, 500)
