@@ -249,10 +249,20 @@ def _check_client_tables(sc: Mapping[str, Any], tables: Mapping[int, tuple], err
 def _check_ica_channels(sc: Mapping[str, Any], tables: Mapping[int, Any], errors: Errors) -> None:
     """Every RF-ICA site's data reads as observations, and all observe the first one's channels.
 
-    Tables are held to the first one's number of channels; recordings to its EEG channel names, in its order
-    (a column of the mixing is a weight per channel: the sites' must be the same channels). Tables and
-    recordings are not mixed, as a table's columns name no channels to match.
+    Tables are held to the first one's number of channels. Recordings may differ in their montages, in
+    any order (a column of the mixing is a weight per named channel): the federation's channels are all
+    of theirs, and a site must record more than half of them, since a site's channels it does not
+    record are filled from the others' (docs/ALGORITHMS.md section 1.12). Tables and recordings are not
+    mixed, as a table's columns name no channels to match.
     """
+    recorded = {index: site.channel_names for index, site in tables.items() if not isinstance(site, tuple)}
+    union = tuple(dict.fromkeys(name for names in recorded.values() for name in names))
+    for index, names in recorded.items():
+        missing = [name for name in union if name not in names]
+        if 2 * len(missing) >= len(union):
+            errors.add(f"scenario.paths[{index}]={sc['paths'][index]}: records {len(names)} of the federation's "
+                       f"{len(union)} EEG channels (missing here: {', '.join(missing)}); a site must record more "
+                       "than half of them, as the others fill the rest")
     first = None
     for index, site in tables.items():
         path = sc["paths"][index]
@@ -273,10 +283,6 @@ def _check_ica_channels(sc: Mapping[str, Any], tables: Mapping[int, Any], errors
             errors.add(f"scenario.paths[{index}]={path}: is {kinds[0]} but scenario.paths[{reference}] is {kinds[1]}; "
                        "every site's file must be of one kind (tables: CSV, NPY, NPZ; recordings: "
                        f"{', '.join(RECORDING_SUFFIXES)})")
-        elif names is not None and names != reference_names:
-            errors.add(f"scenario.paths[{index}]={path}: its EEG channels differ from scenario.paths[{reference}]'s "
-                       f"({name_difference(names, reference_names, 'channels')}); every site must record the same channels "
-                       "in the same order (a channel marked bad is left out)")
-        elif n_channels != width:
+        elif names is None and n_channels != width:
             errors.add(f"scenario.paths[{index}]={path}: has {n_channels} channels (columns) but "
                        f"scenario.paths[{reference}] has {width}; every site must observe the same channels")

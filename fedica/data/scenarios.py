@@ -306,11 +306,11 @@ def _cached_pooled_scale(paths: tuple[str, ...], label_column, _stamps) -> tuple
 
 
 def _load_ica_file(params: dict, partition_id: int, seed: int) -> np.ndarray:
-    # ica_scenario_data has already picked this site's file (``path``) from ``paths``, for its cache key.
+    # ica_scenario_data has already picked this site's file (``path``) from ``paths``, and the federation's channels.
     path = params["path"]
     if is_recording(path):
         check_no_label_column(path, params["label_column"])
-        return file_recording(path).data
+        return in_montage(file_recording(path), params["channels"])
     return ica_observations(path, file_table(path, params["label_column"])[0]).T
 
 
@@ -619,14 +619,38 @@ def _cached_recording(path: str, _stamp) -> Recording:
 
 
 def ica_channel_names(scenario: Mapping) -> list[str] | None:
-    """The EEG channel names of a files scenario of recordings (every site has them, in this order), else None.
+    """The EEG channel names of a files scenario of recordings (:func:`montage_channels`), else None.
 
-    Read from the first site's file through :func:`file_recording`'s cache, so only where that file is on this
+    Read from the sites' files through :func:`file_recording`'s cache, so only where they are on this
     machine; tables (CSV, NPY, NPZ) name no channels.
     """
     if scenario.get("name") != "files" or not scenario.get("paths") or not is_recording(scenario["paths"][0]):
         return None
-    return list(file_recording(scenario["paths"][0]).channel_names)
+    return list(montage_channels(tuple(scenario["paths"])))
+
+
+def montage_channels(paths: Sequence) -> tuple[str, ...]:
+    """The federation's EEG channels: every channel any site's recording has, in the order they first appear.
+
+    Sites whose montages differ but overlap take part together: a site's channels it does not record
+    are held at zero (:func:`in_montage`), so its ICA leaves them out as it leaves out a flat channel
+    and the server fills them from the sites that record them (docs/ALGORITHMS.md section 1.12).
+    """
+    channels: dict[str, None] = {}
+    for path in paths:
+        channels.update(dict.fromkeys(file_recording(path).channel_names))
+    return tuple(channels)
+
+
+def in_montage(recording: Recording, channels: Sequence[str]) -> np.ndarray:
+    """``recording``'s rows in the order of ``channels``, a zero row for each channel it does not record."""
+    if tuple(channels) == recording.channel_names:
+        return recording.data
+    rows = np.zeros((len(channels), recording.data.shape[1]))
+    for index, name in enumerate(channels):
+        if name in recording.channel_names:
+            rows[index] = recording.data[recording.channel_names.index(name)]
+    return rows
 
 
 def true_n_clusters(scenario: Mapping) -> int | None:
@@ -680,7 +704,8 @@ def ica_scenario_data(scenario: Mapping, partition_id: int, seed: int) -> np.nda
         if not paths:
             raise ValueError("scenario 'files' needs a non-empty 'paths' list (one file per site)")
         check_partition(partition_id, len(paths))
-        params = {"path": paths[partition_id], "label_column": params.get("label_column")}
+        channels = montage_channels(tuple(paths)) if is_recording(paths[partition_id]) else None
+        params = {"path": paths[partition_id], "label_column": params.get("label_column"), "channels": channels}
         stamp, seed = _file_stamp(params["path"]), 0  # a file does not depend on the seed
     items = tuple(sorted(params.items()))
     return _cached_ica_data(name, items, int(partition_id), check_seed(seed), stamp).copy()

@@ -621,7 +621,7 @@ def fill_bad_channels(state: RFICAState, round_label: int = 1) -> None:
             for i in incomplete:
                 state.estimates[i] = fill_from_reference(state.estimates[i], reference)
     state.bad_channels = bad
-    _warn("RF-ICA: bad channels (flat: dead, disconnected or constant; or saturated: clipped at a rail): "
+    _warn("RF-ICA: bad channels (flat: dead, disconnected, constant or not recorded; or saturated: clipped at a rail): "
           + "; ".join(f"site {g}: channel(s) {', '.join(map(str, channels))}" for g, channels in bad.items())
           + ". These sites estimated their columns on their other channels, the server filled those channels from "
           "the sites that have them, and they take no part in the refinement")

@@ -169,19 +169,42 @@ def test_a_file_without_eeg_is_one_line_listing_its_channel_types(tmp_path):
                                "misc (2), stim (1)); RF-ICA reads the EEG channels")
 
 
-def test_other_channels_at_a_site_are_one_line_naming_the_difference(tmp_path):
-    first = write_site(tmp_path, 0, "fif")
-    renamed = write_site(tmp_path, 1, "fif", names=["Fp1", "Fz", "Cz", "Oz"])
-    reordered = write_site(tmp_path, 2, "fif", names=["Fz", "Fp1", "Cz", "Pz"])
+MONTAGE = ["Fp1", "Fz", "Cz", "Pz", "O1", "O2"]
+
+
+def write_montage_site(folder: Path, site: int, names) -> Path:
+    """A site recording ``names`` (any subset of MONTAGE, any order) of one six-channel field of the four sources."""
+    mixing = np.vstack([true_mixing(), 0.5 * true_mixing()[:2] + 0.5 * true_mixing()[2:]])  # six channels, one field
+    mixing /= np.linalg.norm(mixing, axis=0)
+    data = 1e-5 * mixing[[MONTAGE.index(name) for name in names]] @ sources(3000, site)
+    path = folder / f"site{site}_raw.fif"
+    mne.io.RawArray(data, mne.create_info(list(names), SFREQ, "eeg"), verbose="error").save(path, verbose="error")
+    return path, mixing
+
+
+def test_sites_with_other_montages_take_part_and_their_missing_channels_are_named(tmp_path):
+    """Issue 45: a site that records other channels, or the same in another order, was refused; the federation's
+    channels are now all of the sites', and a site's channels it does not record are filled from the others'."""
+    montages = [MONTAGE, MONTAGE, MONTAGE, MONTAGE[:5], ["Fz", "Cz", "Pz", "O2", "O1"]]
+    paths = [write_montage_site(tmp_path, site, names)[0] for site, names in enumerate(montages)]
+    mixing = write_montage_site(tmp_path, 9, MONTAGE)[1]
+    cfg = validate_config(config(paths))
+    assert ica_channel_names(cfg["scenario"]) == MONTAGE
+    sites = [ica_scenario_data(cfg["scenario"], g, cfg["seed"]).T for g in range(5)]
+    assert np.all(sites[3][:, 5] == 0) and np.all(sites[4][:, 0] == 0)  # held at zero: left out, filled by the server
+    model = RFICA(n_components=4, random_state=0).fit(sites)
+    assert model.bad_channels_ == {3: [5], 4: [0]}
+    assert ica_error(model.mixing_, mixing) < 0.05
+
+
+def test_a_site_that_records_at_most_half_of_the_federations_channels_is_one_line(tmp_path):
+    paths = [write_montage_site(tmp_path, site, names)[0]
+             for site, names in enumerate([MONTAGE, MONTAGE, ["Fp1", "Fz", "Cz"]])]
     with pytest.raises(ConfigError) as info:
-        validate_config(config([first, renamed, reordered]))
+        validate_config(config(paths))
     assert str(info.value).splitlines() == [
-        f"scenario.paths[1]={renamed}: its EEG channels differ from scenario.paths[0]'s (only here: Oz; missing "
-        "here: Pz); every site must record the same channels in the same order (a channel marked bad is left out)",
-        f"scenario.paths[2]={reordered}: its EEG channels differ from scenario.paths[0]'s (the same channels in "
-        "another order (first difference: position 0: 'Fz' for 'Fp1')); every site must record the same channels "
-        "in the same order (a channel marked bad is left out)",
-    ]
+        f"scenario.paths[2]={paths[2]}: records 3 of the federation's 6 EEG channels (missing here: Pz, O1, O2); a "
+        "site must record more than half of them, as the others fill the rest"]
 
 
 def test_tables_and_recordings_are_not_mixed_and_fedgem_refuses_recordings(tmp_path):
