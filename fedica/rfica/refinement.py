@@ -151,6 +151,8 @@ def refinement_step(statistics, unmixing, *, gm_tol=1e-10, averaged=None):
     kept &= traces <= TRACE_RATIO_LIMIT * np.median(traces)
     r = unmixing.shape[0]
     eligible = kept if averaged is None else kept & np.asarray(averaged, dtype=bool)
+    if not eligible.any():  # every site within the cut has bad channels: nothing to average, no step
+        return unmixing, kept
     weights = np.minimum(counts, np.median(counts)) * eligible
     mean = weights @ vectors / weights.sum()
     covariance = mean[:r * r].reshape(r, r)

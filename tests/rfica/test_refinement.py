@@ -255,3 +255,12 @@ def test_inlier_drift_colluders_lie_inside_the_cut_and_the_defaults_leave_them_n
         return run_inprocess(validate_config(compose_config([*run, *overrides])))["metrics"]["rf-ica"]["error"]
 
     assert error("algorithm=rfica", "attack=inlier_drift", "attack.fraction=0.25") < 2 * error("algorithm=rfica")
+
+
+def test_no_step_when_every_site_within_the_cut_has_bad_channels():
+    mixing, sites = _laplace_sites(6, [2000] * 5)
+    unmixing = np.linalg.inv(mixing) + 0.05
+    statistics = [site_statistics(Y, np.eye(4), unmixing) for Y in sites]
+    step, kept = refinement_step(statistics, unmixing, averaged=[False] * 5)
+    np.testing.assert_array_equal(step, unmixing)
+    assert kept.sum() >= 3
