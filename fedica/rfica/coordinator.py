@@ -458,16 +458,20 @@ def robust_covariance(covariances, *, gm_tol=1e-10) -> np.ndarray:
     covariance : ndarray of shape (n_channels, n_channels), exactly symmetric
     """
     stack = np.asarray(covariances, dtype=np.float64)
-    n_sites, n_channels, _ = stack.shape
     traces = np.trace(stack, axis1=1, axis2=2)
-    shapes = (stack / traces[:, None, None]).reshape(n_sites, -1)
-    # The median lies in the affine hull of the points: solve it there (n_sites - 1 coordinates at
-    # most) rather than among n_channels^2, where Newton's steps would cost n_channels^6.
-    mean = shapes.mean(axis=0)
-    basis = np.linalg.svd(shapes - mean, full_matrices=False)[2]
-    median = mean + geometric_median((shapes - mean) @ basis.T, tol=gm_tol) @ basis
-    median = median.reshape(n_channels, n_channels)
-    return np.median(traces) * (median + median.T) / 2
+    return np.median(traces) * _matrix_median(stack / traces[:, None, None], gm_tol)
+
+
+def _matrix_median(matrices: np.ndarray, gm_tol: float) -> np.ndarray:
+    """The geometric median (Frobenius norm) of ``matrices`` (n, p, p), symmetrised."""
+    n_matrices, size, _ = matrices.shape
+    points = matrices.reshape(n_matrices, -1)
+    # The median lies in the affine hull of the points: solve it there (n - 1 coordinates at most)
+    # rather than among p^2, where Newton's steps would cost p^6.
+    mean = points.mean(axis=0)
+    basis = np.linalg.svd(points - mean, full_matrices=False)[2]
+    median = (mean + geometric_median((points - mean) @ basis.T, tol=gm_tol) @ basis).reshape(size, size)
+    return (median + median.T) / 2
 
 
 def whitening_of(global_covariance, n_components, covariances=None, *, gm_tol=1e-10) -> tuple[np.ndarray, np.ndarray]:
@@ -504,14 +508,9 @@ def robust_subspace(covariances, count: int, *, gm_tol=1e-10) -> np.ndarray:
     covariance drop it below a noisy site's pull. The subspace is the top ``count`` eigenvectors of
     the projectors' geometric median (breakdown point 1/2, as the covariance's).
     """
-    stack = np.asarray(covariances, dtype=np.float64)
-    n_sites, n_channels, _ = stack.shape
-    vectors = np.linalg.eigh(stack)[1][:, :, ::-1][:, :, :count]
-    projectors = np.einsum("kic,kjc->kij", vectors, vectors).reshape(n_sites, -1)
-    mean = projectors.mean(axis=0)
-    basis = np.linalg.svd(projectors - mean, full_matrices=False)[2]
-    median = (mean + geometric_median((projectors - mean) @ basis.T, tol=gm_tol) @ basis).reshape(n_channels, n_channels)
-    return np.linalg.eigh((median + median.T) / 2)[1][:, ::-1][:, :count]
+    vectors = np.linalg.eigh(np.asarray(covariances, dtype=np.float64))[1][:, :, ::-1][:, :, :count]
+    projectors = np.einsum("kic,kjc->kij", vectors, vectors)
+    return np.linalg.eigh(_matrix_median(projectors, gm_tol))[1][:, ::-1][:, :count]
 
 
 def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: int = 1) -> None:
