@@ -21,6 +21,7 @@ from sklearn.model_selection import train_test_split
 from fedica.data.common import ClientData
 from fedica.fedgem.local import choose_n_components
 from fedica.persistence import read_arrays
+from fedica.rfica.mne_ica import EEG_EXTRA
 from fedica.seeding import generator, sklearn_seed
 
 # ``n_components: auto``: each client chooses its K_g (the ICL, fedica.fedgem.local.choose_n_components), from
@@ -32,7 +33,6 @@ MAX_AUTO_COMPONENTS = 10
 LABELLED_TEST_FRACTION = 0.3
 # The recordings RF-ICA reads through MNE (mne.io.read_raw), by suffix: FIF, EDF, BDF, EEGLAB, BrainVision.
 RECORDING_SUFFIXES = (".fif", ".edf", ".bdf", ".set", ".vhdr")
-EEG_EXTRA = 'pip install "fedica[eeg]"'
 
 
 class DataFileError(ValueError):
