@@ -65,6 +65,10 @@ class FedGEMStrategy(ProtocolStrategy):
     cluster_anisotropy_ : float or None
         How far the sites' clusters are from spheres (as ``fedica.FedGEM.cluster_anisotropy_``; over 2 the run
         warned that K_hat may count more clusters than the data hold); None for a private run.
+    covariance_family_ : str or None
+        Under ``covariance_type`` ``diag``, ``full`` or ``auto``: the chosen family (as ``fedica.FedGEM.covariance_family_``).
+    covariances_ : ndarray of shape (K_hat, d, d) or None
+        Its clusters' covariances, in the units the sites clustered; None otherwise.
     server : FedGEMServer
         The protocol's state (everything the run computed).
     """
@@ -171,6 +175,14 @@ class FedGEMStrategy(ProtocolStrategy):
     @property
     def cluster_anisotropy_(self) -> float | None:
         return self.server.cluster_anisotropy
+
+    @property
+    def covariance_family_(self) -> str | None:
+        return None if self.server.family is None else self.server.family.family
+
+    @property
+    def covariances_(self):
+        return None if self.server.family is None else self.server.family.covariances
 
     @property
     def privacy_(self) -> dict[str, Any] | None:

@@ -214,7 +214,7 @@ def test_every_paper_experiment_runs_the_paper_preset():
     ({"rounds": "ten"}, TypeError, "rounds='ten': must be an integer in [0, 10000]"),
     ({"upsilon": "Auto"}, ValueError, "upsilon='Auto': must be a number in (0, 1000000] or auto"),
     ({"upsilon_grid": []}, ValueError, "upsilon_grid=[]: must be a non-empty list of positive numbers of at most 1000000"),
-    ({"covariance_type": "full"}, ValueError, "covariance_type='full': must be one of identity, spherical"),
+    ({"covariance_type": "tied"}, ValueError, "covariance_type='tied': must be one of identity, spherical, diag, full, auto"),
 ])
 def test_the_fedgem_strategy_refuses_a_bad_parameter_at_construction(kwargs, kind, message):
     from fedica.server.fedgem import FedGEMStrategy
@@ -269,7 +269,7 @@ SITES = [np.random.default_rng(g).standard_normal((30, 2)) for g in range(3)]
     ({"participation": 1.5}, ValueError, "participation=1.5: must be in (0, 1]"),
     ({"max_local_clusters": 1}, ValueError, "max_local_clusters=1: must be >= 2"),
     ({"max_overlap_pairs": 0}, ValueError, "max_overlap_pairs=0: must be >= 1"),
-    ({"covariance_type": "diag"}, ValueError, "covariance_type='diag': must be one of identity, spherical"),
+    ({"covariance_type": "tied"}, ValueError, "covariance_type='tied': must be one of identity, spherical, diag, full, auto"),
     ({"random_state": -3}, ValueError, "random_state=-3: must be >= 0"),
 ])
 @pytest.mark.parametrize("n_local_clusters", [None, 2])

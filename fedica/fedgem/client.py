@@ -17,11 +17,13 @@ from typing import Any
 import numpy as np
 
 from fedica.metrics import adjusted_rand, contingency, mean_silhouettes
+from fedica.fedgem.families import component_moments, site_mixture_weights
+from fedica.fedgem.families import site_labels as family_labels
 from fedica.fedgem.geometry import Identity, cluster_anisotropy, feature_scale_spread, geometry
 from fedica.fedgem.local import assign_labels, kmeans_init, kmeanspp_init
 from fedica.fedgem.standardisation import site_moments, standardised
 from fedica.protocol.messages import (
-    CLUSTER_SHAPE_KEY, GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_MOMENTS, GEM_ROUND, GEM_SILHOUETTE,
+    CLUSTER_SHAPE_KEY, GEM_CLUSTER_MOMENTS, GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_MOMENTS, GEM_ROUND, GEM_SILHOUETTE,
     K_AT_BOUND_KEY, REPORT_CLUSTER_SHAPE_KEY, REPORT_SCALE_SPREAD_KEY, SCALE_SPREAD_KEY,
 )
 from fedica.protocol.tasks import Handler, Site
@@ -145,12 +147,14 @@ def consensus_labels(X: np.ndarray, centroids: np.ndarray, global_ids: Any) -> n
     return global_ids[assign_labels(X, centroids)]
 
 
-def adapted_labels(X_fit: np.ndarray, X: np.ndarray, centres: Any, global_ids: Any, model: Identity) -> np.ndarray:
+def adapted_labels(X_fit: np.ndarray, X: np.ndarray, centres: Any, global_ids: Any, model: Identity,
+                   covariances: Any = None) -> np.ndarray:
     """Global ids of the rows of ``X`` under the site's own mixture over every global centre (``labelling: adapted``).
 
     The mixture's weights (and variance) are fitted to the site's training points ``X_fit``
     (:meth:`fedica.fedgem.geometry.Identity.site_mixture`); ``centres`` (K_hat, d) are the global
-    centres the server sent, ``global_ids`` (K_hat,) their ids.
+    centres the server sent, ``global_ids`` (K_hat,) their ids. Under a covariance family the server also
+    sends the clusters' ``covariances`` (K_hat, d, d), which the mixture holds fixed with the centres.
     """
     centres = np.asarray(centres, dtype=np.float64)
     global_ids = np.asarray(global_ids)
@@ -159,8 +163,24 @@ def adapted_labels(X_fit: np.ndarray, X: np.ndarray, centres: Any, global_ids: A
         raise ValueError(f"the server sent global centres of shape {centres.shape}; this client's points have d={X_fit.shape[1]}")
     if global_ids.shape != (centres.shape[0],) or global_ids.dtype.kind not in "iu":
         raise ValueError(f"global-ids of shape {global_ids.shape} do not name the {centres.shape[0]} global centres")
+    if covariances is not None:  # the global clusters of a covariance family (fedica.fedgem.families)
+        covariances = checked_covariances(covariances, centres.shape[0], centres.shape[1])
+        weights = site_mixture_weights(X_fit, centres, covariances)
+        return global_ids.astype(np.int64)[family_labels(X, centres, covariances, weights)]
     weights, variance = model.site_mixture(X_fit, centres)
     return global_ids.astype(np.int64)[model.site_labels(X, centres, weights, variance)]
+
+
+def checked_covariances(covariances: Any, n_clusters: int, dim: int) -> np.ndarray:
+    """The global clusters' covariances (K_hat, d, d) the server sent, or one line: each finite, symmetric, positive
+    definite."""
+    covariances = np.asarray(covariances, dtype=np.float64)
+    if covariances.shape != (n_clusters, dim, dim) or not np.all(np.isfinite(covariances)):
+        raise ValueError(f"the server sent covariances of shape {covariances.shape}; the {n_clusters} global centres "
+                         f"need ({n_clusters}, {dim}, {dim}), finite")
+    if not np.allclose(covariances, covariances.transpose(0, 2, 1)) or np.any(np.linalg.eigvalsh(covariances)[:, 0] <= 0):
+        raise ValueError("the server sent a covariance that is not symmetric positive definite")
+    return covariances
 
 
 def result_labels(X_fit: np.ndarray, X: np.ndarray, fedgem_result: Mapping[str, Any], settings: Mapping[str, Any],
@@ -178,7 +198,9 @@ def result_labels(X_fit: np.ndarray, X: np.ndarray, fedgem_result: Mapping[str, 
                  np.asarray(fedgem_result["feature_scale"], dtype=np.float64))
         centres, X_fit, X = (standardised(A, *units) for A in (centres, X_fit, X))
     if settings.get("labelling", "consensus") == "adapted":
-        return adapted_labels(X_fit, X, centres, np.arange(centres.shape[0]), geometry(settings["covariance_type"]))
+        covariances = fedgem_result.get("covariances")
+        return adapted_labels(X_fit, X, centres, np.arange(centres.shape[0]), geometry(settings["covariance_type"]),
+                              None if covariances is None else np.asarray(covariances, dtype=np.float64))
     global_ids = np.asarray(global_ids, dtype=np.int64)
     return consensus_labels(X, centres[global_ids], global_ids)
 
@@ -269,6 +291,40 @@ def _likelihood_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str,
     return likelihoods(site.points(values).X_train, arrays["centroids"], arrays["sizes"], values)
 
 
+def _site_labels(site: Site, data, X: np.ndarray, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> np.ndarray:
+    """Global ids of the rows of ``X`` as the request's ``labelling`` labels them (the evaluation's rule)."""
+    if values.get("labelling", "consensus") == "adapted":
+        return adapted_labels(data.X_train, X, arrays["centroids"], arrays["global-ids"], model_geometry(values),
+                              arrays.get("covariances"))
+    centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
+    return consensus_labels(X, centroids, arrays["global-ids"])
+
+
+def cluster_moments_reply(X: np.ndarray, labels: np.ndarray, n_clusters: int) -> Reply:
+    """Each global cluster's mass, mean and scatter matrix over the site's points ``X`` labelled ``labels``.
+
+    The moments a covariance family is chosen from (:mod:`fedica.fedgem.families`); a cluster the site gives no
+    point has mass 0, a zero mean and a zero scatter.
+    """
+    start = time.perf_counter()
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.size and (labels.min() < 0 or labels.max() >= n_clusters):
+        raise ValueError(f"global ids outside 0..{n_clusters - 1}: the server's ids name no cluster of its partition")
+    membership = np.zeros((n_clusters, X.shape[0]))
+    membership[labels, np.arange(X.shape[0])] = 1.0
+    masses = membership.sum(axis=1)
+    means = membership @ X / np.maximum(masses, 1.0)[:, None]
+    _, scatters = component_moments(X, membership, means)
+    return ({"masses": masses, "means": means, "scatters": scatters},
+            {"n-points": X.shape[0], "fit-seconds": time.perf_counter() - start})
+
+
+def _cluster_moments_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
+    data = site.points(values)
+    n_clusters = int(values["n-clusters"])
+    return cluster_moments_reply(data.X_train, _site_labels(site, data, data.X_train, arrays, values), n_clusters)
+
+
 def _evaluate_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
     # No held-out share (a user's files with test_fraction 0 keep every row for training): the evaluation labels
@@ -276,12 +332,7 @@ def _evaluate_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, A
     # site's points reach and the ARIs are not those of an empty test set (issue 44: k_hat 0, ARI 1.0 for .28).
     held_out = data.X_test.shape[0] > 0
     X, y = (data.X_test, data.y_test) if held_out else (data.X_train, data.y_train)
-    if values.get("labelling", "consensus") == "adapted":
-        predicted = adapted_labels(data.X_train, X, arrays["centroids"], arrays["global-ids"], model_geometry(values))
-    else:
-        centroids = adopted_centroids(site, arrays, data.n_components, data.X_train.shape[1])
-        predicted = consensus_labels(X, centroids, arrays["global-ids"])
-    return evaluate(y, predicted, data.X_train.shape[0])
+    return evaluate(y, _site_labels(site, data, X, arrays, values), data.X_train.shape[0])
 
 
 TASKS: dict[str, Handler] = {
@@ -292,4 +343,5 @@ TASKS: dict[str, Handler] = {
     GEM_SILHOUETTE: _silhouette_task,
     GEM_LIKELIHOOD: _likelihood_task,
     GEM_EVALUATE: _evaluate_task,
+    GEM_CLUSTER_MOMENTS: _cluster_moments_task,
 }

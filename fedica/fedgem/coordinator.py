@@ -22,7 +22,8 @@ import numpy as np
 from fedica.fedgem import privacy
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.evaluation import ClientEvaluation, EvaluationStage
-from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT, FEATURE_SCALE_SPREAD_LIMIT, geometry
+from fedica.fedgem.families import REG_COVAR, FamilyModel, checked_cluster_moments, choose_family, cluster_moments
+from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT, FEATURE_SCALE_SPREAD_LIMIT, families_of, geometry
 from fedica.fedgem.support import candidate_support, cluster_stability, merged_labels, split_labels, support_warnings
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.overlaps import TooManyOverlaps
@@ -47,6 +48,7 @@ from fedica.fedgem.trust import (
 from fedica.fedgem.tuning import select_upsilon
 from fedica.protocol import (
     CLUSTER_SHAPE_KEY,
+    GEM_CLUSTER_MOMENTS,
     GEM_EVALUATE,
     GEM_FINAL,
     GEM_INIT,
@@ -198,6 +200,10 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         # What every request after the standardisation names of them (empty: the data's own units), for whoever
         # labels a site's points as the site itself does (the harness's silhouettes).
         self.units: dict[str, str] = {}
+        # Under a covariance family (diag, full, auto): the families scored, and the global clusters the BIC chose
+        # from the sites' moments of the chosen partition's clusters (fedica.fedgem.families; None otherwise).
+        self.families = families_of(self.settings.covariance_type) if self.privacy is None else ()
+        self.family: FamilyModel | None = None
 
     @property
     def min_clients(self) -> int:
@@ -242,6 +248,11 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             yield from self._select(self._likelihood_candidates(), model)
         if self.skipped_upsilons:
             self.tuning["skipped"] = {str(u): why for u, why in self.skipped_upsilons.items()}
+        if self.families:
+            replies = yield Request(GEM_CLUSTER_MOMENTS, "cluster-moments", self.evaluation_payloads(),
+                                    {"labelling": s.labelling, "covariance-type": s.covariance_type,
+                                     "n-clusters": self.aggregation.k_hat, **self.units})
+            self._fit_family(replies)
         self._support_of_k()
         if self.evaluate:
             payloads = self.evaluation_payloads()
@@ -255,6 +266,53 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                         "excluded_components)", len(self.excluded_clients), len(self.models), len(counts),
                         len(self.history), sum(counts), max(counts))
 
+    def _fit_family(self, replies: list[Reply]) -> None:
+        """Join the chosen partition's global clusters into the family's (docs/ALGORITHMS.md 2.14).
+
+        Each site labels its points with the partition's global clusters (the evaluation's ``labelling``) and sends
+        each cluster's count, mean and scatter matrix; their pooled moments are the pooled points' exactly. The
+        family's agglomeration path from them, scored by its BIC, gives the result's clusters
+        (:func:`fedica.fedgem.families.choose_family`). A distrusted site's reply counts in no cluster; a site whose
+        count the server caps (``count_cap_factor``) weighs its capped count, as in every merge.
+        """
+        agg, extent = self.aggregation, self.extent
+        masses, means, scatters, owners = [], [], [], []
+        for reply in replies:
+            model = self.models.get(reply.partition_id)
+            if model is None or reply.partition_id in self.distrusted:
+                continue
+            try:
+                count, mean, scatter = checked_cluster_moments(reply.arrays, agg.k_hat, self.dim, model.declared_points)
+                if (far := extent.far_reason("means", mean[count > 0])) is not None:
+                    raise InvalidReply(far)
+            except InvalidReply as err:
+                self.reject(reply.partition_id, "cluster-moments", f"invalid reply: {err}")
+                continue
+            self.client_seconds += reported_seconds(reply)
+            masses.append(count * (model.n_points / model.declared_points))
+            means.append(mean)
+            scatters.append(scatter)
+            owners.append(np.arange(agg.k_hat))
+        self.require(len(masses), "FedGEM covariance family")
+        with self.server_time():
+            masses, means, scatters, owners = (np.concatenate(masses), np.vstack(means), np.concatenate(scatters),
+                                               np.concatenate(owners))
+            _, _, (total,) = cluster_moments(np.zeros(masses.shape[0], dtype=np.int64), 1, masses, means, scatters)
+            reg = REG_COVAR * max(float(np.trace(total)) / self.dim, np.finfo(float).tiny)
+            counts, centres, covariances = cluster_moments(owners, agg.k_hat, masses, means, scatters)
+            family = choose_family(counts, centres, covariances, self.families, reg)
+            # A cluster no site gave a point joins the family cluster whose mean is nearest its centre.
+            empty = family.merged < 0
+            if np.any(empty):
+                family.merged[empty] = np.argmin(
+                    ((agg.global_centroids[empty][:, None] - family.means[None]) ** 2).sum(axis=2), axis=1)
+            self.family = family
+            self.aggregation = FinalAggregation(family.merged[agg.labels], family.means, family.n_clusters)
+            self.tuning = {**(self.tuning or {}), "family": family.family, "family_start_k": int(agg.k_hat),
+                           "family_paths": family.table}
+            log.info("covariance family: %s with %d clusters (BIC over the agglomeration of the %d chosen clusters)",
+                     family.family, family.n_clusters, agg.k_hat)
+
     def _support_of_k(self) -> None:
         """How sure K_hat is (``k_support``, :mod:`fedica.fedgem.support`); a warning when another K nearly ties or
         a neighbour scores clearly better."""
@@ -264,6 +322,10 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             support: dict[str, Any] = {"criterion": {"likelihood": "icl", "private-bic": "private-bic"}.get(
                 tuning.get("criterion"), tuning.get("criterion"))}
             scored = self.scored_candidates
+            if self.family is not None:  # K was chosen by the family's BIC over its agglomeration path
+                path = self.family.table[self.family.family]
+                support["criterion"] = f"{self.family.family}-bic"
+                scored = (np.array(path["k"]), np.array(path["bic"]))
             if scored is not None:
                 support.update(candidate_support(*scored, agg.k_hat))
             support["clusters"] = cluster_stability(agg.labels, self.final.owners, self.final.centers,
@@ -333,6 +395,8 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             return self.consensus_payloads()
         agg = self.aggregation
         every = {"centroids": agg.global_centroids, "global-ids": np.arange(agg.global_centroids.shape[0])}
+        if self.family is not None:  # the site's mixture holds the family's covariances (fedica.fedgem.families)
+            every["covariances"] = self.family.covariances
         return {p: every for p in self.final.slices()}
 
     # ------------------------------------------------------------------ stages

@@ -17,6 +17,8 @@ from fedica.sites import ClientData
 from fedica.fedgem import client as fedgem_client
 from fedica.fedgem.privacy import private_reply
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
+from fedica.fedgem.families import log_gaussian_densities, site_mixture_weights
+from fedica.fedgem.families import site_labels as family_labels
 from fedica.fedgem.geometry import geometry
 from fedica.fedgem.local import assign_labels, estimate_n_components, local_bound
 from fedica.fedgem.selection import VARIANCE_FLOOR
@@ -218,6 +220,14 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         assigned global centre, floored at 1e-6 times the points' mean per-feature variance (the
         floor of :func:`fedica.fedgem.selection.log_likelihoods`).
 
+    covariance_family_ : str or None
+        Under ``covariance_type`` ``diag``, ``full`` or ``auto``: the family of the global clusters the BIC chose
+        (``spherical``, ``diag`` or ``full``; docs/ALGORITHMS.md section 2.14); None otherwise.
+    covariances_ : ndarray of shape (n_clusters_, n_features, n_features) or None
+        Under a covariance family: each global cluster's covariance (in standardised units under ``standardize``),
+        pooled from its sites' components' moments and regularised; ``predict_proba``, ``score_samples`` and the
+        sites' own mixtures then use them, and ``weights_`` are the clusters' pooled masses. None otherwise.
+
     Sites left out of the final stage (``labels_`` None) count in neither ``weights_`` nor
     ``covariance_``.
     """
@@ -407,6 +417,11 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         model.history_ = result["history"]
         model.rejected_ = result["clients"]["rejected"]
         model.labels_ = model.weights_ = model.covariance_ = model.feature_names_in_ = None
+        model.covariance_family_ = section.get("covariance_family")  # None in a result written before it
+        covariances = section.get("covariances")
+        model.covariances_ = None if covariances is None else np.asarray(covariances, dtype=np.float64)
+        if model.covariances_ is not None:
+            model.weights_ = np.asarray(section["cluster_weights"], dtype=np.float64)
         model.site_weights_ = model.site_variances_ = None
         return model
 
@@ -415,7 +430,7 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         "means_", "weights_", "covariance_", "n_clusters_", "labels_", "upsilon_", "tuning_", "k_support_", "history_",
         "rejected_", "privacy_", "site_mapping_", "site_means_", "site_weights_", "site_variances_", "n_local_clusters_",
         "local_clusters_at_bound_", "feature_location_", "feature_scale_", "feature_scale_spread_",
-        "cluster_anisotropy_", "n_features_in_", "feature_names_in_"})
+        "cluster_anisotropy_", "n_features_in_", "feature_names_in_", "covariance_family_", "covariances_"})
 
     def _check_fitted(self) -> None:
         """What ``predict``, ``predict_proba`` and ``score_samples`` read, checked after :meth:`load`."""
@@ -427,6 +442,11 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         covariance = getattr(self, "covariance_", None)
         if covariance is not None and not (isinstance(covariance, (float, np.floating)) and 0 < covariance < np.inf):
             raise ValueError(f"covariance_={covariance!r} is not a positive variance")
+        covariances = check_array(getattr(self, "covariances_", None), "covariances_", ndim=3,
+                                  shape=(n_clusters, n_features, n_features), optional=True)
+        if covariances is not None and (not np.allclose(covariances, covariances.transpose(0, 2, 1))
+                                        or np.any(np.linalg.eigvalsh(covariances)[:, 0] <= 0)):
+            raise ValueError("covariances_ holds a matrix that is not symmetric positive definite")
         for name in ("feature_location_", "feature_scale_"):
             check_array(getattr(self, name, None), name, ndim=1, shape=(n_features,), optional=True)
         scale = getattr(self, "feature_scale_", None)
@@ -455,8 +475,9 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         labels : ndarray of shape (n_samples,)
         """
         X, means = self._in_model_units(self._rows(X)), self._model_means()
+        covariances = getattr(self, "covariances_", None)  # None in an estimator saved before covariance families
         if site is None:
-            return assign_labels(X, means)
+            return assign_labels(X, means) if covariances is None else self._log_joint_in_model_units(X).argmax(axis=1)
         # A site left out of the final stage has no consensus model (its mapping is None).
         valid = [g for g, mapping in enumerate(self.site_mapping_) if mapping is not None]
         if isinstance(site, bool) or not isinstance(site, Integral) or site not in valid:
@@ -470,6 +491,8 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
             raise NotFittedError(f"site={site}: labelling='adapted' needs the site's own mixture, which this estimator "
                                  "does not hold (rebuilt from a result.json, or saved by an older fedica); predict "
                                  "without site, or set_params(labelling='consensus')")
+        if covariances is not None:
+            return family_labels(X, means, covariances, self.site_weights_[site])
         model = geometry(self.covariance_type)
         return model.site_labels(X, means, self.site_weights_[site], self.site_variances_[site])
 
@@ -531,12 +554,18 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
     def _model_means(self) -> np.ndarray:
         return self._in_model_units(self.means_)
 
-    def _log_joint(self, X) -> np.ndarray:
-        X = self._rows(X)
+    def _log_joint_in_model_units(self, X: np.ndarray) -> np.ndarray:
+        """``log weights_k + log N(x; mean_k, covariance_k)`` of rows already in the model's units, (n, n_clusters)."""
+        covariances = getattr(self, "covariances_", None)
+        if covariances is not None:
+            return np.log(self.weights_) + log_gaussian_densities(X, self._model_means(), covariances)
         if self.covariance_ is None:
             raise NotFittedError("this FedGEM was rebuilt from a run's result, which holds no mixture weights or "
                                  "variance: predict_proba, score_samples and score need fit on the sites' points")
-        log_joint = _log_weighted_densities(self._in_model_units(X), self._model_means(), self.weights_, self.covariance_)
+        return _log_weighted_densities(X, self._model_means(), self.weights_, self.covariance_)
+
+    def _log_joint(self, X) -> np.ndarray:
+        log_joint = self._log_joint_in_model_units(self._in_model_units(self._rows(X)))
         scale = getattr(self, "feature_scale_", None)
         # A density of the data's units: the standardised one times the map's Jacobian, 1 / prod(scale).
         return log_joint if scale is None else log_joint - float(np.log(scale).sum())
@@ -571,16 +600,27 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         data = [self._in_model_units(X) for X in data]
         centres = agg.global_centroids
         self.site_mapping_ = [agg.labels[slices[g]] if g in slices else None for g in range(len(data))]
+        family = server.family
+        self.covariance_family_ = None if family is None else family.family
+        self.covariances_ = None if family is None else family.covariances
         if self.labelling == "consensus":
             self.site_weights_ = self.site_variances_ = None
             self.labels_ = [None if m is None else m[assign_labels(X, centres[m])]
                             for X, m in zip(data, self.site_mapping_)]
+        elif family is not None:
+            self.site_variances_ = None
+            self.site_weights_ = [None if m is None else site_mixture_weights(X, centres, family.covariances)
+                                  for X, m in zip(data, self.site_mapping_)]
+            self.labels_ = [None if w is None else family_labels(X, centres, family.covariances, w)
+                            for X, w in zip(data, self.site_weights_)]
         else:
             centres = self._adapted_labels(data, centres)
         self.n_clusters_ = centres.shape[0]
         self.means_ = server.in_data_units(centres)
         self.site_means_ = [None if m is None else self.means_[m] for m in self.site_mapping_]
         self.weights_, self.covariance_ = _global_mixture(data, self.labels_, centres)
+        if family is not None:  # the family's clusters are their pooled moments: their masses weigh them
+            self.weights_, self.covariance_ = family.weights, None
         self.upsilon_ = server.upsilon
         self.tuning_ = server.tuning
         self.k_support_ = server.k_support

@@ -31,7 +31,7 @@ from fedica.fedgem.selection import log_likelihoods
 from fedica.parameters import COVARIANCE_TYPES, LABELLINGS
 
 __all__ = ["CLUSTER_ANISOTROPY_LIMIT", "COVARIANCE_TYPES", "FEATURE_SCALE_SPREAD_LIMIT", "LABELLINGS", "VARIANCE_FLOOR",
-           "Identity", "Spherical", "cluster_anisotropy", "feature_scale_spread", "geometry", "separation"]
+           "Identity", "Spherical", "cluster_anisotropy", "families_of", "feature_scale_spread", "geometry", "separation"]
 
 
 # The EM of a site's own mixture over the global centres stops when the mean log-likelihood per point gains
@@ -369,7 +369,16 @@ def _site_mixture(X: np.ndarray, centres: np.ndarray, variance: float | None, fl
     return weights, float(variance)
 
 
-_GEOMETRIES = {"identity": Identity(), "spherical": Spherical()}
+# Under a covariance family (diag, full, auto) the sites fit spheres, which the server joins into the family's
+# clusters once the run has its partition (fedica.fedgem.families).
+_SPHERES = Spherical()
+_GEOMETRIES = {"identity": Identity(), "spherical": _SPHERES, "diag": _SPHERES, "full": _SPHERES, "auto": _SPHERES}
+
+
+def families_of(covariance_type: str) -> tuple[str, ...]:
+    """The covariance families the server chooses the global clusters among: none (the spheres' partition stays the
+    result) under ``identity`` and ``spherical``, the one family under ``diag`` or ``full``, all three under ``auto``."""
+    return {"diag": ("diag",), "full": ("full",), "auto": ("spherical", "diag", "full")}.get(covariance_type, ())
 
 
 def geometry(covariance_type: str) -> Identity:

@@ -38,6 +38,9 @@ GEM_FINAL = "fedgem_final"
 GEM_SILHOUETTE = "fedgem_silhouette"
 GEM_LIKELIHOOD = "fedgem_likelihood"
 GEM_EVALUATE = "fedgem_evaluate"
+# Under a covariance family (diag, full, auto): each site's mass, mean and scatter matrix of the points it labels with
+# each global cluster of the chosen partition (fedica.fedgem.families).
+GEM_CLUSTER_MOMENTS = "fedgem_cluster_moments"
 # FedGEM's init request asks for (a true value), and its reply then carries, one number of the site's data: how
 # far its columns' standard deviations are apart (fedica.fedgem.geometry.feature_scale_spread).
 REPORT_SCALE_SPREAD_KEY = "report-scale-spread"
@@ -76,6 +79,7 @@ CATEGORY = {
     GEM_SILHOUETTE: EVALUATE,
     GEM_LIKELIHOOD: EVALUATE,
     GEM_EVALUATE: EVALUATE,
+    GEM_CLUSTER_MOMENTS: EVALUATE,
     FFCM_INIT: TRAIN,
     FFCM_ROUND: TRAIN,
     AFCL_INIT: TRAIN,

@@ -103,6 +103,11 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
     # Likewise only a standardised run records its location and scale; its centres are in the data's own units.
     units = {} if server.feature_scale is None else {"feature_location": server.feature_location,
                                                      "feature_scale": server.feature_scale}
+    # Only a run under a covariance family records it: its clusters' covariances (in the units the sites clustered)
+    # and pooled weights, from which FedGEM.from_result rebuilds the mixture.
+    family = {} if server.family is None else {"covariance_family": server.family.family,
+                                               "covariances": server.family.covariances,
+                                               "cluster_weights": server.family.weights}
     return {
         **privacy,
         "metrics": result_metrics,
@@ -112,6 +117,7 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
         "fedgem": {
             "global_centroids": server.in_data_units(server.aggregation.global_centroids),
             **units,
+            **family,
             "client_mapping": mapping,
             "client_local_ari": server.client_aris,
             "local_clusters": {str(p): m.n_components for p, m in sorted(server.models.items())},

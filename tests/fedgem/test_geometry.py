@@ -29,9 +29,9 @@ def _q(X, gamma_k, mean, variance):
 
 
 def test_the_types_are_the_declared_options():
-    assert COVARIANCE_TYPES == ("identity", "spherical")
-    with pytest.raises(ValueError, match="covariance_type='full': must be one of identity, spherical"):
-        geometry("full")
+    assert COVARIANCE_TYPES == ("identity", "spherical", "diag", "full", "auto")
+    with pytest.raises(ValueError, match="covariance_type='tied': must be one of identity, spherical, diag, full, auto"):
+        geometry("tied")
 
 
 def test_identity_is_the_papers_kernels_bit_for_bit():

@@ -1,0 +1,313 @@
+"""The covariance family of the global clusters: spheres joined into the clusters a family's BIC chooses.
+
+FedGEM's sites fit spheres (:mod:`fedica.fedgem.geometry`); an elongated or correlated cluster takes
+several of them, and the federated ICL over spheres counts each (docs/ALGORITHMS.md 2.11.3). Under
+``covariance_type`` ``diag``, ``full`` or ``auto`` (docs/ALGORITHMS.md 2.14), once the run has chosen its
+partition, each site labels its points with its global clusters and sends each cluster's count, mean and
+scatter matrix. The server pools them into every global cluster's exact moments (the pooled points', as a
+central analyst would compute them) and joins clusters the way mclust's model-based hierarchical
+agglomeration does (Fraley 1998): at each step the two whose union loses the least classification
+log-likelihood under the family, down to one cluster. The partition on that path with the smallest BIC,
+over the family (or, under ``auto``, over every family), is the result. The moments of any union of
+clusters follow from its members' (the parallel-axis rule), so the whole path needs one exchange.
+
+Written here rather than with scikit-learn or mclust: neither agglomerates from moments without the points,
+and the server never holds a point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedica.protocol import InvalidReply
+
+__all__ = ["FAMILIES", "REG_COVAR", "FamilyModel", "checked_cluster_moments", "cluster_moments", "component_moments",
+           "family_covariances", "choose_family", "log_gaussian_densities", "site_labels", "site_mixture_weights"]
+
+#: The families a global cluster's covariance may take (scikit-learn's ``covariance_type`` names).
+FAMILIES = ("spherical", "diag", "full")
+
+# Added to every covariance's diagonal, relative to the pooled data's mean per-feature variance: scikit-learn's
+# reg_covar (1e-6) in units where that variance is 1, so that the regularisation does not depend on the data's unit.
+REG_COVAR = 1e-6
+
+# A reply's scatter matrices are symmetric and positive semi-definite up to this share of their largest entry
+# (a sum of outer products computed in floating point).
+_ROUNDING = 1e-9
+
+# The EM of a site's weights over fixed means and covariances (labelling: adapted) stops at this gain in mean
+# log-likelihood per point, or after this many steps.
+_WEIGHTS_TOL = 1e-8
+_WEIGHTS_MAX_ITER = 200
+
+
+def _parameters_per_cluster(family: str, dim: int) -> int:
+    """A cluster's mean, weight and covariance parameters under ``family``."""
+    covariance = {"spherical": 1, "diag": dim, "full": dim * (dim + 1) // 2}[family]
+    return dim + 1 + covariance
+
+
+def component_moments(X: np.ndarray, responsibilities: np.ndarray, means: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each component's mass and scatter matrix around its mean (a cluster's, with 0/1 responsibilities).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+    responsibilities : ndarray of shape (K, n)
+        The E-step's posterior of every component for every point.
+    means : ndarray of shape (K, d)
+        The M-step's means (``responsibilities @ X / masses``).
+
+    Returns
+    -------
+    masses : ndarray of shape (K,)
+        ``Gamma_k = sum_n gamma_nk``; they sum to ``n``.
+    scatters : ndarray of shape (K, d, d)
+        ``S_k = sum_n gamma_nk (x_n - M_k)(x_n - M_k)^T / Gamma_k`` (zero for a component with no mass).
+    """
+    masses = responsibilities.sum(axis=1)
+    scatters = np.zeros((means.shape[0], X.shape[1], X.shape[1]))
+    for k in np.flatnonzero(masses > 0):
+        residual = X - means[k]
+        scatters[k] = (residual * responsibilities[k][:, None]).T @ residual / masses[k]
+    return masses, (scatters + scatters.transpose(0, 2, 1)) / 2
+
+
+def checked_cluster_moments(arrays, n_clusters: int, dim: int, n_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A site's ``masses`` (K,), ``means`` (K, d) and ``scatters`` (K, d, d), or :class:`InvalidReply` naming the rule.
+
+    The masses are whole non-negative counts summing to the site's declared points; the means finite; each scatter
+    symmetric and positive semi-definite. Where a site's points lie the server checks as it checks a maximiser
+    (the federation's extent), in the caller.
+    """
+    try:
+        masses = np.asarray(arrays["masses"], dtype=np.float64)
+        means = np.asarray(arrays["means"], dtype=np.float64)
+        scatters = np.asarray(arrays["scatters"], dtype=np.float64)
+    except KeyError as err:
+        raise InvalidReply(f"{err.args[0]!r} is missing") from None
+    except (TypeError, ValueError):
+        raise InvalidReply("'masses', 'means' and 'scatters' must be numeric arrays") from None
+    if masses.shape != (n_clusters,) or not np.all(np.isfinite(masses)) or np.any(masses < 0):
+        raise InvalidReply(f"'masses' must be {n_clusters} non-negative finite numbers, got shape {masses.shape}")
+    if np.any(masses != np.round(masses)) or masses.sum() != n_points:
+        raise InvalidReply(f"'masses' must be whole counts summing to the {n_points} points the site declared "
+                           f"(they sum to {masses.sum():.6g})")
+    if means.shape != (n_clusters, dim) or not np.all(np.isfinite(means)):
+        raise InvalidReply(f"'means' must be finite, of shape {(n_clusters, dim)}, got {means.shape}")
+    if scatters.shape != (n_clusters, dim, dim) or not np.all(np.isfinite(scatters)):
+        raise InvalidReply(f"'scatters' must be finite, of shape {(n_clusters, dim, dim)}, got {scatters.shape}")
+    size = np.abs(scatters).max(axis=(1, 2)) + np.finfo(float).tiny
+    if np.any(np.abs(scatters - scatters.transpose(0, 2, 1)).max(axis=(1, 2)) > _ROUNDING * size):
+        raise InvalidReply("'scatters' holds a matrix that is not symmetric")
+    if np.any(np.linalg.eigvalsh(scatters)[:, 0] < -_ROUNDING * size * dim):
+        raise InvalidReply("'scatters' holds a matrix that is not positive semi-definite")
+    return masses, means, scatters
+
+
+def cluster_moments(labels: np.ndarray, n_clusters: int, masses: np.ndarray, means: np.ndarray,
+                    scatters: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each global cluster's mass, mean and covariance from its member components' moments.
+
+    Exactly the pooled data's moments of the points the components' responsibilities give the cluster:
+    ``n_j = sum Gamma_k``, ``c_j = sum Gamma_k M_k / n_j``, ``Sigma_j = sum Gamma_k (S_k + (M_k - c_j)(M_k - c_j)^T) / n_j``
+    over the components ``k`` of cluster ``j``. A component labelled outside ``0..n_clusters - 1`` (untrusted) counts
+    in none.
+    """
+    dim = means.shape[1]
+    counts, centres = np.zeros(n_clusters), np.zeros((n_clusters, dim))
+    second = np.zeros((n_clusters, dim, dim))
+    for k in np.flatnonzero((labels >= 0) & (labels < n_clusters) & (masses > 0)):
+        j = labels[k]
+        counts[j] += masses[k]
+        centres[j] += masses[k] * means[k]
+        second[j] += masses[k] * (scatters[k] + np.outer(means[k], means[k]))
+    held = counts > 0
+    centres[held] /= counts[held, None]
+    covariances = np.zeros_like(second)
+    covariances[held] = second[held] / counts[held, None, None] - np.einsum("ki,kj->kij", centres[held], centres[held])
+    return counts, centres, (covariances + covariances.transpose(0, 2, 1)) / 2
+
+
+def family_covariances(covariances: np.ndarray, family: str, reg: float) -> np.ndarray:
+    """The family's maximum-likelihood covariances given the clusters' (k, d, d) covariances, plus ``reg I``."""
+    dim = covariances.shape[-1]
+    if family == "full":
+        shaped = covariances.copy()
+    elif family == "diag":
+        shaped = np.einsum("kii->ki", covariances)[:, :, None] * np.eye(dim)
+    else:
+        shaped = (np.trace(covariances, axis1=1, axis2=2) / dim)[:, None, None] * np.eye(dim)
+    return shaped + reg * np.eye(dim)
+
+
+def _log_likelihoods(counts: np.ndarray, covariances: np.ndarray, family: str, n_total: float, reg: float) -> np.ndarray:
+    """Each cluster's classification log-likelihood under ``family``: ``n log(n/N) - n/2 (d log 2 pi + log|Sigma| +
+    tr(Sigma^-1 C))`` with ``Sigma`` the family's covariance of its covariance ``C`` (regularised)."""
+    dim = covariances.shape[-1]
+    shaped = family_covariances(covariances, family, reg)
+    _, log_det = np.linalg.slogdet(shaped)
+    fit = np.einsum("kij,kji->k", np.linalg.inv(shaped), covariances)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(counts > 0, counts * np.log(counts / n_total), 0.0)
+    return share - 0.5 * counts * (dim * np.log(2 * np.pi) + log_det + fit)
+
+
+def _estimable(counts: np.ndarray, family: str, dim: int) -> bool:
+    """Whether every cluster holds more points than a full covariance needs to be non-singular (``d``), or two."""
+    return bool(np.all(counts > (dim if family == "full" else 1)))
+
+
+@dataclass
+class FamilyModel:
+    """The global clusters a family's BIC chooses.
+
+    Attributes
+    ----------
+    family : str
+        The chosen family (one of :data:`FAMILIES`).
+    merged : ndarray of shape (K0,)
+        The cluster (0..K-1) each of the start's K0 global clusters joined.
+    counts, means, covariances : ndarrays of shapes (K,), (K, d), (K, d, d)
+        Each cluster's mass, mean and covariance under the family (regularised).
+    table : dict
+        For every family scored, the cluster counts on its path and their BIC (``inf``: a cluster too small).
+    """
+
+    family: str
+    merged: np.ndarray
+    counts: np.ndarray
+    means: np.ndarray
+    covariances: np.ndarray
+    table: dict = field(default_factory=dict)
+
+    @property
+    def weights(self) -> np.ndarray:
+        return self.counts / self.counts.sum()
+
+    @property
+    def n_clusters(self) -> int:
+        return int(self.counts.shape[0])
+
+
+def _path(counts: np.ndarray, means: np.ndarray, covariances: np.ndarray, family: str, n_total: float, reg: float):
+    """The agglomeration under ``family`` from the given clusters down to one: (K, BIC, assignment) at each step.
+
+    Each step joins the pair whose union loses the least classification log-likelihood; the union's moments are
+    its members' pooled. Only the joined cluster's pairs are scored again.
+    """
+    dim = means.shape[1]
+    alive = list(range(counts.shape[0]))
+    counts, means, covariances = counts.copy(), means.copy(), covariances.copy()
+    assignment = np.arange(counts.shape[0])
+    own = _log_likelihoods(counts, covariances, family, n_total, reg)
+
+    def union(a, b):
+        n = counts[a] + counts[b]
+        mean = (counts[a] * means[a] + counts[b] * means[b]) / n
+        gap = means[a] - means[b]
+        cov = (counts[a] * covariances[a] + counts[b] * covariances[b]) / n + counts[a] * counts[b] / n ** 2 * np.outer(gap, gap)
+        return n, mean, cov
+
+    def losses(a, others):
+        if not others:
+            return {}
+        joined = [union(a, b) for b in others]
+        joined_ll = _log_likelihoods(np.array([u[0] for u in joined]), np.array([u[2] for u in joined]), family, n_total, reg)
+        return {b: own[a] + own[b] - ll for b, ll in zip(others, joined_ll)}
+
+    loss = {}
+    for i, a in enumerate(alive):
+        for b, value in losses(a, alive[i + 1:]).items():
+            loss[(a, b)] = value
+    steps = []
+    while True:
+        k = len(alive)
+        penalty = k * _parameters_per_cluster(family, dim) - 1
+        score = (-2 * own[alive].sum() + penalty * np.log(n_total)
+                 if _estimable(counts[alive], family, dim) else np.inf)
+        ids = {c: i for i, c in enumerate(alive)}
+        steps.append((k, float(score), np.array([ids[c] for c in assignment])))
+        if k == 1:
+            return steps
+        a, b = min(loss, key=loss.get)
+        n, mean, cov = union(a, b)
+        counts[a], means[a], covariances[a] = n, mean, cov
+        own[a] = _log_likelihoods(np.array([n]), cov[None], family, n_total, reg)[0]
+        alive.remove(b)
+        assignment[assignment == b] = a
+        loss = {pair: value for pair, value in loss.items() if a not in pair and b not in pair}
+        for c, value in losses(a, [c for c in alive if c != a]).items():
+            loss[(min(a, c), max(a, c))] = value
+
+
+def choose_family(counts: np.ndarray, means: np.ndarray, covariances: np.ndarray, families: tuple[str, ...],
+                  reg: float) -> FamilyModel:
+    """The partition of smallest BIC on every family's agglomeration path from the given clusters (ties: fewer
+    clusters, then the family listed first).
+
+    Parameters
+    ----------
+    counts, means, covariances : ndarrays of shapes (K0,), (K0, d), (K0, d, d)
+        The start's clusters (:func:`cluster_moments`); a cluster without mass is dropped first.
+    families : tuple of str
+        The families to score (one, or :data:`FAMILIES` under ``auto``).
+    reg : float
+        Added to every covariance's diagonal (:data:`REG_COVAR` times the data's mean per-feature variance).
+    """
+    held = np.flatnonzero(counts > 0)
+    n_total = float(counts[held].sum())
+    best, table = None, {}
+    for family in families:
+        steps = _path(counts[held], means[held], covariances[held], family, n_total, reg)
+        table[family] = {"k": [k for k, _, _ in steps], "bic": [score for _, score, _ in steps]}
+        for k, score, assignment in steps:
+            if best is None or (score, k) < (best[0], best[1]):
+                best = (score, k, family, assignment)
+    if best is None or not np.isfinite(best[0]):
+        raise ValueError("no family could be fitted: every path holds a cluster of fewer than two points")
+    _, k, family, assignment = best
+    merged = np.full(counts.shape[0], -1)
+    merged[held] = assignment
+    pooled_counts, pooled_means, pooled = cluster_moments(assignment, k, counts[held], means[held], covariances[held])
+    return FamilyModel(family, merged, pooled_counts, pooled_means, family_covariances(pooled, family, reg), table)
+
+
+def log_gaussian_densities(X: np.ndarray, means: np.ndarray, covariances: np.ndarray) -> np.ndarray:
+    """``log N(x; means_k, covariances_k)`` for every row of ``X`` and cluster, shape (n, K)."""
+    dim = X.shape[1]
+    out = np.empty((X.shape[0], means.shape[0]))
+    for k in range(means.shape[0]):
+        cholesky = np.linalg.cholesky(covariances[k])
+        solved = np.linalg.solve(cholesky, (X - means[k]).T)
+        out[:, k] = -0.5 * (dim * np.log(2 * np.pi) + (solved ** 2).sum(axis=0)) - np.log(np.diag(cholesky)).sum()
+    return out
+
+
+def site_mixture_weights(X: np.ndarray, means: np.ndarray, covariances: np.ndarray) -> np.ndarray:
+    """A site's own weights (K,) over the global clusters, their means and covariances fixed (EM of the weights).
+
+    The log-likelihood is concave in the weights, so EM climbs to their one maximum; it starts from equal weights.
+    """
+    log_densities = log_gaussian_densities(X, means, covariances)
+    weights = np.full(means.shape[0], 1.0 / means.shape[0])
+    previous = -np.inf
+    for _ in range(_WEIGHTS_MAX_ITER):
+        joint = log_densities + np.log(np.maximum(weights, np.finfo(float).tiny))
+        peak = joint.max(axis=1, keepdims=True)
+        posterior = np.exp(joint - peak)
+        totals = posterior.sum(axis=1, keepdims=True)
+        mean_log_likelihood = float((peak + np.log(totals)).mean())
+        weights = (posterior / totals).mean(axis=0)
+        if mean_log_likelihood - previous < _WEIGHTS_TOL:
+            break
+        previous = mean_log_likelihood
+    return weights
+
+
+def site_labels(X: np.ndarray, means: np.ndarray, covariances: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Indices of each row's most probable cluster under weights, means and covariances."""
+    joint = log_gaussian_densities(X, means, covariances) + np.log(np.maximum(weights, np.finfo(float).tiny))
+    return joint.argmax(axis=1)

@@ -1,0 +1,123 @@
+"""Covariance families of the global clusters (fedica.fedgem.families; docs/ALGORITHMS.md 2.14)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+import fedica
+from fedica.fedgem import client as fedgem_client
+from fedica.fedgem.families import checked_cluster_moments, choose_family, cluster_moments
+from fedica.protocol import InvalidReply
+
+
+def _two_long_clusters(seed: int = 0, n: int = 400) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two parallel clusters 12 times longer than wide, correlated features: spheres need several each."""
+    rng = np.random.default_rng(seed)
+    rotation = np.array([[np.cos(0.5), -np.sin(0.5)], [np.sin(0.5), np.cos(0.5)]])
+    points = [rng.normal(size=(n, 2)) * [6.0, 0.5] @ rotation.T + offset for offset in ([0, 0], [-4.0, 8.0])]
+    X, y = np.vstack(points), np.repeat([0, 1], n)
+    return X, y, rng.integers(0, 4, X.shape[0])
+
+
+def test_pooled_site_moments_are_the_pooled_points_moments():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(300, 3)) @ rng.normal(size=(3, 3))
+    labels = rng.integers(0, 4, 300)
+    sites = rng.integers(0, 3, 300)
+    replies = [fedgem_client.cluster_moments_reply(X[sites == g], labels[sites == g], 4)[0] for g in range(3)]
+    masses = np.concatenate([r["masses"] for r in replies])
+    counts, means, covariances = cluster_moments(np.tile(np.arange(4), 3), 4, masses,
+                                                 np.vstack([r["means"] for r in replies]),
+                                                 np.concatenate([r["scatters"] for r in replies]))
+    for j in range(4):
+        members = X[labels == j]
+        assert counts[j] == members.shape[0]
+        np.testing.assert_allclose(means[j], members.mean(axis=0), atol=1e-12)
+        np.testing.assert_allclose(covariances[j], np.cov(members.T, bias=True), atol=1e-10)
+
+
+def test_a_full_family_joins_the_spheres_of_elongated_clusters():
+    X, y, groups = _two_long_clusters()
+    spheres = fedica.FedGEM(random_state=0).fit(X, groups=groups)
+    full = fedica.FedGEM(covariance_type="full", random_state=0).fit(X, groups=groups)
+    assert spheres.n_clusters_ > 2  # the spheres count each cluster several times
+    assert full.n_clusters_ == 2 and full.covariance_family_ == "full"
+    assert adjusted_rand_score(y, full.labels_) > 0.98
+    assert full.covariances_.shape == (2, 2, 2)
+    # Each cluster's covariance is its points' (in the standardised units the sites clustered).
+    standardised = (X - full.feature_location_) / full.feature_scale_
+    for j in range(2):
+        members = standardised[full.labels_ == j]
+        np.testing.assert_allclose(full.covariances_[j], np.cov(members.T, bias=True), rtol=0.05, atol=0.01)
+    probabilities = full.predict_proba(X)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0)
+    assert np.array_equal(full.predict(X), probabilities.argmax(axis=1))
+    assert adjusted_rand_score(y, full.predict(X)) > 0.98
+
+
+def test_auto_chooses_the_family_and_its_choice_does_not_depend_on_units():
+    X, y, groups = _two_long_clusters(seed=2)
+    model = fedica.FedGEM(covariance_type="auto", random_state=0).fit(X, groups=groups)
+    assert model.covariance_family_ == "full" and model.n_clusters_ == 2
+    assert set(model.tuning_["family_paths"]) == {"spherical", "diag", "full"}
+    scaled = fedica.FedGEM(covariance_type="auto", random_state=0).fit(X * [1e-3, 1e3], groups=groups)
+    assert scaled.n_clusters_ == 2 and np.array_equal(scaled.labels_, model.labels_)
+    assert model.k_support_["criterion"] == "full-bic"
+
+
+def test_a_diag_family_keeps_axis_aligned_clusters_apart():
+    rng = np.random.default_rng(3)
+    X = np.vstack([rng.normal(size=(300, 2)) * [5.0, 0.4] + [0, 0], rng.normal(size=(300, 2)) * [5.0, 0.4] + [0, 3]])
+    y = np.repeat([0, 1], 300)
+    model = fedica.FedGEM(covariance_type="diag", random_state=0).fit(X, groups=rng.integers(0, 3, 600))
+    assert model.covariance_family_ == "diag" and model.n_clusters_ == 2
+    assert adjusted_rand_score(y, model.labels_) > 0.98
+    off_diagonal = model.covariances_[:, 0, 1]
+    assert np.all(off_diagonal == 0)
+
+
+def test_the_agglomeration_joins_the_halves_of_one_cluster_and_not_two_clusters():
+    rng = np.random.default_rng(4)
+    points = [rng.normal(size=(200, 2)) * [3.0, 0.3], rng.normal(size=(200, 2)) * [3.0, 0.3] + [0, 4]]
+    halves = [p[p[:, 0] < 0] for p in points] + [p[p[:, 0] >= 0] for p in points]
+    counts = np.array([h.shape[0] for h in halves], dtype=float)
+    means = np.array([h.mean(axis=0) for h in halves])
+    covariances = np.array([np.cov(h.T, bias=True) for h in halves])
+    model = choose_family(counts, means, covariances, ("full",), reg=1e-6)
+    assert model.n_clusters == 2
+    assert model.merged[0] == model.merged[2] and model.merged[1] == model.merged[3]
+    assert model.merged[0] != model.merged[1]
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("masses", np.array([3.0, 4.0]), "sum to"),
+    ("masses", np.array([5.5, 4.5]), "whole counts"),
+    ("scatters", np.array([[[1.0, 2.0], [0.0, 1.0]], np.eye(2)]), "not symmetric"),
+    ("scatters", np.array([[[1.0, 0.0], [0.0, -1.0]], np.eye(2)]), "not positive semi-definite"),
+    ("means", np.array([[np.nan, 0.0], [0.0, 0.0]]), "'means' must be finite"),
+])
+def test_a_reply_s_moments_are_refused_with_the_rule_they_break(field, value, reason):
+    arrays = {"masses": np.array([6.0, 4.0]), "means": np.zeros((2, 2)), "scatters": np.stack([np.eye(2)] * 2)}
+    checked_cluster_moments(arrays, 2, 2, 10)
+    with pytest.raises(InvalidReply, match=reason):
+        checked_cluster_moments({**arrays, field: value}, 2, 2, 10)
+
+
+def test_a_site_whose_moments_break_the_rules_is_left_out_and_named(monkeypatch):
+    X, y, groups = _two_long_clusters(seed=5)
+    honest = fedgem_client.cluster_moments_reply
+
+    def not_positive(X, labels, n_clusters):
+        arrays, values = honest(X, labels, n_clusters)
+        if X.shape[0] == int((groups == 1).sum()):
+            arrays["scatters"] = -arrays["scatters"]
+        return arrays, values
+
+    monkeypatch.setattr(fedgem_client, "cluster_moments_reply", not_positive)
+    model = fedica.FedGEM(covariance_type="full", random_state=0).fit(X, groups=groups)
+    refused = [entry for entry in model.rejected_ if entry["round"] == "cluster-moments"]
+    assert [entry["client"] for entry in refused] == [1]
+    assert "not positive semi-definite" in refused[0]["reason"]
+    assert model.n_clusters_ == 2 and adjusted_rand_score(y, model.labels_) > 0.98
