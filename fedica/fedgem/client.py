@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 
 from fedica.metrics import adjusted_rand, contingency, mean_silhouettes
-from fedica.fedgem.families import component_moments, site_mixture_weights
+from fedica.fedgem.families import component_moments, mixture_moments, site_mixture_weights
 from fedica.fedgem.families import site_labels as family_labels
 from fedica.fedgem.geometry import Identity, cluster_anisotropy, feature_scale_spread, geometry
 from fedica.fedgem.local import assign_labels, kmeans_init, kmeanspp_init
 from fedica.fedgem.standardisation import site_moments, standardised
 from fedica.protocol.messages import (
-    CLUSTER_SHAPE_KEY, GEM_CLUSTER_MOMENTS, GEM_EVALUATE, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_MOMENTS, GEM_ROUND, GEM_SILHOUETTE,
+    CLUSTER_SHAPE_KEY, GEM_CLUSTER_MOMENTS, GEM_EVALUATE, GEM_FAMILY_EM, GEM_FINAL, GEM_INIT, GEM_LIKELIHOOD, GEM_MOMENTS, GEM_ROUND, GEM_SILHOUETTE,
     K_AT_BOUND_KEY, REPORT_CLUSTER_SHAPE_KEY, REPORT_SCALE_SPREAD_KEY, SCALE_SPREAD_KEY,
 )
 from fedica.protocol.tasks import Handler, Site
@@ -325,6 +325,30 @@ def _cluster_moments_task(site: Site, arrays: Mapping[str, Any], values: Mapping
     return cluster_moments_reply(data.X_train, _site_labels(site, data, data.X_train, arrays, values), n_clusters)
 
 
+def family_em_reply(X: np.ndarray, weights: Any, means: Any, covariances: Any, sizes: Any) -> Reply:
+    """One federated EM step of every candidate mixture the server sends (its clusters stacked, ``sizes`` per model):
+    each cluster's mass, mean and scatter of the site's responsibilities, and the site's log-likelihood per model."""
+    start = time.perf_counter()
+    sizes = np.asarray(sizes)
+    weights, means = np.asarray(weights, dtype=np.float64), np.asarray(means, dtype=np.float64)
+    if (sizes.ndim != 1 or sizes.dtype.kind not in "iu" or np.any(sizes < 1) or means.shape != (int(sizes.sum()), X.shape[1])
+            or weights.shape != (means.shape[0],) or not np.all(np.isfinite(means)) or not np.all(np.isfinite(weights))
+            or np.any(weights < 0)):
+        raise ValueError(f"candidate mixtures of means {means.shape}, weights {weights.shape} and sizes {sizes.shape} "
+                         f"do not fit d={X.shape[1]}")
+    covariances = checked_covariances(covariances, means.shape[0], X.shape[1])
+    parts = [mixture_moments(X, w, m, c) for w, m, c in zip(*(np.split(a, np.cumsum(sizes)[:-1])
+                                                              for a in (weights, means, covariances)))]
+    return ({"masses": np.concatenate([p[0] for p in parts]), "means": np.vstack([p[1] for p in parts]),
+             "scatters": np.concatenate([p[2] for p in parts]), "log-likelihoods": np.array([p[3] for p in parts])},
+            {"n-points": X.shape[0], "fit-seconds": time.perf_counter() - start})
+
+
+def _family_em_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
+    return family_em_reply(site.points(values).X_train, arrays["weights"], arrays["means"], arrays["covariances"],
+                           arrays["sizes"])
+
+
 def _evaluate_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     data = site.points(values)
     # No held-out share (a user's files with test_fraction 0 keep every row for training): the evaluation labels
@@ -344,4 +368,5 @@ TASKS: dict[str, Handler] = {
     GEM_LIKELIHOOD: _likelihood_task,
     GEM_EVALUATE: _evaluate_task,
     GEM_CLUSTER_MOMENTS: _cluster_moments_task,
+    GEM_FAMILY_EM: _family_em_task,
 }

@@ -22,7 +22,8 @@ import numpy as np
 from fedica.fedgem import privacy
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.evaluation import ClientEvaluation, EvaluationStage
-from fedica.fedgem.families import REG_COVAR, FamilyModel, checked_cluster_moments, choose_family, cluster_moments
+from fedica.fedgem.families import (REG_COVAR, FamilyModel, agglomeration_candidates, checked_cluster_moments,
+                                    checked_mixture_moments, cluster_moments)
 from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT, FEATURE_SCALE_SPREAD_LIMIT, families_of, geometry
 from fedica.fedgem.support import candidate_support, cluster_stability, merged_labels, split_labels, support_warnings
 from fedica.fedgem.merging import FinalAggregation
@@ -50,6 +51,7 @@ from fedica.protocol import (
     CLUSTER_SHAPE_KEY,
     GEM_CLUSTER_MOMENTS,
     GEM_EVALUATE,
+    GEM_FAMILY_EM,
     GEM_FINAL,
     GEM_INIT,
     GEM_LIKELIHOOD,
@@ -128,6 +130,12 @@ class FedGEMSettings:
         return cls(**{k: algorithm[k] for k in keys if k in algorithm}, min_clients=min_clients, seed=seed)
 
 
+# The federated EM of a covariance family's candidate mixtures (docs/ALGORITHMS.md 2.14) stops when no candidate's
+# log-likelihood per point changes by more than this (scikit-learn's GaussianMixture tol), or after this many steps.
+FAMILY_EM_TOL = 1e-3
+FAMILY_EM_MAX_STEPS = 100
+
+
 @dataclass
 class FedGEMServer(EvaluationStage, ProtocolState):
     """The server's state during one FedGEM run (its books: :class:`~fedica.protocol.ProtocolState`).
@@ -204,6 +212,7 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         # from the sites' moments of the chosen partition's clusters (fedica.fedgem.families; None otherwise).
         self.families = families_of(self.settings.covariance_type) if self.privacy is None else ()
         self.family: FamilyModel | None = None
+        self._family_reg = 0.0  # added to every family covariance's diagonal, from the pooled points' spread
 
     @property
     def min_clients(self) -> int:
@@ -252,7 +261,17 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             replies = yield Request(GEM_CLUSTER_MOMENTS, "cluster-moments", self.evaluation_payloads(),
                                     {"labelling": s.labelling, "covariance-type": s.covariance_type,
                                      "n-clusters": self.aggregation.k_hat, **self.units})
-            self._fit_family(replies)
+            candidates = self._family_candidates(replies)
+            previous = None
+            for step in range(1, FAMILY_EM_MAX_STEPS + 1):
+                payload = self._family_payload(candidates)
+                replies = yield Request(GEM_FAMILY_EM, f"family-em-{step}", {p: payload for p in self.final.slices()},
+                                        dict(self.units))
+                per_point = self._family_em_step(candidates, replies)
+                if previous is not None and np.all(np.abs(per_point - previous) < FAMILY_EM_TOL):
+                    break
+                previous = per_point
+            self._choose_family_model(candidates)
         self._support_of_k()
         if self.evaluate:
             payloads = self.evaluation_payloads()
@@ -266,52 +285,98 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                         "excluded_components)", len(self.excluded_clients), len(self.models), len(counts),
                         len(self.history), sum(counts), max(counts))
 
-    def _fit_family(self, replies: list[Reply]) -> None:
-        """Join the chosen partition's global clusters into the family's (docs/ALGORITHMS.md 2.14).
+    def _family_candidates(self, replies: list[Reply]) -> list[FamilyModel]:
+        """The family's candidate mixtures from the chosen partition's clusters (docs/ALGORITHMS.md 2.14).
 
         Each site labels its points with the partition's global clusters (the evaluation's ``labelling``) and sends
-        each cluster's count, mean and scatter matrix; their pooled moments are the pooled points' exactly. The
-        family's agglomeration path from them, scored by its BIC, gives the result's clusters
-        (:func:`fedica.fedgem.families.choose_family`). A distrusted site's reply counts in no cluster; a site whose
-        count the server caps (``count_cap_factor``) weighs its capped count, as in every merge.
+        each cluster's count, mean and scatter matrix; their pooled moments are the pooled points' exactly. Every
+        family's agglomeration path from them gives its best partition by the classification BIC and the partitions
+        one cluster either side (:func:`fedica.fedgem.families.agglomeration_candidates`), which the federated EM
+        then fits. A distrusted site's reply counts in no cluster; a site whose count the server caps
+        (``count_cap_factor``) weighs its capped count, as in every merge.
         """
-        agg, extent = self.aggregation, self.extent
-        masses, means, scatters, owners = [], [], [], []
+        agg = self.aggregation
+        moments = self._checked_family_replies(
+            replies, "cluster-moments",
+            lambda arrays, model: checked_cluster_moments(arrays, agg.k_hat, self.dim, model.declared_points))
+        self.require(len(moments), "FedGEM covariance family")
+        with self.server_time():
+            masses = np.concatenate([m[0] for m in moments])
+            means, scatters = np.vstack([m[1] for m in moments]), np.concatenate([m[2] for m in moments])
+            owners = np.tile(np.arange(agg.k_hat), len(moments))
+            _, _, (total,) = cluster_moments(np.zeros(masses.shape[0], dtype=np.int64), 1, masses, means, scatters)
+            self._family_reg = REG_COVAR * max(float(np.trace(total)) / self.dim, np.finfo(float).tiny)
+            counts, centres, covariances = cluster_moments(owners, agg.k_hat, masses, means, scatters)
+            candidates = agglomeration_candidates(counts, centres, covariances, self.families, self._family_reg)
+        if not candidates:
+            raise ValueError("FedGEM covariance family: every partition holds a cluster too small for its covariance")
+        return candidates
+
+    def _checked_family_replies(self, replies: list[Reply], stage: str, check) -> list[tuple]:
+        """The replies' moments that ``check(arrays, model)`` passes and whose means lie within the federation's
+        extent, each site's masses weighed by its capped count; the others rejected with their reason."""
+        kept = []
         for reply in replies:
             model = self.models.get(reply.partition_id)
             if model is None or reply.partition_id in self.distrusted:
                 continue
             try:
-                count, mean, scatter = checked_cluster_moments(reply.arrays, agg.k_hat, self.dim, model.declared_points)
-                if (far := extent.far_reason("means", mean[count > 0])) is not None:
+                masses, means, *rest = check(reply.arrays, model)
+                if (far := self.extent.far_reason("means", means[masses > 0])) is not None:
                     raise InvalidReply(far)
             except InvalidReply as err:
-                self.reject(reply.partition_id, "cluster-moments", f"invalid reply: {err}")
+                self.reject(reply.partition_id, stage, f"invalid reply: {err}")
                 continue
             self.client_seconds += reported_seconds(reply)
-            masses.append(count * (model.n_points / model.declared_points))
-            means.append(mean)
-            scatters.append(scatter)
-            owners.append(np.arange(agg.k_hat))
-        self.require(len(masses), "FedGEM covariance family")
+            kept.append((masses * (model.n_points / model.declared_points), means, *rest, model))
+        return kept
+
+    @staticmethod
+    def _family_payload(candidates: list[FamilyModel]) -> dict[str, np.ndarray]:
+        """Every candidate mixture, its clusters stacked: weights, means, covariances, and each one's cluster count."""
+        return {"weights": np.concatenate([c.weights for c in candidates]),
+                "means": np.vstack([c.means for c in candidates]),
+                "covariances": np.concatenate([c.covariances for c in candidates]),
+                "sizes": np.array([c.n_clusters for c in candidates], dtype=np.int64)}
+
+    def _family_em_step(self, candidates: list[FamilyModel], replies: list[Reply]) -> np.ndarray:
+        """One federated EM step of every candidate: its log-likelihood at the parameters sent, then its M-step from
+        the sites' moments (the pooled points' exactly). Returns each candidate's log-likelihood per point."""
+        sizes = np.array([c.n_clusters for c in candidates], dtype=np.int64)
+        step = candidates[0].em_steps + 1
+        kept = self._checked_family_replies(
+            replies, f"family-em-{step}",
+            lambda arrays, model: checked_mixture_moments(arrays, sizes, self.dim, model.declared_points))
+        self.require(len(kept), "FedGEM covariance family")
         with self.server_time():
-            masses, means, scatters, owners = (np.concatenate(masses), np.vstack(means), np.concatenate(scatters),
-                                               np.concatenate(owners))
-            _, _, (total,) = cluster_moments(np.zeros(masses.shape[0], dtype=np.int64), 1, masses, means, scatters)
-            reg = REG_COVAR * max(float(np.trace(total)) / self.dim, np.finfo(float).tiny)
-            counts, centres, covariances = cluster_moments(owners, agg.k_hat, masses, means, scatters)
-            family = choose_family(counts, centres, covariances, self.families, reg)
-            # A cluster no site gave a point joins the family cluster whose mean is nearest its centre.
-            empty = family.merged < 0
-            if np.any(empty):
-                family.merged[empty] = np.argmin(
-                    ((agg.global_centroids[empty][:, None] - family.means[None]) ** 2).sum(axis=2), axis=1)
+            declared = np.array([model.declared_points for *_, model in kept], dtype=float)
+            totals = robust_totals(np.array([k[3] for k in kept]), declared, self.settings.max_hostile_fraction)
+            bounds = np.cumsum(sizes) - sizes
+            for index, (candidate, start, size) in enumerate(zip(candidates, bounds, sizes)):
+                part = slice(start, start + size)
+                candidate.log_likelihood = float(totals[index])
+                candidate.m_step(np.concatenate([k[0][part] for k in kept]), np.vstack([k[1][part] for k in kept]),
+                                 np.concatenate([k[2][part] for k in kept]), self._family_reg)
+        return totals / declared.sum()
+
+    def _choose_family_model(self, candidates: list[FamilyModel]) -> None:
+        """The candidate of smallest BIC after the federated EM (ties: fewer clusters); the partition's global clusters
+        follow the cluster their centre is most probable in."""
+        with self.server_time():
+            agg = self.aggregation
+            n_total = float(sum(self.models[p].n_points for p in self.final.partitions))
+            family = min(candidates, key=lambda c: (c.bic(n_total), c.n_clusters))
+            if not np.isfinite(family.bic(n_total)):
+                raise ValueError("FedGEM covariance family: every candidate lost a cluster in its EM")
+            family.merged = family.posterior_labels(agg.global_centroids)
             self.family = family
             self.aggregation = FinalAggregation(family.merged[agg.labels], family.means, family.n_clusters)
             self.tuning = {**(self.tuning or {}), "family": family.family, "family_start_k": int(agg.k_hat),
-                           "family_paths": family.table}
-            log.info("covariance family: %s with %d clusters (BIC over the agglomeration of the %d chosen clusters)",
-                     family.family, family.n_clusters, agg.k_hat)
+                           "family_paths": family.table, "family_em_steps": family.em_steps,
+                           "family_candidates": [{"family": c.family, "k": c.n_clusters, "bic": c.bic(n_total)}
+                                                 for c in candidates]}
+            log.info("covariance family: %s with %d clusters (BIC after %d federated EM steps from the agglomeration of "
+                     "the %d chosen clusters)", family.family, family.n_clusters, family.em_steps, agg.k_hat)
 
     def _support_of_k(self) -> None:
         """How sure K_hat is (``k_support``, :mod:`fedica.fedgem.support`); a warning when another K nearly ties or

@@ -7,9 +7,11 @@ partition, each site labels its points with its global clusters and sends each c
 scatter matrix. The server pools them into every global cluster's exact moments (the pooled points', as a
 central analyst would compute them) and joins clusters the way mclust's model-based hierarchical
 agglomeration does (Fraley 1998): at each step the two whose union loses the least classification
-log-likelihood under the family, down to one cluster. The partition on that path with the smallest BIC,
-over the family (or, under ``auto``, over every family), is the result. The moments of any union of
-clusters follow from its members' (the parallel-axis rule), so the whole path needs one exchange.
+log-likelihood under the family, down to one cluster (over the family, or under ``auto`` over every
+family). The moments of any union of
+clusters follow from its members' (the parallel-axis rule), so the whole path needs one exchange. Each
+family's best partitions on its path are then fitted by a federated EM, one exchange a step, whose M-step
+is the pooled points' exactly; the smallest BIC among them is the result.
 
 Written here rather than with scikit-learn or mclust: neither agglomerates from moments without the points,
 and the server never holds a point.
@@ -24,7 +26,8 @@ import numpy as np
 from fedica.protocol import InvalidReply
 
 __all__ = ["FAMILIES", "REG_COVAR", "FamilyModel", "checked_cluster_moments", "cluster_moments", "component_moments",
-           "family_covariances", "choose_family", "log_gaussian_densities", "site_labels", "site_mixture_weights"]
+           "family_covariances", "agglomeration_candidates", "checked_mixture_moments", "choose_family", "log_gaussian_densities",
+           "mixture_moments", "site_labels", "site_mixture_weights"]
 
 #: The families a global cluster's covariance may take (scikit-learn's ``covariance_type`` names).
 FAMILIES = ("spherical", "diag", "full")
@@ -32,6 +35,14 @@ FAMILIES = ("spherical", "diag", "full")
 # Added to every covariance's diagonal, relative to the pooled data's mean per-feature variance: scikit-learn's
 # reg_covar (1e-6) in units where that variance is 1, so that the regularisation does not depend on the data's unit.
 REG_COVAR = 1e-6
+
+# Besides each path's best partition and its neighbours, the federated EM fits every partition of at most this many
+# clusters on the path: the classification BIC of a hard partition favours a few tight clusters at a boundary, which
+# EM cannot remove (two touching elongated clusters: 3 to 5 clusters for 2); the central yardstick scans K 1 to 8.
+SMALL_MODELS = 8
+
+# A cluster whose responsibilities add up to less than this share of one point has no scatter (zero).
+NEGLIGIBLE_MASS = 1e-9
 
 # A reply's scatter matrices are symmetric and positive semi-definite up to this share of their largest entry
 # (a sum of outer products computed in floating point).
@@ -65,20 +76,25 @@ def component_moments(X: np.ndarray, responsibilities: np.ndarray, means: np.nda
     masses : ndarray of shape (K,)
         ``Gamma_k = sum_n gamma_nk``; they sum to ``n``.
     scatters : ndarray of shape (K, d, d)
-        ``S_k = sum_n gamma_nk (x_n - M_k)(x_n - M_k)^T / Gamma_k`` (zero for a component with no mass).
+        ``S_k = sum_n gamma_nk (x_n - M_k)(x_n - M_k)^T / Gamma_k`` (zero for a component of mass under
+        :data:`NEGLIGIBLE_MASS`).
     """
     masses = responsibilities.sum(axis=1)
     scatters = np.zeros((means.shape[0], X.shape[1], X.shape[1]))
-    for k in np.flatnonzero(masses > 0):
-        residual = X - means[k]
-        scatters[k] = (residual * responsibilities[k][:, None]).T @ residual / masses[k]
+    # A Gram matrix of the weighted residuals is positive semi-definite to rounding; a cluster of a negligible share
+    # of one point weighs nothing in any pooled moment and is left at zero (its quotient is rounding only).
+    for k in np.flatnonzero(masses > NEGLIGIBLE_MASS):
+        weighted = (X - means[k]) * np.sqrt(responsibilities[k] / masses[k])[:, None]
+        scatters[k] = weighted.T @ weighted
     return masses, (scatters + scatters.transpose(0, 2, 1)) / 2
 
 
-def checked_cluster_moments(arrays, n_clusters: int, dim: int, n_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def checked_cluster_moments(arrays, n_clusters: int, dim: int,
+                            n_points: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A site's ``masses`` (K,), ``means`` (K, d) and ``scatters`` (K, d, d), or :class:`InvalidReply` naming the rule.
 
-    The masses are whole non-negative counts summing to the site's declared points; the means finite; each scatter
+    The masses are whole non-negative counts summing to the site's declared points (``n_points``; None: non-negative
+    only, a federated EM's responsibilities, checked by the caller); the means finite; each scatter
     symmetric and positive semi-definite. Where a site's points lie the server checks as it checks a maximiser
     (the federation's extent), in the caller.
     """
@@ -92,7 +108,7 @@ def checked_cluster_moments(arrays, n_clusters: int, dim: int, n_points: int) ->
         raise InvalidReply("'masses', 'means' and 'scatters' must be numeric arrays") from None
     if masses.shape != (n_clusters,) or not np.all(np.isfinite(masses)) or np.any(masses < 0):
         raise InvalidReply(f"'masses' must be {n_clusters} non-negative finite numbers, got shape {masses.shape}")
-    if np.any(masses != np.round(masses)) or masses.sum() != n_points:
+    if n_points is not None and (np.any(masses != np.round(masses)) or masses.sum() != n_points):
         raise InvalidReply(f"'masses' must be whole counts summing to the {n_points} points the site declared "
                            f"(they sum to {masses.sum():.6g})")
     if means.shape != (n_clusters, dim) or not np.all(np.isfinite(means)):
@@ -174,6 +190,10 @@ class FamilyModel:
         Each cluster's mass, mean and covariance under the family (regularised).
     table : dict
         For every family scored, the cluster counts on its path and their BIC (``inf``: a cluster too small).
+    log_likelihood : float or None
+        The federation's log-likelihood of its points under the mixture, once an EM step has scored it.
+    em_steps : int
+        The federated EM steps taken from the agglomeration's partition.
     """
 
     family: str
@@ -182,6 +202,30 @@ class FamilyModel:
     means: np.ndarray
     covariances: np.ndarray
     table: dict = field(default_factory=dict)
+    log_likelihood: float | None = None
+    em_steps: int = 0
+
+    def bic(self, n_total: float) -> float:
+        """``-2 LL + (K (d + 1 + q) - 1) log N``, the central BIC of the mixture (``inf`` before any EM step scored it,
+        or when a cluster has too few points for its family's covariance)."""
+        dim = self.means.shape[1]
+        if self.log_likelihood is None or not _estimable(self.counts, self.family, dim):
+            return float("inf")
+        return -2.0 * self.log_likelihood + (self.n_clusters * _parameters_per_cluster(self.family, dim) - 1) * np.log(n_total)
+
+    def m_step(self, masses: np.ndarray, means: np.ndarray, scatters: np.ndarray, reg: float) -> None:
+        """The M-step from every site's moments of this mixture's clusters, stacked site after site (K per site)."""
+        k = self.n_clusters
+        counts, centres, pooled = cluster_moments(np.tile(np.arange(k), masses.shape[0] // k), k, masses, means, scatters)
+        held = counts > 0
+        self.counts = counts
+        self.means = np.where(held[:, None], centres, self.means)
+        self.covariances = np.where(held[:, None, None], family_covariances(pooled, self.family, reg), self.covariances)
+        self.em_steps += 1
+
+    def posterior_labels(self, X: np.ndarray) -> np.ndarray:
+        """Each row's most probable cluster under the mixture (its weights, means and covariances)."""
+        return site_labels(X, self.means, self.covariances, np.maximum(self.weights, np.finfo(float).tiny))
 
     @property
     def weights(self) -> np.ndarray:
@@ -243,36 +287,98 @@ def _path(counts: np.ndarray, means: np.ndarray, covariances: np.ndarray, family
             loss[(min(a, c), max(a, c))] = value
 
 
-def choose_family(counts: np.ndarray, means: np.ndarray, covariances: np.ndarray, families: tuple[str, ...],
-                  reg: float) -> FamilyModel:
-    """The partition of smallest BIC on every family's agglomeration path from the given clusters (ties: fewer
-    clusters, then the family listed first).
+def _model(family: str, assignment: np.ndarray, k: int, counts, means, covariances, reg: float, table) -> FamilyModel:
+    pooled_counts, pooled_means, pooled = cluster_moments(assignment, k, counts, means, covariances)
+    return FamilyModel(family, assignment, pooled_counts, pooled_means, family_covariances(pooled, family, reg), table)
+
+
+def agglomeration_candidates(counts: np.ndarray, means: np.ndarray, covariances: np.ndarray, families: tuple[str, ...],
+                             reg: float, width: int = 1) -> list[FamilyModel]:
+    """Every family's best partition on its agglomeration path, and its neighbours within ``width`` clusters.
 
     Parameters
     ----------
     counts, means, covariances : ndarrays of shapes (K0,), (K0, d), (K0, d, d)
-        The start's clusters (:func:`cluster_moments`); a cluster without mass is dropped first.
+        The start's clusters (:func:`cluster_moments`); a cluster without mass joins none (``merged`` -1).
     families : tuple of str
         The families to score (one, or :data:`FAMILIES` under ``auto``).
     reg : float
         Added to every covariance's diagonal (:data:`REG_COVAR` times the data's mean per-feature variance).
+    width : int
+        How many cluster counts on each side of a family's best (by the path's classification BIC) are kept; with a
+        width, every partition of at most :data:`SMALL_MODELS` clusters too.
+
+    Returns
+    -------
+    candidates : list of FamilyModel
+        The path's mixtures (weights, means and the family's covariances of the pooled moments), best first within a
+        family; each one's ``table`` holds every family's path. Empty when no partition of any path is estimable.
     """
     held = np.flatnonzero(counts > 0)
     n_total = float(counts[held].sum())
-    best, table = None, {}
+    table, candidates = {}, []
     for family in families:
         steps = _path(counts[held], means[held], covariances[held], family, n_total, reg)
         table[family] = {"k": [k for k, _, _ in steps], "bic": [score for _, score, _ in steps]}
-        for k, score, assignment in steps:
-            if best is None or (score, k) < (best[0], best[1]):
-                best = (score, k, family, assignment)
-    if best is None or not np.isfinite(best[0]):
-        raise ValueError("no family could be fitted: every path holds a cluster of fewer than two points")
-    _, k, family, assignment = best
-    merged = np.full(counts.shape[0], -1)
-    merged[held] = assignment
-    pooled_counts, pooled_means, pooled = cluster_moments(assignment, k, counts[held], means[held], covariances[held])
-    return FamilyModel(family, merged, pooled_counts, pooled_means, family_covariances(pooled, family, reg), table)
+        finite = [step for step in steps if np.isfinite(step[1])]
+        if not finite:
+            continue
+        best_k = min(finite, key=lambda step: (step[1], step[0]))[0]
+        for k, _, assignment in sorted(finite, key=lambda step: (abs(step[0] - best_k), step[0])):
+            if abs(k - best_k) <= width or (width and k <= SMALL_MODELS):
+                merged = np.full(counts.shape[0], -1)
+                merged[held] = assignment
+                candidates.append(_model(family, merged, k, counts, means, covariances, reg, table))
+    return candidates
+
+
+def choose_family(counts: np.ndarray, means: np.ndarray, covariances: np.ndarray, families: tuple[str, ...],
+                  reg: float) -> FamilyModel:
+    """The partition of smallest classification BIC on every family's agglomeration path (ties: fewer clusters,
+    then the family listed first); arguments as :func:`agglomeration_candidates`."""
+    candidates = agglomeration_candidates(counts, means, covariances, families, reg, width=0)
+    if not candidates:
+        raise ValueError("no family could be fitted: every path holds a cluster too small for its covariance")
+    paths = candidates[0].table
+    return min(candidates, key=lambda model: (min(paths[model.family]["bic"]), model.n_clusters,
+                                              families.index(model.family)))
+
+
+def mixture_moments(X: np.ndarray, weights: np.ndarray, means: np.ndarray,
+                    covariances: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """A site's E-step under a global mixture: each cluster's mass, mean and scatter of its points' responsibilities,
+    and the points' log-likelihood (the federated EM's reply, docs/ALGORITHMS.md 2.14)."""
+    joint = log_gaussian_densities(X, means, covariances) + np.log(np.maximum(weights, np.finfo(float).tiny))
+    peak = joint.max(axis=1, keepdims=True)
+    posterior = np.exp(joint - peak)
+    totals = posterior.sum(axis=1, keepdims=True)
+    responsibilities = (posterior / totals).T
+    masses = responsibilities.sum(axis=1)
+    centres = np.where(masses[:, None] > 0, responsibilities @ X / np.maximum(masses, np.finfo(float).tiny)[:, None], 0.0)
+    _, scatters = component_moments(X, responsibilities, centres)
+    return masses, centres, scatters, float((peak[:, 0] + np.log(totals[:, 0])).sum())
+
+
+def checked_mixture_moments(arrays, sizes: np.ndarray, dim: int,
+                            n_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A federated EM reply's ``masses``, ``means``, ``scatters`` (every model's clusters stacked) and
+    ``log-likelihoods`` (one per model), or :class:`InvalidReply` naming the rule: each model's masses sum to the
+    site's declared points, and the moments are those :func:`checked_cluster_moments` allows."""
+    total = int(sizes.sum())
+    try:
+        log_likelihoods = np.asarray(arrays["log-likelihoods"], dtype=np.float64)
+    except KeyError:
+        raise InvalidReply("'log-likelihoods' is missing") from None
+    except (TypeError, ValueError):
+        raise InvalidReply("'log-likelihoods' must be numeric") from None
+    if log_likelihoods.shape != sizes.shape or not np.all(np.isfinite(log_likelihoods)):
+        raise InvalidReply(f"'log-likelihoods' must be {sizes.size} finite numbers, got shape {log_likelihoods.shape}")
+    masses, means, scatters = checked_cluster_moments(arrays, total, dim, None)
+    for start, size in zip(np.cumsum(sizes) - sizes, sizes):
+        if abs(masses[start:start + size].sum() - n_points) > 1e-6 * max(n_points, 1):
+            raise InvalidReply(f"a model's 'masses' sum to {masses[start:start + size].sum():.6g}, not the {n_points} "
+                               "points the site declared")
+    return masses, means, scatters, log_likelihoods
 
 
 def log_gaussian_densities(X: np.ndarray, means: np.ndarray, covariances: np.ndarray) -> np.ndarray:

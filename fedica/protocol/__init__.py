@@ -28,6 +28,7 @@ from fedica.protocol.messages import (
     FFCM_INIT,
     FFCM_ROUND,
     GEM_CLUSTER_MOMENTS,
+    GEM_FAMILY_EM,
     GEM_EVALUATE,
     GEM_FINAL,
     GEM_INIT,
@@ -71,7 +72,7 @@ from fedica.protocol.state import ProtocolState, Rejection, record_rejection
 from fedica.protocol.tasks import ArraySite, ClientTasks, Handler, Site, Transform
 
 __all__ = [
-    "AFCL_INIT", "AFCL_ROUND", "CATEGORY", "CLUSTER_SHAPE_KEY", "COLUMNS_KEY", "ERROR_KEY", "EVALUATE", "FFCM_INIT", "FFCM_ROUND", "GEM_CLUSTER_MOMENTS", "GEM_EVALUATE",
+    "AFCL_INIT", "AFCL_ROUND", "CATEGORY", "CLUSTER_SHAPE_KEY", "COLUMNS_KEY", "ERROR_KEY", "EVALUATE", "FFCM_INIT", "FFCM_ROUND", "GEM_CLUSTER_MOMENTS", "GEM_EVALUATE", "GEM_FAMILY_EM",
     "GEM_FINAL", "GEM_INIT", "GEM_LIKELIHOOD", "GEM_MOMENTS", "GEM_ROUND", "GEM_SILHOUETTE", "K_AT_BOUND_KEY", "RAY_NODE_KEY", "REPORT_CLUSTER_SHAPE_KEY",
     "REPORT_SCALE_SPREAD_KEY",
     "RFICA_FIT", "SCALE_SPREAD_KEY", "TRAIN",

@@ -41,6 +41,8 @@ GEM_EVALUATE = "fedgem_evaluate"
 # Under a covariance family (diag, full, auto): each site's mass, mean and scatter matrix of the points it labels with
 # each global cluster of the chosen partition (fedica.fedgem.families).
 GEM_CLUSTER_MOMENTS = "fedgem_cluster_moments"
+# Then one federated EM step of the family's candidate mixtures: each site's moments of its points' responsibilities.
+GEM_FAMILY_EM = "fedgem_family_em"
 # FedGEM's init request asks for (a true value), and its reply then carries, one number of the site's data: how
 # far its columns' standard deviations are apart (fedica.fedgem.geometry.feature_scale_spread).
 REPORT_SCALE_SPREAD_KEY = "report-scale-spread"
@@ -80,6 +82,7 @@ CATEGORY = {
     GEM_LIKELIHOOD: EVALUATE,
     GEM_EVALUATE: EVALUATE,
     GEM_CLUSTER_MOMENTS: EVALUATE,
+    GEM_FAMILY_EM: EVALUATE,
     FFCM_INIT: TRAIN,
     FFCM_ROUND: TRAIN,
     AFCL_INIT: TRAIN,

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.special import logsumexp
+from scipy.stats import multivariate_normal
 from sklearn.metrics import adjusted_rand_score
+from sklearn.mixture._gaussian_mixture import _estimate_gaussian_parameters
 
 import fedica
 from fedica.fedgem import client as fedgem_client
-from fedica.fedgem.families import checked_cluster_moments, choose_family, cluster_moments
+from fedica.fedgem.families import FamilyModel, checked_cluster_moments, choose_family, cluster_moments
 from fedica.protocol import InvalidReply
 
 
-def _two_long_clusters(seed: int = 0, n: int = 400) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _two_long_clusters(seed: int = 0, n: int = 400, offset=(-4.0, 8.0)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Two parallel clusters 12 times longer than wide, correlated features: spheres need several each."""
     rng = np.random.default_rng(seed)
     rotation = np.array([[np.cos(0.5), -np.sin(0.5)], [np.sin(0.5), np.cos(0.5)]])
-    points = [rng.normal(size=(n, 2)) * [6.0, 0.5] @ rotation.T + offset for offset in ([0, 0], [-4.0, 8.0])]
+    points = [rng.normal(size=(n, 2)) * [6.0, 0.5] @ rotation.T + offset for offset in ([0, 0], offset)]
     X, y = np.vstack(points), np.repeat([0, 1], n)
     return X, y, rng.integers(0, 4, X.shape[0])
 
@@ -55,6 +58,15 @@ def test_a_full_family_joins_the_spheres_of_elongated_clusters():
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0)
     assert np.array_equal(full.predict(X), probabilities.argmax(axis=1))
     assert adjusted_rand_score(y, full.predict(X)) > 0.98
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_touching_elongated_clusters_are_two_once_the_federated_em_has_fitted_them(seed):
+    # Spheres straddle the two clusters where they touch; the agglomeration alone left 3 to 5 clusters (seeds 1, 2).
+    X, y, groups = _two_long_clusters(seed=seed, offset=(-2.5, 4.5))
+    model = fedica.FedGEM(covariance_type="full", random_state=0).fit(X, groups=groups)
+    assert model.n_clusters_ == 2 and adjusted_rand_score(y, model.labels_) > 0.99
+    assert model.tuning_["family_em_steps"] >= 1 and not model.rejected_
 
 
 def test_auto_chooses_the_family_and_its_choice_does_not_depend_on_units():
@@ -121,3 +133,24 @@ def test_a_site_whose_moments_break_the_rules_is_left_out_and_named(monkeypatch)
     assert [entry["client"] for entry in refused] == [1]
     assert "not positive semi-definite" in refused[0]["reason"]
     assert model.n_clusters_ == 2 and adjusted_rand_score(y, model.labels_) > 0.98
+
+
+def test_a_federated_em_step_is_the_pooled_points_em_step():
+    rng = np.random.default_rng(6)
+    X = np.vstack([rng.normal(size=(150, 3)) @ rng.normal(size=(3, 3)) + shift for shift in (0.0, 4.0)])
+    sites = rng.integers(0, 3, X.shape[0])
+    covariances = np.stack([np.eye(3), 2 * np.eye(3)])
+    model = FamilyModel("full", np.arange(2), np.array([100.0, 200.0]), np.array([[0.0, 0, 0], [4.0, 4, 4]]), covariances)
+    replies = [fedgem_client.family_em_reply(X[sites == g], model.weights, model.means, model.covariances, [2])[0]
+               for g in range(3)]
+    model.m_step(np.concatenate([r["masses"] for r in replies]), np.vstack([r["means"] for r in replies]),
+                 np.concatenate([r["scatters"] for r in replies]), reg=1e-6)
+    # scikit-learn's E-step and M-step on the pooled points from the same mixture.
+    log_joint = np.log([1 / 3, 2 / 3]) + np.column_stack([multivariate_normal(m, c).logpdf(X) for m, c in
+                                                         zip([[0.0, 0, 0], [4.0, 4, 4]], covariances)])
+    responsibilities = np.exp(log_joint - logsumexp(log_joint, axis=1, keepdims=True))
+    weights, means, pooled = _estimate_gaussian_parameters(X, responsibilities, 1e-6, "full")
+    np.testing.assert_allclose(model.weights, weights / X.shape[0], atol=1e-12)
+    np.testing.assert_allclose(model.means, means, atol=1e-10)
+    np.testing.assert_allclose(model.covariances, pooled, atol=1e-10)
+    assert sum(r["log-likelihoods"][0] for r in replies) == pytest.approx(logsumexp(log_joint, axis=1).sum(), rel=1e-12)
