@@ -23,7 +23,7 @@ from fedica.fedgem import privacy
 from fedica.fedgem.components import ClientModel, Components, Support
 from fedica.fedgem.evaluation import ClientEvaluation, EvaluationStage
 from fedica.fedgem.families import (REG_COVAR, FamilyModel, agglomeration_candidates, checked_cluster_moments,
-                                    checked_mixture_moments, cluster_moments)
+                                    checked_mixture_moments, cluster_moments, robust_cluster_moments)
 from fedica.fedgem.geometry import CLUSTER_ANISOTROPY_LIMIT, FEATURE_SCALE_SPREAD_LIMIT, families_of, geometry
 from fedica.fedgem.support import candidate_support, cluster_stability, merged_labels, split_labels, support_warnings
 from fedica.fedgem.merging import FinalAggregation
@@ -213,6 +213,7 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         self.families = families_of(self.settings.covariance_type) if self.privacy is None else ()
         self.family: FamilyModel | None = None
         self._family_reg = 0.0  # added to every family covariance's diagonal, from the pooled points' spread
+        self._family_sites: list[int] = []  # the partitions of the last family stage's kept replies, in order
 
     @property
     def min_clients(self) -> int:
@@ -301,12 +302,13 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             lambda arrays, model: checked_cluster_moments(arrays, agg.k_hat, self.dim, model.declared_points))
         self.require(len(moments), "FedGEM covariance family")
         with self.server_time():
-            masses = np.concatenate([m[0] for m in moments])
-            means, scatters = np.vstack([m[1] for m in moments]), np.concatenate([m[2] for m in moments])
-            owners = np.tile(np.arange(agg.k_hat), len(moments))
-            _, _, (total,) = cluster_moments(np.zeros(masses.shape[0], dtype=np.int64), 1, masses, means, scatters)
+            masses, means, scatters = (np.stack([m[i] for m in moments]) for i in range(3))
+            _, _, (total,) = cluster_moments(np.zeros(masses.size, dtype=np.int64), 1, masses.ravel(),
+                                             means.reshape(-1, self.dim), scatters.reshape(-1, self.dim, self.dim))
             self._family_reg = REG_COVAR * max(float(np.trace(total)) / self.dim, np.finfo(float).tiny)
-            counts, centres, covariances = cluster_moments(owners, agg.k_hat, masses, means, scatters)
+            counts, centres, covariances, left_out = robust_cluster_moments(
+                masses, means, scatters, self.settings.max_hostile_fraction, self._family_reg)
+            self._warn_left_out(left_out, "cluster-moments")
             candidates = agglomeration_candidates(counts, centres, covariances, self.families, self._family_reg)
         if not candidates:
             raise ValueError("FedGEM covariance family: every partition holds a cluster too small for its covariance")
@@ -316,6 +318,7 @@ class FedGEMServer(EvaluationStage, ProtocolState):
         """The replies' moments that ``check(arrays, model)`` passes and whose means lie within the federation's
         extent, each site's masses weighed by its capped count; the others rejected with their reason."""
         kept = []
+        self._family_sites = []
         for reply in replies:
             model = self.models.get(reply.partition_id)
             if model is None or reply.partition_id in self.distrusted:
@@ -329,7 +332,15 @@ class FedGEMServer(EvaluationStage, ProtocolState):
                 continue
             self.client_seconds += reported_seconds(reply)
             kept.append((masses * (model.n_points / model.declared_points), means, *rest, model))
+            self._family_sites.append(reply.partition_id)
         return kept
+
+    def _warn_left_out(self, left_out: list[int], stage: str) -> None:
+        """Name the sites (indices into the stage's kept replies) whose moments some cluster left out."""
+        if left_out:
+            sites = ", ".join(str(self._family_sites[g]) for g in left_out)
+            warnings.warn(f"FedGEM covariance family ({stage}): sites {sites} sent moments of a cluster that its other "
+                          f"holders' points cannot give; those moments were left out", UserWarning, stacklevel=4)
 
     @staticmethod
     def _family_payload(candidates: list[FamilyModel]) -> dict[str, np.ndarray]:
@@ -355,8 +366,10 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             for index, (candidate, start, size) in enumerate(zip(candidates, bounds, sizes)):
                 part = slice(start, start + size)
                 candidate.log_likelihood = float(totals[index])
-                candidate.m_step(np.concatenate([k[0][part] for k in kept]), np.vstack([k[1][part] for k in kept]),
-                                 np.concatenate([k[2][part] for k in kept]), self._family_reg)
+                candidate.m_step(np.stack([k[0][part] for k in kept]), np.stack([k[1][part] for k in kept]),
+                                 np.stack([k[2][part] for k in kept]), self._family_reg,
+                                 self.settings.max_hostile_fraction)
+                candidate.left_out = [self._family_sites[g] for g in candidate.left_out_rows]
         return totals / declared.sum()
 
     def _choose_family_model(self, candidates: list[FamilyModel]) -> None:
@@ -369,10 +382,15 @@ class FedGEMServer(EvaluationStage, ProtocolState):
             if not np.isfinite(family.bic(n_total)):
                 raise ValueError("FedGEM covariance family: every candidate lost a cluster in its EM")
             family.merged = family.posterior_labels(agg.global_centroids)
+            if family.left_out:
+                warnings.warn(f"FedGEM covariance family: sites {', '.join(map(str, family.left_out))} sent moments of "
+                              "a cluster that its other holders' points cannot give at the last EM step; those moments "
+                              "were left out", UserWarning, stacklevel=3)
             self.family = family
             self.aggregation = FinalAggregation(family.merged[agg.labels], family.means, family.n_clusters)
             self.tuning = {**(self.tuning or {}), "family": family.family, "family_start_k": int(agg.k_hat),
                            "family_paths": family.table, "family_em_steps": family.em_steps,
+                           "family_left_out": family.left_out,
                            "family_candidates": [{"family": c.family, "k": c.n_clusters, "bic": c.bic(n_total)}
                                                  for c in candidates]}
             log.info("covariance family: %s with %d clusters (BIC after %d federated EM steps from the agglomeration of "

@@ -143,8 +143,8 @@ def test_a_federated_em_step_is_the_pooled_points_em_step():
     model = FamilyModel("full", np.arange(2), np.array([100.0, 200.0]), np.array([[0.0, 0, 0], [4.0, 4, 4]]), covariances)
     replies = [fedgem_client.family_em_reply(X[sites == g], model.weights, model.means, model.covariances, [2])[0]
                for g in range(3)]
-    model.m_step(np.concatenate([r["masses"] for r in replies]), np.vstack([r["means"] for r in replies]),
-                 np.concatenate([r["scatters"] for r in replies]), reg=1e-6)
+    model.m_step(np.stack([r["masses"] for r in replies]), np.stack([r["means"] for r in replies]),
+                 np.stack([r["scatters"] for r in replies]), reg=1e-6)
     # scikit-learn's E-step and M-step on the pooled points from the same mixture.
     log_joint = np.log([1 / 3, 2 / 3]) + np.column_stack([multivariate_normal(m, c).logpdf(X) for m, c in
                                                          zip([[0.0, 0, 0], [4.0, 4, 4]], covariances)])
@@ -154,3 +154,35 @@ def test_a_federated_em_step_is_the_pooled_points_em_step():
     np.testing.assert_allclose(model.means, means, atol=1e-10)
     np.testing.assert_allclose(model.covariances, pooled, atol=1e-10)
     assert sum(r["log-likelihoods"][0] for r in replies) == pytest.approx(logsumexp(log_joint, axis=1).sum(), rel=1e-12)
+
+
+def test_one_site_of_five_that_widens_its_moments_is_left_out_and_named(monkeypatch):
+    X, y, groups = _two_long_clusters(seed=7, offset=(-2.5, 4.5))
+    groups = np.random.default_rng(7).integers(0, 5, X.shape[0])
+    while np.sum(np.bincount(groups) == np.bincount(groups)[0]) > 1:  # the hostile site is told by its size
+        groups = np.random.default_rng(int(groups.sum())).integers(0, 5, X.shape[0])
+    hostile_rows = int((groups == 0).sum())
+    honest = fedica.FedGEM(covariance_type="full", random_state=0).fit(X, groups=groups)
+    honest_moments, honest_em = fedgem_client.cluster_moments_reply, fedgem_client.family_em_reply
+
+    def widened_moments(X, labels, n_clusters):
+        arrays, values = honest_moments(X, labels, n_clusters)
+        if X.shape[0] == hostile_rows:  # every point in cluster 0, every scatter 100 times wider
+            arrays["masses"] = np.eye(n_clusters)[0] * X.shape[0]
+            arrays["scatters"] = 100.0 * np.stack([np.eye(X.shape[1])] * n_clusters)
+        return arrays, values
+
+    def widened_em(X, weights, means, covariances, sizes):
+        arrays, values = honest_em(X, weights, means, covariances, sizes)
+        if X.shape[0] == hostile_rows:
+            arrays["scatters"] = 100.0 * arrays["scatters"]
+        return arrays, values
+
+    monkeypatch.setattr(fedgem_client, "cluster_moments_reply", widened_moments)
+    monkeypatch.setattr(fedgem_client, "family_em_reply", widened_em)
+    with pytest.warns(UserWarning, match="covariance family.*sites 0 sent moments"):
+        attacked = fedica.FedGEM(covariance_type="full", random_state=0).fit(X, groups=groups)
+    # Measured before the rule: one such site of five took penguins from three clusters at ARI .95 to one at 0.
+    assert attacked.n_clusters_ == honest.n_clusters_ == 2
+    assert adjusted_rand_score(honest.labels_, attacked.labels_) > 0.99
+    assert attacked.tuning_["family_left_out"] == [0]
