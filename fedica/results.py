@@ -115,6 +115,10 @@ def format_summary(result: Mapping[str, Any]) -> str:
     support = (result.get("fedgem") or {}).get("k_support")
     if support:
         lines.append(k_support_line(support))
+    tuning = (result.get("fedgem") or {}).get("upsilon_tuning") or {}
+    if "family" in tuning:  # covariance_type diag, full or auto (docs/ALGORITHMS.md 2.14)
+        lines.append(f"covariance family: {tuning['family']}, chosen by the BIC after {tuning['family_em_steps']} "
+                     f"federated EM steps from the {tuning['family_start_k']} clusters of the spheres")
     privacy = result.get("privacy")
     if privacy:
         # A result written before the noise's seed was recorded has no "noise".

@@ -186,3 +186,10 @@ def test_one_site_of_five_that_widens_its_moments_is_left_out_and_named(monkeypa
     assert attacked.n_clusters_ == honest.n_clusters_ == 2
     assert adjusted_rand_score(honest.labels_, attacked.labels_) > 0.99
     assert attacked.tuning_["family_left_out"] == [0]
+
+
+def test_the_summary_names_the_family_a_run_chose():
+    from fedica.results import format_summary
+    tuning = {"family": "full", "family_em_steps": 9, "family_start_k": 5}
+    line = [line for line in format_summary({"fedgem": {"upsilon_tuning": tuning}}).splitlines() if "family" in line]
+    assert line == ["covariance family: full, chosen by the BIC after 9 federated EM steps from the 5 clusters of the spheres"]

@@ -215,10 +215,11 @@ def test_a_quarter_of_the_sites_skewing_their_moments_changes_neither_k_hat_nor_
     assert attacked["metrics"]["fedgem"]["global_ari"] > honest["metrics"]["fedgem"]["global_ari"] - 0.05
 
 
+@pytest.mark.parametrize("covariance_type", ["spherical", "auto"])
 @pytest.mark.parametrize("dataset", ["iris", "wine", "penguins", "crabs", "faithful",
                                      pytest.param("breast_cancer", marks=pytest.mark.slow),
                                      pytest.param("digits", marks=pytest.mark.slow)])
-def test_every_feature_in_a_unit_of_its_own_gives_the_same_clusters(dataset):
+def test_every_feature_in_a_unit_of_its_own_gives_the_same_clusters(dataset, covariance_type):
     # Issue 44, item 2: each feature times its own c in 1e-3..1e3. Digits' border pixels, blank at most sites, took
     # the scale 1 in their own unit before, and the clusters changed with it (K_hat 17 against 19).
     from fedica.data.real import real_dataset
@@ -230,7 +231,8 @@ def test_every_feature_in_a_unit_of_its_own_gives_the_same_clusters(dataset):
     for scale in (1.0, units):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fits.append(FedGEM(standardize="federated", random_state=0).fit([X[p] * scale for p in parts]))
+            fits.append(FedGEM(standardize="federated", covariance_type=covariance_type,
+                               random_state=0).fit([X[p] * scale for p in parts]))
     assert fits[0].n_clusters_ == fits[1].n_clusters_
     for ours, theirs in zip(fits[0].labels_, fits[1].labels_):
         np.testing.assert_array_equal(ours, theirs)
