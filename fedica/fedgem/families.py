@@ -283,6 +283,7 @@ class FamilyModel:
     em_steps: int = 0
     left_out_rows: list = field(default_factory=list)   # the last M-step's sites left out of a cluster (reply order)
     left_out: list = field(default_factory=list)        # the same, by partition id (the server fills it)
+    active: bool = True   # whether the federated EM still steps it (the server stops a converged or beaten one)
 
     def bic(self, n_total: float) -> float:
         """``-2 LL + (K (d + 1 + q) - 1) log N``, the central BIC of the mixture (``inf`` before any EM step scored it,
