@@ -26,7 +26,7 @@ def quiet():
         yield
 
 
-@parametrize_with_checks([fedica.FedGEM(), fedica.RFICA()])
+@parametrize_with_checks([fedica.FedGEM(), fedica.FedGEM(covariance_type="auto"), fedica.RFICA()])
 def test_scikit_learns_own_estimator_checks(estimator, check):
     check(estimator)
 

@@ -193,3 +193,31 @@ def test_the_summary_names_the_family_a_run_chose():
     tuning = {"family": "full", "family_em_steps": 9, "family_start_k": 5}
     line = [line for line in format_summary({"fedgem": {"upsilon_tuning": tuning}}).splitlines() if "family" in line]
     assert line == ["covariance family: full, chosen by the BIC after 9 federated EM steps from the 5 clusters of the spheres"]
+
+
+def test_a_run_records_its_family_and_from_result_rebuilds_the_mixture(tmp_path):
+    import json
+
+    from fedica.config import validate_config
+    from fedica.data.real import real_dataset
+    from fedica.results import to_jsonable
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    result = run_inprocess(validate_config(compose_config([
+        "algorithm=fedgem", "scenario=sklearn_real", "scenario.dataset=penguins", "scenario.split=sizes",
+        "engine=inprocess", "baselines=false", "algorithm.covariance_type=auto"])))
+    section = result["fedgem"]
+    n_clusters, dim = np.asarray(section["global_centroids"]).shape
+    assert section["covariance_family"] in ("spherical", "diag", "full")
+    assert np.asarray(section["covariances"]).shape == (n_clusters, dim, dim)
+    assert section["upsilon_tuning"]["family_em_steps"] >= 1 and section["k_support"]["criterion"].endswith("-bic")
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(to_jsonable(result)))
+    model = fedica.FedGEM.from_result(path)
+    assert model.covariance_family_ == section["covariance_family"] and model.n_clusters_ == n_clusters
+    X, _ = real_dataset("penguins")
+    probabilities = model.predict_proba(X)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0)
+    assert np.array_equal(model.predict(X), probabilities.argmax(axis=1))
+    assert np.isfinite(model.score(X))
