@@ -32,7 +32,7 @@ GEM_ATTACKS = ("inflated_radius", "inflated_count", "random_centroids")
 # (the last four know the defences: docs/ALGORITHMS.md section 3.2).
 GEM_PROTOCOL_ATTACKS = ("split_components", "poison_tuning", "fake_evaluation",
                         "overflow_row", "likelihood_shift", "midpoint_cluster", "forged_metrics", "consistent_forgery", "tuned_forgery",
-                        "skewed_moments", "forged_shape")
+                        "skewed_moments", "forged_shape", "widened_moments")
 # Either algorithm: a node answers under another client's partition id.
 SPOOF_PARTITION = "spoof_partition"
 ATTACKS = ("none", *ICA_ATTACKS, *GEM_ATTACKS, *GEM_PROTOCOL_ATTACKS, SPOOF_PARTITION)
@@ -63,6 +63,9 @@ LIKELIHOOD_SHIFT = -1.0e13
 SKEW_FACTOR = 1.0e6
 # forged_shape: the anisotropy a client claims where its own is under the shape check's limit (a false alarm).
 FORGED_ANISOTROPY = 1.0e6
+# widened_moments: under a covariance family, every point a client holds claimed for the first global cluster, and
+# every scatter it sends (the cluster moments and each federated EM step) this many times wider.
+WIDENED_SCATTER = 100.0
 FORGED_COUNT_FACTOR = 40
 FORGED_LOCAL_ARI = -1.0
 FORGED_TEST_FACTOR = 9.9
@@ -366,6 +369,19 @@ def skewed_moments(moments: np.ndarray) -> np.ndarray:
     skewed[1, 0] /= SKEW_FACTOR
     skewed[1, 1:] *= SKEW_FACTOR
     return skewed
+
+
+def widened_moments(masses: np.ndarray, scatters: np.ndarray, *, claim_all: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A ``widened_moments`` client's cluster moments under a covariance family (docs/ALGORITHMS.md 2.14).
+
+    Its scatters :data:`WIDENED_SCATTER` times wider, and (``claim_all``, the moments of the chosen partition's
+    clusters) every one of its points counted in the first cluster: were its moments pooled as sent, that cluster
+    would swallow the others (one such site of five took penguins from three clusters to one).
+    """
+    masses = np.array(masses, dtype=np.float64)
+    if claim_all:
+        masses = np.eye(masses.shape[0])[0] * masses.sum()
+    return masses, WIDENED_SCATTER * np.asarray(scatters, dtype=np.float64)
 
 
 def forged_anisotropy(honest: float) -> float:

@@ -26,7 +26,9 @@ from fedica.fedgem.standardisation import request_standardisation, standardised
 from fedica.rfica import client as rfica_client
 from fedica.protocol import (
     CLUSTER_SHAPE_KEY,
+    GEM_CLUSTER_MOMENTS,
     GEM_EVALUATE,
+    GEM_FAMILY_EM,
     GEM_FINAL,
     GEM_INIT,
     GEM_LIKELIHOOD,
@@ -331,6 +333,17 @@ def _forged_shape(task: str, arrays: Arrays, values: Values, honest: tuple[Array
     return reply_arrays, {**reply_values, CLUSTER_SHAPE_KEY: attacks.forged_anisotropy(reply_values[CLUSTER_SHAPE_KEY])}
 
 
+def _widened_moments(task: str, arrays: Arrays, values: Values, honest: tuple[Arrays, Values],
+                     rng: np.random.Generator, cfg: Mapping[str, Any]) -> tuple[Arrays, Values]:
+    """Widen the cluster moments of a covariance family (:func:`fedica.attacks.widened_moments`)."""
+    reply_arrays, reply_values = honest
+    if task not in (GEM_CLUSTER_MOMENTS, GEM_FAMILY_EM):
+        return honest
+    masses, scatters = attacks.widened_moments(reply_arrays["masses"], reply_arrays["scatters"],
+                                               claim_all=task == GEM_CLUSTER_MOMENTS)
+    return {**reply_arrays, "masses": masses, "scatters": scatters}, reply_values
+
+
 # The attacks that know the server's defences (issue 25), each a reply rewrite of every task.
 _ADAPTIVE_GEM_ATTACKS = {
     "overflow_row": _overflow_row,
@@ -341,6 +354,7 @@ _ADAPTIVE_GEM_ATTACKS = {
     "tuned_forgery": _tuned_forgery,
     "skewed_moments": _skewed_moments,
     "forged_shape": _forged_shape,
+    "widened_moments": _widened_moments,
 }
 
 

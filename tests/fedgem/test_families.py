@@ -221,3 +221,24 @@ def test_a_run_records_its_family_and_from_result_rebuilds_the_mixture(tmp_path)
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0)
     assert np.array_equal(model.predict(X), probabilities.argmax(axis=1))
     assert np.isfinite(model.score(X))
+
+
+def test_the_widened_moments_attack_changes_nothing_and_its_site_is_named():
+    from fedica.config import validate_config
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    def run(*overrides):
+        result = run_inprocess(validate_config(compose_config([
+            "algorithm=fedgem", "scenario=sklearn_real", "scenario.dataset=penguins", "scenario.split=sizes",
+            "scenario.n_clients=5", "engine=inprocess", "baselines=false", "algorithm.covariance_type=auto",
+            *overrides])))
+        # The run's warnings as result.json and summary.txt count them.
+        return result, [warning for warning in result.get("warnings", {}) if "covariance family" in warning]
+
+    (honest, quiet), (attacked, named) = run(), run("attack=widened_moments", "attack.fraction=0.2")
+    assert attacked["fedgem"]["hostile_clients"] == [2] and not quiet
+    assert named and all("sites 2 sent" in message for message in named)
+    assert attacked["fedgem"]["upsilon_tuning"]["family_left_out"] == [2]
+    for key in ("k_hat", "global_ari"):
+        assert attacked["metrics"]["fedgem"][key] == pytest.approx(honest["metrics"]["fedgem"][key], abs=0.02)
