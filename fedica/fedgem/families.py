@@ -86,12 +86,14 @@ def component_moments(X: np.ndarray, responsibilities: np.ndarray, means: np.nda
         :data:`NEGLIGIBLE_MASS`).
     """
     masses = responsibilities.sum(axis=1)
-    scatters = np.zeros((means.shape[0], X.shape[1], X.shape[1]))
     # A Gram matrix of the weighted residuals is positive semi-definite to rounding; a cluster of a negligible share
-    # of one point weighs nothing in any pooled moment and is left at zero (its quotient is rounding only).
-    for k in np.flatnonzero(masses > NEGLIGIBLE_MASS):
-        weighted = (X - means[k]) * np.sqrt(responsibilities[k] / masses[k])[:, None]
-        scatters[k] = weighted.T @ weighted
+    # of one point weighs nothing in any pooled moment and is left at zero (its quotient is rounding only). All
+    # clusters at once: (K, n, d) residuals, one batched product.
+    held = masses > NEGLIGIBLE_MASS
+    shares = np.sqrt(responsibilities[held] / masses[held, None])
+    weighted = (X[None] - means[held, None]) * shares[:, :, None]
+    scatters = np.zeros((means.shape[0], X.shape[1], X.shape[1]))
+    scatters[held] = np.matmul(weighted.transpose(0, 2, 1), weighted)
     return masses, (scatters + scatters.transpose(0, 2, 1)) / 2
 
 
@@ -196,25 +198,25 @@ def robust_cluster_moments(masses: np.ndarray, means: np.ndarray, scatters: np.n
     named: set[int] = set()
     for j in range(k):
         weights, first, scatter = masses[:, j], means[:, j].copy(), scatters[:, j].copy()
-        holders = np.flatnonzero(weights >= 1.0)
+        holder = weights >= 1.0
         left_out = np.zeros(n_sites, dtype=bool)
-        if hostile_fraction > 0 and holders.size >= 3:
-            total_mass, total_first = weights.sum(), weights @ first
-            total_second = np.einsum("g,gij->ij", weights, scatter + np.einsum("gi,gj->gij", first, first))
-            for g in holders:
-                rest = total_mass - weights[g]
-                centre = (total_first - weights[g] * first[g]) / rest
-                own_second = scatter[g] + np.outer(first[g], first[g])
-                spread = (np.trace(total_second - weights[g] * own_second) / rest - centre @ centre) + reg * dim
-                ratio = np.trace(scatter[g]) / spread
-                if ratio > SCATTER_LIMIT and weights[g] >= dim + 1:  # beyond any honest site: left out
-                    left_out[g] = True
-                    named.add(int(g))
-                elif ratio > SCATTER_LIMIT:
-                    scatter[g] *= SCATTER_LIMIT / ratio
-                offset = float(np.sum((first[g] - centre) ** 2)) / spread
-                if offset > OFFSET_LIMIT:
-                    first[g] = centre + (first[g] - centre) * np.sqrt(OFFSET_LIMIT / offset)
+        if hostile_fraction > 0 and holder.sum() >= 3:
+            # Every site's comparison with the other holders at once: their pooled moments without it.
+            own_trace = np.trace(scatter, axis1=1, axis2=2)
+            rest = weights.sum() - weights
+            centre = (weights @ first - weights[:, None] * first) / rest[:, None]
+            second_trace = weights @ (own_trace + np.einsum("gi,gi->g", first, first))
+            spread = ((second_trace - weights * (own_trace + np.einsum("gi,gi->g", first, first))) / rest
+                      - np.einsum("gi,gi->g", centre, centre) + reg * dim)
+            ratio = own_trace / spread
+            beyond = holder & (ratio > SCATTER_LIMIT)
+            left_out = beyond & (weights >= dim + 1)  # beyond any honest site: left out
+            named.update(int(g) for g in np.flatnonzero(left_out))
+            shrink = beyond & ~left_out
+            scatter[shrink] *= (SCATTER_LIMIT / ratio[shrink])[:, None, None]
+            offset = np.einsum("gi,gi->g", first - centre, first - centre) / spread
+            far = holder & (offset > OFFSET_LIMIT)
+            first[far] = centre[far] + (first[far] - centre[far]) * np.sqrt(OFFSET_LIMIT / offset[far])[:, None]
         weights = np.where(left_out, 0.0, weights)
         if not weights.any():
             continue
@@ -463,14 +465,17 @@ def checked_mixture_moments(arrays, sizes: np.ndarray, dim: int,
 
 
 def log_gaussian_densities(X: np.ndarray, means: np.ndarray, covariances: np.ndarray) -> np.ndarray:
-    """``log N(x; means_k, covariances_k)`` for every row of ``X`` and cluster, shape (n, K)."""
+    """``log N(x; means_k, covariances_k)`` for every row of ``X`` and cluster, shape (n, K).
+
+    All clusters at once: each covariance's Cholesky factor ``L_k`` and its inverse (batched), and the rows'
+    ``L_k^-1 (x - mean_k)``.
+    """
     dim = X.shape[1]
-    out = np.empty((X.shape[0], means.shape[0]))
-    for k in range(means.shape[0]):
-        cholesky = np.linalg.cholesky(covariances[k])
-        solved = np.linalg.solve(cholesky, (X - means[k]).T)
-        out[:, k] = -0.5 * (dim * np.log(2 * np.pi) + (solved ** 2).sum(axis=0)) - np.log(np.diag(cholesky)).sum()
-    return out
+    cholesky = np.linalg.cholesky(covariances)
+    inverse = np.linalg.solve(cholesky, np.broadcast_to(np.eye(dim), cholesky.shape))
+    projected = np.matmul(X, inverse.transpose(0, 2, 1)) - np.einsum("kij,kj->ki", inverse, means)[:, None, :]
+    log_det = np.log(np.diagonal(cholesky, axis1=1, axis2=2)).sum(axis=1)
+    return (-0.5 * (dim * np.log(2 * np.pi) + np.einsum("knd,knd->kn", projected, projected)) - log_det[:, None]).T
 
 
 def site_mixture_weights(X: np.ndarray, means: np.ndarray, covariances: np.ndarray) -> np.ndarray:
