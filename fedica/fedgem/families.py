@@ -26,7 +26,7 @@ import numpy as np
 from fedica.protocol import InvalidReply
 
 __all__ = ["FAMILIES", "REG_COVAR", "FamilyModel", "checked_cluster_moments", "cluster_moments", "component_moments",
-           "family_covariances", "robust_cluster_moments", "agglomeration_candidates", "checked_mixture_moments", "choose_family", "log_gaussian_densities",
+           "family_covariances", "robust_cluster_moments", "agglomeration_candidates", "checked_mixture_moments", "log_gaussian_densities",
            "mixture_moments", "site_labels", "site_mixture_weights"]
 
 #: The families a global cluster's covariance may take (scikit-learn's ``covariance_type`` names).
@@ -413,18 +413,6 @@ def agglomeration_candidates(counts: np.ndarray, means: np.ndarray, covariances:
                 merged[held] = assignment
                 candidates.append(_model(family, merged, k, counts, means, covariances, reg, table))
     return candidates
-
-
-def choose_family(counts: np.ndarray, means: np.ndarray, covariances: np.ndarray, families: tuple[str, ...],
-                  reg: float) -> FamilyModel:
-    """The partition of smallest classification BIC on every family's agglomeration path (ties: fewer clusters,
-    then the family listed first); arguments as :func:`agglomeration_candidates`."""
-    candidates = agglomeration_candidates(counts, means, covariances, families, reg, width=0)
-    if not candidates:
-        raise ValueError("no family could be fitted: every path holds a cluster too small for its covariance")
-    paths = candidates[0].table
-    return min(candidates, key=lambda model: (min(paths[model.family]["bic"]), model.n_clusters,
-                                              families.index(model.family)))
 
 
 def mixture_moments(X: np.ndarray, weights: np.ndarray, means: np.ndarray,
