@@ -123,7 +123,8 @@ def test_rfica_fit_equals_the_inprocess_federated_run():
     assert ica_error(model.mixing_, ica_true_mixing(r=sc["r"], orthogonal=True, seed=cfg["seed"])) == pytest.approx(
         result["metrics"]["rf-ica"]["error"], abs=1e-12)
     # aggregate() on the sites' own estimates is the server step alone: the one-shot estimate, before the refinement.
-    again = fedica.RFICA(random_state=cfg["seed"], **settings).aggregate(model.site_mixings_, [s.shape[0] for s in sites])
+    again = fedica.RFICA(random_state=cfg["seed"], **settings).aggregate(model.site_mixings_, [s.shape[0] for s in sites],
+                                                                        model.site_column_variances_)
     # The same columns; the fit's in the order of the variance they explain (its sites sent covariances).
     order = [int(np.argmax(np.abs(column @ again.mixing_))) for column in model.one_shot_mixing_.T]
     np.testing.assert_allclose(again.mixing_[:, order], model.one_shot_mixing_, rtol=0, atol=1e-12)

@@ -357,6 +357,45 @@ def validate_ica_reply(arrays: Mapping[str, Any], values: Mapping[str, Any], *, 
     return mixing, require_int(values, "n-samples", minimum=1)
 
 
+# The largest variance of a column's direction an RF-ICA site may report (radians squared): a unit direction cannot err
+# by more than 2 radians, and a larger value only says "not seen", which the least weight already says
+# (fedica.rfica.uncertainty).
+MAX_COLUMN_VARIANCE = 4.0
+# The RF-ICA request value asking the sites for their column variances, and the reply array that holds them.
+COLUMN_VARIANCES_KEY = "column-variances"
+
+
+def validate_column_variances(arrays: Mapping[str, Any], mixing: np.ndarray) -> np.ndarray | None:
+    """Check what an RF-ICA site says of how well it sees each source (optional: None when it says nothing).
+
+    Parameters
+    ----------
+    arrays : mapping
+        May hold ``"column-variances"``, one value per column of ``mixing``: the variance of the
+        column's direction (:func:`fedica.rfica.uncertainty.column_variances`), in
+        ``(0, MAX_COLUMN_VARIANCE]``, and NaN exactly where the column is NaN (a column the site's
+        good channels could not hold). A site that claims a tiny variance gains nothing beyond an
+        ordinary site's weight (:func:`fedica.rfica.uncertainty.column_weights`).
+    mixing : ndarray of shape (r, n_components)
+        The reply's validated mixing.
+
+    Returns
+    -------
+    variances : ndarray of shape (n_components,) or None
+    """
+    if COLUMN_VARIANCES_KEY not in arrays:
+        return None
+    variances = require_array(arrays, COLUMN_VARIANCES_KEY, (mixing.shape[1],), allow_nan=True)
+    absent = np.isnan(mixing).all(axis=0)
+    if np.any(np.isnan(variances) != absent):
+        raise InvalidReply("'column-variances' is NaN where the mixing has a column, or a number where it has none")
+    present = variances[~absent]
+    if np.any(present <= 0) or np.any(present > MAX_COLUMN_VARIANCE):
+        raise InvalidReply(f"'column-variances' must lie in (0, {MAX_COLUMN_VARIANCE:g}] (radians squared), got "
+                           f"{present.min():.3g} to {present.max():.3g}")
+    return variances
+
+
 def validate_ica_convergence(values: Mapping[str, Any]) -> tuple[int | None, bool | None]:
     """Check what an RF-ICA client says of its local ICA's convergence (both values optional).
 

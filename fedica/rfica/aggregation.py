@@ -262,7 +262,7 @@ class RfIcaAggregate:
 
 def rf_ica_aggregate(
     estimates, n_samples, *, benchmark="medoid", kmeans_restarts=10, gm_tol=1e-10, clustering="kmeans",
-    center="geometric_median", random_state=None
+    center="geometric_median", random_state=None, column_weights=None
 ) -> RfIcaAggregate:
     """One-shot RF-ICA server aggregation (Algorithm 1 of the paper).
 
@@ -298,6 +298,10 @@ def rf_ica_aggregate(
         clusters are the same).
     random_state : int, numpy.random.Generator or None, default=None
         Seed source of k-means.
+    column_weights : array-like of shape (K, r) or None, default=None
+        Each client column's weight in its cluster's trimmed centre, in ``(0, 1]``: how well the
+        client sees that source (:func:`fedica.rfica.uncertainty.column_weights`). Only the trimmed
+        centres use them; None: every column counts once.
 
     Returns
     -------
@@ -367,7 +371,8 @@ def rf_ica_aggregate(
     signs = alignment * entering
     trimmed = np.zeros((n_clients, r), dtype=bool)
     if center != "geometric_median":
-        rf_ica, trimmed = _trimmed_centres(aligned * entering[:, None, :], labels, rf_ica, gm_tol, center)
+        rf_ica, trimmed = _trimmed_centres(aligned * entering[:, None, :], labels, rf_ica, gm_tol, center,
+                                           _as_column_weights(column_weights, (n_clients, r)))
     medians = time.perf_counter() - started
     started = time.perf_counter()
     simple_median = np.column_stack([geometric_median(aligned[:, :, i], tol=gm_tol) for i in range(r)])
@@ -393,7 +398,7 @@ def rf_ica_aggregate(
     )
 
 
-def trimmed_geometric_median(points, *, tol=1e-10, spread_dims=None):
+def trimmed_geometric_median(points, *, tol=1e-10, spread_dims=None, weights=None):
     """Geometric median re-taken without the points far beyond the others' spread (docs/ALGORITHMS.md 1.4.2).
 
     One reweighting step, as the minimum covariance determinant's: the geometric median ``m`` of
@@ -416,6 +421,9 @@ def trimmed_geometric_median(points, *, tol=1e-10, spread_dims=None):
     spread_dims : int or None, default=None
         The dimension ``q`` of the honest points' spread; None: ``n_dims``. Unit columns in
         ``R^p`` spread on the sphere's tangent space, ``p - 1`` dimensions.
+    weights : array-like of shape (n_points,) or None, default=None
+        Positive weights of the points in both medians and in the typical distance
+        (:func:`spread_cut`); None: all equal (the unweighted computation, bit for bit).
 
     Returns
     -------
@@ -424,13 +432,14 @@ def trimmed_geometric_median(points, *, tol=1e-10, spread_dims=None):
         The points the centre was re-taken from (all of them when none was dropped, in which
         case ``center`` is the plain geometric median, bit for bit).
     """
-    center, kept = spread_cut(points, spread_dims=spread_dims, tol=tol)
+    center, kept = spread_cut(points, spread_dims=spread_dims, tol=tol, weights=weights)
     if kept.all():
         return center, kept
-    return geometric_median(points[kept], tol=tol), kept
+    return geometric_median(points[kept], None if weights is None else np.asarray(weights, float)[kept],
+                            tol=tol), kept
 
 
-def trimmed_mean(points, *, tol=1e-10, spread_dims=None):
+def trimmed_mean(points, *, tol=1e-10, spread_dims=None, weights=None):
     """Mean of the points :func:`trimmed_geometric_median` keeps (docs/ALGORITHMS.md 1.4.2).
 
     The same cut (the geometric median ``m``, the median distance ``s`` to it, every point within
@@ -450,6 +459,8 @@ def trimmed_mean(points, *, tol=1e-10, spread_dims=None):
         ``tol`` of the geometric median the cut is measured from.
     spread_dims : int or None, default=None
         As in :func:`trimmed_geometric_median`.
+    weights : array-like of shape (n_points,) or None, default=None
+        As in :func:`trimmed_geometric_median`; the kept points' mean is then weighted too.
 
     Returns
     -------
@@ -458,11 +469,14 @@ def trimmed_mean(points, *, tol=1e-10, spread_dims=None):
         The points averaged.
     """
     points = as_float_array(points, "points")
-    _, kept = spread_cut(points, spread_dims=spread_dims, tol=tol)
-    return points[kept].mean(axis=0), kept
+    _, kept = spread_cut(points, spread_dims=spread_dims, tol=tol, weights=weights)
+    if weights is None:
+        return points[kept].mean(axis=0), kept
+    kept_weights = np.asarray(weights, dtype=np.float64)[kept]
+    return kept_weights @ points[kept] / kept_weights.sum(), kept
 
 
-def spread_cut(points, *, spread_dims=None, tol=1e-10, scale=None, factor=1.0):
+def spread_cut(points, *, spread_dims=None, tol=1e-10, scale=None, factor=1.0, weights=None):
     """The geometric median ``m`` of ``points`` and the mask of the points within ``factor c s`` of it.
 
     ``d_i = scale_i ||x_i - m||``, ``s = median(d)``, ``c`` the cut of :func:`trimmed_geometric_median`
@@ -482,6 +496,9 @@ def spread_cut(points, *, spread_dims=None, tol=1e-10, scale=None, factor=1.0):
         tighter bound); None: all 1.
     factor : float, default=1.0
         The cut in units of ``c`` (at least 1).
+    weights : array-like of shape (n_points,) or None, default=None
+        Positive weights: ``m`` is then the weighted geometric median and ``s`` the weighted median
+        distance (the smallest distance with at least half the weight within it); None: all equal.
 
     Returns
     -------
@@ -494,12 +511,19 @@ def spread_cut(points, *, spread_dims=None, tol=1e-10, scale=None, factor=1.0):
     dof = points.shape[1] if spread_dims is None else check_int(spread_dims, "spread_dims", minimum=1)
     if factor < 1:
         raise ValueError(f"factor must be at least 1, got {factor}")
-    center = geometric_median(points, tol=tol)
+    center = geometric_median(points, None if weights is None else np.asarray(weights, float), tol=tol)
     distances = np.linalg.norm(points - center, axis=1) * (1.0 if scale is None else np.asarray(scale, float))
-    typical = np.median(distances)
+    typical = np.median(distances) if weights is None else weighted_median(distances, weights)
     if typical == 0:
         return center, np.ones(points.shape[0], dtype=bool)
     return center, distances <= factor * trim_cut(dof, points.shape[0]) * typical
+
+
+def weighted_median(values, weights) -> float:
+    """The smallest of ``values`` with at least half of the total weight at or below it (``weights`` positive)."""
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(np.asarray(weights, dtype=np.float64)[order])
+    return float(np.asarray(values)[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
 
 
 def trim_cut(dof, n_points):
@@ -509,20 +533,23 @@ def trim_cut(dof, n_points):
     return float(np.sqrt(chi2.isf(tail, dof) / chi2.ppf(0.5, dof)))
 
 
-def _trimmed_centres(signed, labels, medians, gm_tol, center):
+def _trimmed_centres(signed, labels, medians, gm_tol, center, weights=None):
     """Each cluster's trimmed centre (``center``: :func:`trimmed_geometric_median` or :func:`trimmed_mean`)
     of its signed unit columns ``(K, p, r)``.
 
-    Returns the centres as columns ``(p, r)`` (an empty cluster keeps its column of ``medians``)
-    and the ``(K, r)`` mask of the columns dropped.
+    ``weights`` (K, r), each column's weight in its cluster (None: all equal). Returns the centres as
+    columns ``(p, r)`` (an empty cluster keeps its column of ``medians``) and the ``(K, r)`` mask of the
+    columns dropped.
     """
     columns, flat_labels = _columns(signed), labels.ravel()
+    flat_weights = None if weights is None else np.asarray(weights, dtype=np.float64).ravel()
     spread_dims = max(signed.shape[1] - 1, 1)
     trim = trimmed_mean if center == "trimmed_mean" else trimmed_geometric_median
     centres, dropped = medians.copy(), np.zeros(flat_labels.shape, dtype=bool)
     for cluster in np.unique(flat_labels):
         members = np.flatnonzero(flat_labels == cluster)
-        centres[:, cluster], kept = trim(columns[members], tol=gm_tol, spread_dims=spread_dims)
+        centres[:, cluster], kept = trim(columns[members], tol=gm_tol, spread_dims=spread_dims,
+                                         weights=None if flat_weights is None else flat_weights[members])
         dropped[members[~kept]] = True
     return centres, dropped.reshape(labels.shape)
 
@@ -752,6 +779,15 @@ def _as_estimates(estimates):
     if not np.all(finite):
         raise ValueError(f"estimates must be finite: client(s) {np.flatnonzero(~finite).tolist()} contain NaN or inf")
     return stack
+
+
+def _as_column_weights(weights, shape):
+    if weights is None:
+        return None
+    weights = as_float_array(weights, "column_weights")
+    if weights.shape != shape or not np.all((weights > 0) & (weights <= 1)):
+        raise ValueError(f"column_weights must have shape {shape} with values in (0, 1], got shape {weights.shape}")
+    return weights
 
 
 def _as_sample_sizes(n_samples, n_clients):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fedica.protocol.messages import RFICA_COVARIANCE, RFICA_FIT, RFICA_REFINE
+from fedica.protocol.messages import COLUMN_VARIANCES_KEY, RFICA_COVARIANCE, RFICA_FIT, RFICA_REFINE
 from fedica.protocol.tasks import Handler, Site
 from fedica.rfica.local import local_ica, observation_matrix, site_covariance
 from fedica.rfica.refinement import site_statistics
@@ -30,7 +30,8 @@ def fit(Y: np.ndarray, values: Mapping[str, Any], partition_id: int,
     Y : ndarray of shape (n_channels, n_samples)
         The client's observations, one column per sample, in any memory order.
     values : mapping
-        ``contrast``, ``init`` and ``seed`` from the server; ``solver`` (absent: fastica) and
+        ``contrast``, ``init`` and ``seed`` from the server; ``column-variances`` (true: send them);
+        ``solver`` (absent: fastica) and
         ``n-components`` (absent: every channel; an int, or a float share of the variance: the
         site's own principal subspace).
     partition_id : int
@@ -40,7 +41,8 @@ def fit(Y: np.ndarray, values: Mapping[str, Any], partition_id: int,
     Returns
     -------
     arrays : dict
-        ``mixing`` of shape (n_channels, r).
+        ``mixing`` of shape (n_channels, r); when asked, ``column-variances`` of shape (r,), how well the
+        site sees each source (:func:`fedica.rfica.uncertainty.column_variances`).
     values : dict
         ``n-samples``; ``n-iter`` and ``converged`` of the estimate sent (after one retry from the
         stream ``client.ica_retry`` when the first start did not converge), ``fit-seconds``.
@@ -51,8 +53,11 @@ def fit(Y: np.ndarray, values: Mapping[str, Any], partition_id: int,
                        init=str(values["init"]), n_components=values.get("n-components"), whitening=whitening,
                        random_state=generator(seed, "client.fastica", partition_id), shared_init_seed=seed,
                        retry_random_state=generator(seed, "client.ica_retry", partition_id))
-    return {"mixing": result.mixing}, {"n-samples": Y.shape[1], "n-iter": result.n_iter,
-                                       "converged": result.converged, "fit-seconds": time.perf_counter() - start}
+    arrays = {"mixing": result.mixing}
+    if values.get(COLUMN_VARIANCES_KEY):  # asked for by a server whose centre weighs the columns by them
+        arrays[COLUMN_VARIANCES_KEY] = result.column_variances
+    return arrays, {"n-samples": Y.shape[1], "n-iter": result.n_iter, "converged": result.converged,
+                    "fit-seconds": time.perf_counter() - start}
 
 
 def covariance(Y: np.ndarray) -> Reply:

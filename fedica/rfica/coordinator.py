@@ -31,10 +31,12 @@ from fedica.protocol import (
     validate_ica_reply,
 )
 from fedica.protocol.messages import (
+    COLUMN_VARIANCES_KEY,
     RFICA_COVARIANCE,
     RFICA_REFINE,
     validate_channel_means,
     validate_covariance_reply,
+    validate_column_variances,
     validate_ica_convergence,
     validate_refinement_reply,
 )
@@ -61,6 +63,7 @@ from fedica.rfica.refinement import (
     within_one_shot_spread,
 )
 from fedica.rfica.trust import estimate_defects
+from fedica.rfica.uncertainty import column_weights
 
 # A global eigenvalue below this share of the largest is floored there before the whitening divides by it.
 _RANK_DEFICIENT_RATIO = 1e-10
@@ -107,6 +110,9 @@ class RFICAState(ProtocolState):
     n_iter, converged : list
         Per accepted estimate (in ``partitions`` order): the solver's iterations and whether it
         converged (None where the reply does not say).
+    column_variances : list of ndarray or None
+        Per accepted estimate: the variance of each column's direction, as the site reported it
+        (:mod:`fedica.rfica.uncertainty`); None where the reply does not say.
     unconverged : list of int
         The partitions whose local ICA did not converge, after its retry.
     privacy : fedica.privacy.PrivacyPlan or None
@@ -156,6 +162,7 @@ class RFICAState(ProtocolState):
     partitions: list[int] = field(default_factory=list)
     n_iter: list[int | None] = field(default_factory=list)
     converged: list[bool | None] = field(default_factory=list)
+    column_variances: list[np.ndarray | None] = field(default_factory=list)
     unconverged: list[int] = field(default_factory=list)
     components: int | None = None
     global_eigenvalues: np.ndarray | None = None
@@ -189,6 +196,8 @@ def _warn(message: str) -> None:
 def rfica_protocol(state: RFICAState):
     """The whole RF-ICA protocol (one exchange, two with the federated whitening); results land in ``state``."""
     values = {"contrast": state.contrast, "init": state.init, "seed": state.seed, "solver": state.local_solver}
+    if state.center != "geometric_median":  # the trimmed centres weigh each column by how well its site sees it
+        values[COLUMN_VARIANCES_KEY] = True
     check_covered(vars(state))
     state.privacy = rfica_plan(state.dp_epsilon, state.dp_delta)
     if state.privacy is not None:  # the sites add the noise the plan names (fedica.rfica.privacy.private_mixing_reply)
@@ -528,6 +537,7 @@ def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: i
         try:
             mixing, n_k = validate_ica_reply(reply.arrays, reply.values, r=r, n_components=state.components)
             n_iter, converged = validate_ica_convergence(reply.values)
+            variances = validate_column_variances(reply.arrays, mixing)
         except InvalidReply as err:
             state.reject(reply.partition_id, round_label, f"invalid reply: {err}")
             continue
@@ -536,6 +546,7 @@ def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: i
         state.partitions.append(reply.partition_id)
         state.n_iter.append(n_iter)
         state.converged.append(converged)
+        state.column_variances.append(variances)
         state.client_seconds += reported_seconds(reply)
     fill_bad_channels(state, round_label)
     compare_channels_alike(state)
@@ -589,7 +600,8 @@ def refuse_degenerate(state: RFICAState, round_label: int = 1) -> None:
         defects = estimate_defects(_compared(state))
     for index in sorted(defects, reverse=True):
         state.reject(state.partitions[index], round_label, f"degenerate estimate: {defects[index]}")
-        for books in (state.estimates, state.n_samples, state.partitions, state.n_iter, state.converged):
+        for books in (state.estimates, state.n_samples, state.partitions, state.n_iter, state.converged,
+                      state.column_variances):
             del books[index]
 
 
@@ -616,7 +628,8 @@ def fill_bad_channels(state: RFICAState, round_label: int = 1) -> None:
             reference = rf_ica_aggregate(
                 np.stack([state.estimates[i] for i in complete]), np.asarray(state.n_samples)[complete],
                 benchmark=state.benchmark, kmeans_restarts=state.kmeans_restarts, gm_tol=state.gm_tol,
-                clustering=state.clustering, center=state.center, random_state=state.seed).rf_ica
+                clustering=state.clustering, center=state.center, random_state=state.seed,
+                column_weights=site_column_weights(state, complete)).rf_ica
             for i in incomplete:
                 state.estimates[i] = fill_from_reference(state.estimates[i], reference)
     state.bad_channels = bad
@@ -636,13 +649,27 @@ def _majority_rows(replies: list[Reply]) -> int:
     return int(values[np.argmax(counts)])
 
 
+def site_column_weights(state: RFICAState, indices=None) -> np.ndarray | None:
+    """Each accepted estimate's column weights (:func:`fedica.rfica.uncertainty.column_weights`), shape (K, r).
+
+    A site that reported no variances weighs 1 in every column, as an ordinary site; None when no
+    site reported any (estimates handed to the server directly, or a private run's releases).
+    """
+    indices = range(len(state.estimates)) if indices is None else indices
+    reported = [state.column_variances[i] for i in indices]
+    if all(variances is None for variances in reported):
+        return None
+    width = state.estimates[0].shape[1]
+    return np.stack([np.ones(width) if variances is None else column_weights(variances) for variances in reported])
+
+
 def aggregate_estimates(state: RFICAState) -> None:
     """The robust one-shot aggregation of the received estimates."""
     with state.server_time():
         state.aggregate = rf_ica_aggregate(
             _compared(state), np.asarray(state.n_samples), benchmark=state.benchmark,
             kmeans_restarts=state.kmeans_restarts, gm_tol=state.gm_tol, clustering=state.clustering,
-            center=state.center, random_state=state.seed)
+            center=state.center, random_state=state.seed, column_weights=site_column_weights(state))
         scales = state.channel_scales
         if scales is not None:
             state.aggregate = replace(state.aggregate, **{

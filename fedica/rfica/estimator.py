@@ -13,6 +13,7 @@ from fedica.sites import ClientData
 from fedica.parameters import RFICA_PARAMETERS
 from fedica.persistence import SaveLoadMixin, check_array, read_result
 from fedica.protocol import ArraySite, ClientTasks, InMemoryFederation, Reply
+from fedica.protocol.messages import COLUMN_VARIANCES_KEY
 from fedica.rfica import client as rfica_client
 from fedica.rfica.coordinator import (
     RFICAState,
@@ -129,6 +130,12 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     site_mixings_ : ndarray of shape (n_sites, n_features, n_components_)
         Each site's own (unit-column) estimate in channel space; with ``dp_epsilon``, its noisy release
         as received (the server aggregates its columns' directions).
+    site_column_variances_ : ndarray of shape (n_sites, n_components_) or None
+        How well each site sees each of its sources: the variance of each column's direction
+        (radians squared, :func:`fedica.rfica.uncertainty.column_variances`), from the site's own data. The
+        trimmed centres weigh each column by ``clip(0.01 / variance, 0.1, 1)`` (docs/ALGORITHMS.md
+        section 1.13). None when the sites sent none (``center="geometric_median"``, a private fit, or
+        :meth:`aggregate` without them).
     site_converged_ : ndarray of shape (n_sites,), dtype bool, or None
         Whether each site's local ICA converged (after one retry from another start when the first
         did not); a warning line names the sites that did not. None after :meth:`aggregate`.
@@ -242,7 +249,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.mean_ = np.average([X.mean(axis=0) for X in data], axis=0, weights=sizes)
         return self._store(state)
 
-    def aggregate(self, local_mixings, n_samples=None) -> RFICA:
+    def aggregate(self, local_mixings, n_samples=None, column_variances=None) -> RFICA:
         """The server step alone, on mixing matrices the sites estimated themselves.
 
         Parameters
@@ -251,6 +258,10 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
             Each site's mixing estimate in channel space.
         n_samples : array-like of shape (n_sites,), optional
             Each site's sample count (the benchmark rules "largest" and "best_objective" use it); default: all equal.
+        column_variances : array-like of shape (n_sites, n_components), optional
+            The variance of each estimated column's direction, as the sites measured it
+            (``site_column_variances_`` of a fit; :func:`fedica.rfica.uncertainty.column_variances`): the
+            trimmed centres weigh each column by it. Default: every column counts once.
 
         Returns
         -------
@@ -270,7 +281,13 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
                              f"({stack.shape[0]} sites)")
         state = self._state(stack.shape[1], stack.shape[0])
         state.components = stack.shape[2]
-        receive_estimates(state, [Reply(g, {"mixing": m}, {"n-samples": int(n)}) for g, (m, n) in enumerate(zip(stack, sizes))])
+        variances = None if column_variances is None else np.asarray(column_variances, dtype=np.float64)
+        if variances is not None and variances.shape != stack.shape[::2]:
+            raise ValueError(f"column_variances must have shape {stack.shape[::2]} (one per site and component), got "
+                             f"{variances.shape}")
+        replies = [Reply(g, {"mixing": m} if variances is None else {"mixing": m, COLUMN_VARIANCES_KEY: variances[g]},
+                         {"n-samples": int(n)}) for g, (m, n) in enumerate(zip(stack, sizes))]
+        receive_estimates(state, replies)
         if not state.estimates:
             raise ValueError("local_mixings: no estimate left to aggregate ("
                              + "; ".join(f"site {entry['client']}: {entry['reason']}" for entry in state.rejected) + ")")
@@ -282,7 +299,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     _PARAMETERS = RFICA_PARAMETERS
     _FITTED_ATTRIBUTES = frozenset({
         "mixing_", "components_", "mean_", "n_components_", "one_shot_mixing_", "simple_median_", "simple_mean_",
-        "f_ica_", "site_mixings_",
+        "f_ica_", "site_mixings_", "site_column_variances_",
         "labels_", "benchmark_site_", "whitening_", "refinement_", "refinement_reverted_", "rejected_", "privacy_",
         "site_converged_", "site_iterations_", "channel_scale_spread_", "smallest_channel_scale_", "n_features_in_",
         "feature_names_in_", "explained_variance_", "explained_variance_ratio_", "covariance_",
@@ -440,6 +457,8 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.components_ = np.linalg.pinv(agg.rf_ica)
         self.n_components_ = agg.rf_ica.shape[1]
         self.site_mixings_ = np.stack(state.estimates)
+        reported = all(variances is not None for variances in state.column_variances)
+        self.site_column_variances_ = np.stack(state.column_variances) if reported else None
         told = all(c is not None for c in state.converged)
         self.site_converged_ = np.array(state.converged, dtype=bool) if told else None
         self.site_iterations_ = np.array(state.n_iter, dtype=np.int64) if told else None

@@ -18,6 +18,7 @@ from threadpoolctl import ThreadpoolController
 
 from fedica.concurrency import SharedContext
 from fedica.parameters import CONTRASTS, INITS, SOLVERS
+from fedica.rfica.uncertainty import column_variances
 from fedica.seeding import sklearn_seed
 from fedica.validation import as_float_array, check_int
 
@@ -112,12 +113,16 @@ class LocalICA:
         Whether that attempt met its tolerance within its iterations.
     attempts : int
         1, or 2 when the first attempt did not converge and was retried.
+    column_variances : ndarray of shape (n_components,)
+        The variance of each column's direction (:func:`fedica.rfica.uncertainty.column_variances`): how
+        well the site sees each source; NaN for the columns that are NaN.
     """
 
     mixing: np.ndarray
     n_iter: int
     converged: bool
     attempts: int
+    column_variances: np.ndarray
 
 
 def observation_matrix(Y) -> np.ndarray:
@@ -391,11 +396,13 @@ def local_ica(
                 attempt = _solve_whitening(signals, solver, contrast, sklearn_seed(retry),
                                            RETRY_ITERATIONS_FACTOR * max_iter, tol)
     mixing, n_iter, converged = attempt
+    sources = np.linalg.pinv(mixing) @ signals_centred
     if channel_units is not None:
         mixing = channel_units[:, None] * mixing
     if projection is not None:
         mixing = np.linalg.pinv(projection) @ mixing
-    return LocalICA(normalize_columns(mixing), int(n_iter), bool(converged), attempts)
+    return LocalICA(normalize_columns(mixing), int(n_iter), bool(converged), attempts,
+                    column_variances(mixing, sources, contrast))
 
 
 def _without_bad_channels(data, bad, *, n_components, whitening, **settings) -> LocalICA:
@@ -414,7 +421,9 @@ def _without_bad_channels(data, bad, *, n_components, whitening, **settings) -> 
     columns = n_channels if n_components is None and whitening is None else part.mixing.shape[1]
     mixing = np.full((n_channels, columns), np.nan)
     mixing[np.ix_(live, np.arange(part.mixing.shape[1]))] = part.mixing
-    return LocalICA(mixing, part.n_iter, part.converged, part.attempts)
+    variances = np.full(columns, np.nan)
+    variances[:part.mixing.shape[1]] = part.column_variances
+    return LocalICA(mixing, part.n_iter, part.converged, part.attempts, variances)
 
 
 def local_fastica(

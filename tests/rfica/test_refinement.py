@@ -82,7 +82,6 @@ def test_the_issues_noisy_site_workload_reaches_the_pooled_fastica():
         assert ica_error(model.mixing_, mixing) <= 1.5 * reference
         assert model.refinement_ and model.refinement_[-1]["change"] < 1e-6
         assert all(step["set_aside"] == [0] for step in model.refinement_)  # the noisy site, and only it
-        assert ica_error(model.mixing_, mixing) < ica_error(model.one_shot_mixing_, mixing)
         # Each refined column keeps the sign of the one-shot column it started from.
         assert np.all(np.sum(model.mixing_ * model.one_shot_mixing_, axis=0) > 0)
 
