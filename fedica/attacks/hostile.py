@@ -38,7 +38,7 @@ from fedica.protocol import (
     RFICA_FIT,
     Site,
 )
-from fedica.protocol.messages import RFICA_REFINE
+from fedica.protocol.messages import COLUMN_VARIANCES_KEY, RFICA_REFINE
 
 Arrays = dict[str, np.ndarray]
 Values = dict[str, Any]
@@ -109,6 +109,10 @@ def attack_reply(kind: str, task: str, honest: tuple[Arrays, Values], arrays: Ma
     if kind == "split_components" and task in (GEM_INIT, GEM_ROUND, GEM_FINAL):
         return _split_components(task, arrays, values, honest, cfg)
     reply_arrays, reply_values = honest
+    if task == RFICA_FIT and kind in (*attacks.ICA_REPLACEMENTS, *attacks.ICA_ADAPTIVE_ATTACKS):
+        # An attacker who reads the trust rules claims to see every source perfectly: the most weight a column can
+        # have (fedica.rfica.uncertainty), which is an ordinary site's that sees it well.
+        reply_arrays = _claiming_full_weight(reply_arrays)
     if kind in attacks.ICA_REPLACEMENTS and task == RFICA_FIT:
         # The worst case: the attacker knows A* (on the user's files, where nobody does, its own estimate).
         truth = ica_scenario_truth(cfg["scenario"], int(cfg["seed"]))
@@ -138,6 +142,14 @@ def attack_reply(kind: str, task: str, honest: tuple[Arrays, Values], arrays: Ma
         return ({"true-values": true_values, "pred-values": pred_values, "counts": counts},
                 {**reply_values, "local-ari": 1.0})
     return reply_arrays, reply_values
+
+
+def _claiming_full_weight(reply_arrays: Arrays) -> Arrays:
+    """The reply with every column variance at the least a float holds, where the site sent variances."""
+    if COLUMN_VARIANCES_KEY not in reply_arrays:
+        return reply_arrays
+    variances = np.asarray(reply_arrays[COLUMN_VARIANCES_KEY])
+    return {**reply_arrays, COLUMN_VARIANCES_KEY: np.where(np.isnan(variances), np.nan, np.finfo(np.float64).tiny)}
 
 
 def _steering_refinement(kind: str, honest: tuple[Arrays, Values], arrays: Mapping[str, Any], partition_id: int,

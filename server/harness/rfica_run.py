@@ -17,7 +17,7 @@ from fedica.server.rfica import RFICAStrategy
 
 from fedica.data.scenarios import ica_channel_names, ica_poor_sites, ica_scenario_truth
 from fedica.evaluation.ica import ica_error
-from fedica.rfica.coordinator import explained_variance_record
+from fedica.rfica.coordinator import explained_variance_record, site_column_weights
 
 METHODS = ("rf-ica", "f-ica", "simple-mean", "simple-median")
 
@@ -105,6 +105,11 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
         rfica["explained_variance"], rfica["explained_variance_ratio"] = explained, ratio
         # The sites' robust centre and covariance: an estimator rebuilt from this file centres, and gives MNE's ICA.
         rfica["mean"], rfica["covariance"] = state.global_mean, state.global_covariance
+    weights = site_column_weights(state)
+    if weights is not None:  # only a run whose sites reported their column variances (a trimmed centre) has them
+        # Each accepted site's weight of each of its columns (client_partitions order, the site's own column order):
+        # how well it sees that source (docs/ALGORITHMS.md section 1.13).
+        rfica["column_weights"] = weights
     if sc.get("write_sources"):
         rfica["sources_files"] = write_site_sources(sc, strategy.components_, seed, run_output_dir())
     if alg["refine_rounds"]:  # only a refined run records it: a one-shot run writes the result it always wrote
