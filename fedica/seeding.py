@@ -57,6 +57,10 @@ STREAMS: dict[str, Stream] = {
     "recordings.site": Stream("spawn", 17, ("partition",)),
     # Its sources' strengths at each site (strength_spread): a stream of its own, so that the sites' other draws stay.
     "recordings.strength": Stream("spawn", 19, ("partition",)),
+    # Its speech sources (source_kind: speech, fedica.data.speech): the numbers each voice speaks, by source, and the
+    # stretch of the recordings each site holds, by partition.
+    "recordings.speech": Stream("spawn", 20, ("source",)),
+    "recordings.stretch": Stream("spawn", 21, ("partition",)),
     # Clustering scenarios.
     "blobs.centers": Stream("spawn", 1),
     "scenario.cluster_sets": Stream("spawn", 2),

@@ -280,9 +280,9 @@ def plot_server_scaling(report: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
-BENCHMARKS = ("fedgem_inprocess", "fedgem_simulation", "server_step", "rfica", "scale", "recordings")
-# ``scale`` takes about a quarter of an hour, ``recordings`` compares accuracy rather than speed: they run
-# only when named.
+BENCHMARKS = ("fedgem_inprocess", "fedgem_simulation", "server_step", "rfica", "scale", "recordings", "speech")
+# ``scale`` takes about a quarter of an hour, ``recordings`` and ``speech`` compare accuracy rather than speed: they
+# run only when named.
 DEFAULT_BENCHMARKS = BENCHMARKS[:4]
 
 DESCRIPTION = """\
@@ -307,6 +307,9 @@ benchmarks (--only):
                      EEG-like recordings (4 to 64 channels; clean, one noisy site, a dead and a
                      saturated channel), error and Amari index, all sites and clean sites;
                      --seeds seeds each (needs python-picard)
+  speech             accuracy (only when named): the same on issue 45's trial, real speech
+                     (eSpeak NG's voices, the speech extra) over eight sites, sources 10 times
+                     louder or softer from site to site, noisy sites and a dead channel
 
 The default set (all but scale) takes several minutes."""
 
@@ -317,6 +320,7 @@ examples:
   fedica-bench --only server_step --repeats 5
   fedica-bench --only rfica --repeats 1 --out rfica.json
   fedica-bench --only recordings --seeds 10 --out benchmarks/recordings.json --force
+  fedica-bench --only speech --seeds 10 --out benchmarks/speech.json --force
   fedica-bench --repeats 5 --out benchmarks/results.json --force   # replace the committed results"""
 
 
@@ -385,11 +389,12 @@ def headline(report: dict[str, Any]) -> list[tuple[str, float, str]]:
         for key, label in labels.items():
             if key in report["rfica"]:
                 add(label, report["rfica"][key].get("median_s"), "s")
-    if "recordings" in report:
-        from fedica.scripts.bench_recordings import recordings_headline
+    for benchmark in ("recordings", "speech"):
+        if benchmark in report:
+            from fedica.scripts.bench_recordings import recordings_headline
 
-        for name, value, unit in recordings_headline(report["recordings"]):
-            add(name, value, unit)
+            for name, value, unit in recordings_headline(report[benchmark]):
+                add(name.replace("recordings:", f"{benchmark}:", 1), value, unit)
     if "scale" in report:
         from fedica.scripts.bench_scale import scale_headline
 
@@ -460,6 +465,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             from fedica.scripts.bench_recordings import bench_recordings
 
             report[name] = bench_recordings(args.seeds)
+        elif name == "speech":
+            from fedica.scripts.bench_recordings import bench_speech
+
+            report[name] = bench_speech(args.seeds)
         else:
             report[name] = bench_rfica(args.repeats)
         write_json_atomic(path, report)

@@ -47,6 +47,19 @@ CONDITIONS = {
 }
 BASE = {"name": "recordings", "n_clients": 6, "sampling_rate": 250.0, "condition_number": 10.0,
         "sensor_noise": 0.02, "noise_level": 3.0, "line_frequency": 50, "strength_spread": 1.0}
+# Issue 45's trial with real speech (scenario.source_kind=speech, the speech extra): eight sites, each a stretch of
+# 1 to 3 s of the same recordings at 8 kHz, every source 10 times louder or softer from site to site, A* of condition
+# number 20, sensor noise at 3 % of each channel's deviation, poor sites at 2 sd of noise and a dead channel.
+SPEECH_BASE = {"name": "recordings", "source_kind": "speech", "n_clients": 8, "sampling_rate": 8000.0,
+               "min_samples": 8000, "max_samples": 24000, "condition_number": 20.0, "sensor_noise": 0.03,
+               "noise_level": 2.0, "line_frequency": 50, "strength_spread": 10.0, "saturated_channel": False}
+# (name, condition, the scenario's other keys): the rows of the issue's table.
+SPEECH_WORKLOADS = (
+    ("6ch/6src", "clean", {"n_channels": 6, "n_sources": 6, "n_noisy": 0, "dead_channel": False}),
+    ("6ch/6src", "noisy+dead", {"n_channels": 6, "n_sources": 6, "n_noisy": 1, "dead_channel": True}),
+    ("16ch/6src", "noisy+dead", {"n_channels": 16, "n_sources": 6, "n_noisy": 1, "dead_channel": True}),
+    ("16ch/8src", "2noisy+dead", {"n_channels": 16, "n_sources": 8, "n_noisy": 2, "dead_channel": True}),
+)
 METHODS = ("rfica", "fastica", "picard")
 DEFAULT_SEEDS = 3
 
@@ -165,6 +178,19 @@ def bench_recordings(seeds: int = DEFAULT_SEEDS) -> dict[str, Any]:
     return {"seeds": seeds, "rows": rows}
 
 
+def bench_speech(seeds: int = DEFAULT_SEEDS) -> dict[str, Any]:
+    """Issue 45's trial on real speech (:data:`SPEECH_WORKLOADS`), ``seeds`` seeds (0, 1, ...) each."""
+    print(table_header(), flush=True)
+    rows = []
+    for name, condition, keys in SPEECH_WORKLOADS:
+        scenario = {**SPEECH_BASE, **keys}
+        runs = [run_one(scenario, seed) for seed in range(seeds)]
+        rows.append({"workload": name, "condition": condition, "scenario": scenario, "runs": runs,
+                     "summary": summarise(runs)})
+        print(format_row(rows[-1]), flush=True)
+    return {"seeds": seeds, "rows": rows}
+
+
 def format_row(row: dict[str, Any]) -> str:
     """One workload's medians: error / Amari index of every method on all and on clean sites."""
     cells = []
@@ -173,14 +199,14 @@ def format_row(row: dict[str, Any]) -> str:
             entry = row["summary"][f"{method}/{subset}"]
             cells.append(f"{'skipped':>13}" if "skipped" in entry
                          else f"{entry['median_error']:6.3f}/{entry['median_amari']:.3f}")
-    line = f"{row['workload']:<11} {row['condition']:<7} " + " ".join(f"{cell:>13}" for cell in cells)
+    line = f"{row['workload']:<11} {row['condition']:<11} " + " ".join(f"{cell:>13}" for cell in cells)
     skipped = {row["summary"][f"{method}/all"].get("skipped") for method in METHODS} - {None}
     return "\n".join([line, *(f"{'':<20}skipped: {reason}" for reason in sorted(skipped))])
 
 
 def table_header() -> str:
     columns = [f"{method}/{subset}" for method in METHODS for subset in ("all", "clean")]
-    return (f"{'workload':<11} {'cond':<7} " + " ".join(f"{c:>13}" for c in columns)
+    return (f"{'workload':<11} {'cond':<11} " + " ".join(f"{c:>13}" for c in columns)
             + "\n(each cell: median error / median Amari index over the seeds)")
 
 

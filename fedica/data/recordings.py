@@ -31,9 +31,16 @@ times the channel's standard deviation to every channel; with ``dead_channel`` o
 With ``strength_spread`` above 1 each source's strength differs from site to site (log-uniform in
 ``[1 / strength_spread, strength_spread]``), as sources do between subjects and sessions.
 
+With ``source_kind="speech"`` (the ``speech`` extra) the sources are real speech instead: source ``k`` is
+eSpeak NG's voice ``SPEECH_VOICES[k]`` (English, German, French, Spanish, Italian, Polish, ...) speaking a
+long run of numbers (:func:`fedica.data.speech.speech_recordings`), and every site holds its own stretch of
+each voice's recording, at a start drawn per site and source (stream ``recordings.stretch``), as issue 45's
+trial had it: eight sites, each a different stretch of the same recordings.
+
 Random streams (:mod:`fedica.seeding`): ``recordings.mixing`` (A*), ``recordings.roles`` (which sites are
 poor), ``recordings.site`` with the partition id (the site's length, sources, noise and faulty channel),
-``recordings.strength`` with the partition id (the sources' strengths there),
+``recordings.strength`` with the partition id (the sources' strengths there), ``recordings.speech`` by
+source and ``recordings.stretch`` by partition (speech: each voice's numbers, each site's stretch),
 so any site can be built alone, in any order, bit-identically for a seed.
 """
 
@@ -44,6 +51,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy.signal import fftconvolve
 
+from fedica.data.speech import SPEECH_VOICES, speech_recordings
 from fedica.rfica.local import normalize_columns
 from fedica.seeding import generator
 from fedica.validation import check_index, check_int
@@ -52,6 +60,8 @@ KINDS = ("alpha", "blink", "muscle", "line", "heavy")
 # The kinds of the sources after the first five (line noise appears once).
 _REPEATED_KINDS = ("alpha", "blink", "muscle", "heavy")
 LINE_FREQUENCIES = (50, 60)
+# The sources: EEG-like (the module docstring's kinds) or real speech (fedica.data.speech).
+SOURCE_KINDS = ("eeg", "speech")
 # A saturated channel is clipped at this many of its standard deviations (about a third of its samples).
 SATURATION_LEVEL = 1.0
 _ALPHA_BAND = (8.0, 12.0)
@@ -257,10 +267,30 @@ def recordings_sources(rng: np.random.Generator, n: int, *, n_sources: int, samp
                      for k, kind in enumerate(kinds)])
 
 
+def speech_stretches(partition_id: int, n: int, *, n_sources: int, sampling_rate: float, seed: int) -> np.ndarray:
+    """Site ``partition_id``'s ``n`` samples of each voice's recording (:func:`fedica.data.speech.speech_recordings`),
+    from a start drawn per source (stream ``recordings.stretch``), standardised as every source is.
+
+    Raises
+    ------
+    ValueError
+        When a recording is shorter than ``n`` samples, or there are more sources than voices.
+    """
+    starts = generator(seed, "recordings.stretch", partition_id)
+    stretches = []
+    for source, recording in enumerate(speech_recordings(n_sources, sampling_rate, seed)):
+        if recording.size < n:
+            raise ValueError(f"a site of {n} samples is longer than voice {SPEECH_VOICES[source]!r}'s recording "
+                             f"({recording.size} samples at {sampling_rate:g} Hz)")
+        start = int(starts.integers(0, recording.size - n + 1))
+        stretches.append(_standardise(recording[start:start + n]))
+    return np.stack(stretches)
+
+
 def recordings_site(partition_id, *, n_clients=6, n_channels=4, n_sources=4, sampling_rate=250.0, min_samples=1000,
                     max_samples=5000, condition_number=10.0, sensor_noise=0.02, n_noisy=1, noise_level=3.0,
                     dead_channel=False, saturated_channel=False, line_frequency=50, strength_spread=1.0,
-                    seed=0) -> RecordingsSite:
+                    source_kind="eeg", seed=0) -> RecordingsSite:
     """One site's true sources and observations.
 
     Parameters
@@ -292,6 +322,9 @@ def recordings_site(partition_id, *, n_clients=6, n_channels=4, n_sources=4, sam
         ``>= 1``: each source's strength at each site is ``strength_spread ** u``, ``u`` uniform in
         ``[-1, 1]`` (stream ``recordings.strength``): a source loud at some sites and faint at others,
         as subjects and sessions differ. 1: every source of unit variance at every site.
+    source_kind : {"eeg", "speech"}, default="eeg"
+        The EEG-like sources of the module docstring, or real speech, one voice per source (at most
+        ``len(SPEECH_VOICES)``; the ``speech`` extra).
     seed : int
 
     Returns
@@ -316,10 +349,15 @@ def recordings_site(partition_id, *, n_clients=6, n_channels=4, n_sources=4, sam
         raise ValueError(f"strength_spread must be a finite number >= 1, got {strength_spread!r}")
     roles = recordings_roles(n_clients=n_clients, n_noisy=n_noisy, dead_channel=dead_channel,
                              saturated_channel=saturated_channel, seed=seed)
+    if source_kind not in SOURCE_KINDS:
+        raise ValueError(f"source_kind must be one of {SOURCE_KINDS}, got {source_kind!r}")
     rng = generator(seed, "recordings.site", g)
     n = int(rng.integers(min_samples, max_samples + 1))
-    sources = recordings_sources(rng, n, n_sources=n_sources, sampling_rate=float(sampling_rate),
-                                 line_frequency=float(line_frequency))
+    if source_kind == "speech":
+        sources = speech_stretches(g, n, n_sources=n_sources, sampling_rate=float(sampling_rate), seed=seed)
+    else:
+        sources = recordings_sources(rng, n, n_sources=n_sources, sampling_rate=float(sampling_rate),
+                                     line_frequency=float(line_frequency))
     if strength_spread > 1:  # a stream of its own: the sites of a spread of 1 are drawn as they always were
         strengths = strength_spread ** generator(seed, "recordings.strength", g).uniform(-1.0, 1.0, size=n_sources)
         sources = sources * strengths[:, None]

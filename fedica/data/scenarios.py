@@ -56,11 +56,13 @@ from fedica.data.real import (
 )
 from fedica.data.recordings import (
     LINE_FREQUENCIES,
+    SOURCE_KINDS,
     recordings_client_data,
     recordings_roles,
     recordings_true_mixing,
 )
 from fedica.data.signals import signals_client_data, signals_roles, signals_true_mixing
+from fedica.data.speech import SPEECH_VOICES, speech_available
 from fedica.fedgem.standardisation import STANDARDISATION_KEY, decode_standardisation, in_request_units, standardised
 from fedica.validation import check_partition, check_seed
 
@@ -119,7 +121,7 @@ def _check_signals(sc: Checker) -> None:
 def _check_recordings(sc: Checker) -> None:
     n_clients = sc.integer("n_clients", minimum=1)
     n_channels = sc.integer("n_channels", minimum=2)
-    sc.integer("n_sources", minimum=2, maximum=n_channels)
+    n_sources = sc.integer("n_sources", minimum=2, maximum=n_channels)
     line_frequency = sc.integer("line_frequency")
     if line_frequency not in LINE_FREQUENCIES:
         sc.fail("line_frequency", f"must be one of {', '.join(map(str, LINE_FREQUENCIES))} (Hz)")
@@ -129,6 +131,12 @@ def _check_recordings(sc: Checker) -> None:
     sc.number("condition_number", low=1)
     sc.number("sensor_noise", low=0)
     sc.number("strength_spread", low=1)
+    if sc.choice("source_kind", SOURCE_KINDS) == "speech":
+        if n_sources > len(SPEECH_VOICES):
+            sc.fail("n_sources", f"speech has {len(SPEECH_VOICES)} voices, one per source: at most "
+                                 f"{len(SPEECH_VOICES)} sources")
+        if not speech_available():
+            sc.fail("source_kind", 'speech needs the speech extra: pip install "fedica[speech]"')
     n_noisy = sc.integer("n_noisy", minimum=0)
     sc.number("noise_level", low=0)
     n_faulty = int(sc.boolean("dead_channel")) + int(sc.boolean("saturated_channel"))
@@ -423,13 +431,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              data_values=lambda sc, n_clients: n_clients * sc["n_samples"] * sc["r"], memory_key="n_samples"),
     Scenario("recordings", ("n_clients", "n_channels", "n_sources", "sampling_rate", "min_samples", "max_samples",
                             "condition_number", "sensor_noise", "n_noisy", "noise_level", "dead_channel",
-                            "saturated_channel", "line_frequency", "strength_spread"),
+                            "saturated_channel", "line_frequency", "strength_spread", "source_kind"),
              {"rfica": _check_recordings},
              site_data=_load_labelled(recordings_client_data), true_mixing=_recordings_mixing,
              poor_sites=_recordings_poor_sites,
              # Every site at its largest length: an upper bound, known before any site is drawn.
              data_values=lambda sc, n_clients: n_clients * sc["max_samples"] * sc["n_channels"],
-             memory_key="max_samples", defaults={"strength_spread": 1.0}),
+             memory_key="max_samples", defaults={"strength_spread": 1.0, "source_kind": "eeg"}),
     Scenario("blobs", ("n_clients", "n_clusters", "dim", "r_min", "n_train", "n_test", "setting", "k_min", "k_max"),
              {"fedgem": _check_blobs},
              client_data=_load_blobs, true_n_clusters=lambda params: int(params["n_clusters"]),
