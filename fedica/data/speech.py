@@ -8,17 +8,18 @@ from the seed, and any length, where a recorded corpus would have to be download
 
 Why ctypes: ``espeakng-loader`` gives the library's path and nothing to call it with, and the Python
 wrappers on PyPI drive the ``espeak-ng`` program, which the wheel does not ship. eSpeak NG keeps one
-global synthesiser whose state outlives each synthesis, so every text is spoken in a fresh process.
+global synthesiser whose state outlives each synthesis, so the texts of a call are spoken by a fresh
+interpreter (:func:`synthesise`).
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import importlib.util
-import multiprocessing
+import json
+import subprocess
+import sys
 import threading
-from concurrent.futures import ProcessPoolExecutor
 from fractions import Fraction
 
 import numpy as np
@@ -33,10 +34,6 @@ SPEECH_VOICES = ("en", "de", "fr", "es", "it", "pl", "nl", "sv", "cs", "pt")
 # Numbers each voice speaks for one recording: 60 to 120 s of speech, longer than any site's stretch.
 SPEECH_NUMBERS = 60
 
-_AUDIO_OUTPUT_SYNCHRONOUS = 2
-_POSITION_CHARACTER = 1
-_CHARS_UTF8 = 1
-_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
 # One synthesis at a time: threads that build sites side by side share one recording.
 _LOCK = threading.Lock()
 
@@ -46,66 +43,78 @@ def speech_available() -> bool:
     return importlib.util.find_spec("espeakng_loader") is not None
 
 
-@functools.lru_cache(maxsize=1)
-def _library() -> tuple[ctypes.CDLL, bytes]:
-    """eSpeak NG's library and the path of its voice data."""
-    try:
-        import espeakng_loader
-    except ImportError:
-        raise RuntimeError('speech needs the speech extra: pip install "fedica[speech]"') from None
-    library = ctypes.CDLL(espeakng_loader.get_library_path())
-    library.espeak_Initialize.restype = ctypes.c_int
-    library.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
-                                     ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
-    return library, espeakng_loader.get_data_path().encode()
-
-
-def _speak(texts: tuple[tuple[str, str], ...]) -> tuple[list[np.ndarray], int]:
-    """:func:`synthesise`'s work, in the process that calls it (a fresh one): every ``(voice, text)`` in order."""
-    library, data = _library()
-    rate = library.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data, 0)
+# The program that speaks, run as ``python -c`` in a fresh interpreter for every call of :func:`synthesise`: it
+# reads ``[[voice, text], ...]`` as JSON on stdin and writes one JSON line (the sample rate and each waveform's
+# length, or the error) followed by the waveforms as 16-bit samples. It imports nothing of fedica's, so that
+# it starts in a blink and re-runs no user's script (as multiprocessing's spawn would, without a main guard).
+_SPEAKER = r"""
+import ctypes, json, sys
+import espeakng_loader
+library = ctypes.CDLL(espeakng_loader.get_library_path())
+library.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
+                                 ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+rate = library.espeak_Initialize(2, 0, espeakng_loader.get_data_path().encode(), 0)
+chunks = []
+def collect(wave, count, events):
+    if wave and count > 0:
+        chunks.append(ctypes.string_at(wave, 2 * count))
+    return 0
+callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)(collect)
+library.espeak_SetSynthCallback(callback)
+waves, error = [], None
+for voice, text in json.load(sys.stdin):
+    chunks.clear()
     if rate <= 0:
-        raise RuntimeError(f"eSpeak NG did not start (espeak_Initialize returned {rate})")
-    chunks: list[np.ndarray] = []
-
-    def collect(wave, count, _events):
-        if wave and count > 0:
-            chunks.append(np.ctypeslib.as_array(wave, shape=(count,)).copy())
-        return 0
-
-    callback = _CALLBACK(collect)  # referenced until the last synthesis returns
-    library.espeak_SetSynthCallback(callback)
-    waveforms = []
-    for voice, text in texts:
-        chunks.clear()
-        if library.espeak_SetVoiceByName(voice.encode()) != 0:
-            raise ValueError(f"eSpeak NG has no voice {voice!r}")
-        encoded = text.encode("utf-8")
-        library.espeak_Synth(encoded, len(encoded) + 1, 0, _POSITION_CHARACTER, 0, _CHARS_UTF8, None, None)
-        library.espeak_Synchronize()
-        if not chunks:
-            raise ValueError(f"eSpeak NG gave no sound for voice {voice!r}")
-        waveforms.append(np.concatenate(chunks).astype(np.float64) / 32768.0)
-    return waveforms, rate
+        error = f"eSpeak NG did not start (espeak_Initialize returned {rate})"
+        break
+    if library.espeak_SetVoiceByName(voice.encode()) != 0:
+        error = f"eSpeak NG has no voice {voice!r}"
+        break
+    encoded = text.encode("utf-8")
+    library.espeak_Synth(encoded, len(encoded) + 1, 0, 1, 0, 1, None, None)
+    library.espeak_Synchronize()
+    if not chunks:
+        error = f"eSpeak NG gave no sound for voice {voice!r}"
+        break
+    waves.append(b"".join(chunks))
+sys.stdout.buffer.write(json.dumps({"rate": rate, "lengths": [len(w) // 2 for w in waves], "error": error}).encode()
+                        + b"\n" + b"".join(waves))
+"""
+# The longest a speaking process may take (60 numbers in ten voices take about 3 s).
+_SPEAKER_TIMEOUT = 300.0
 
 
 def synthesise(*texts: tuple[str, str]) -> tuple[list[np.ndarray], int]:
     """Each ``(voice, text)`` spoken by eSpeak NG, in order: ``(waveforms, sample rate)``, each float64 in [-1, 1).
 
-    The texts are spoken in order in a fresh process: eSpeak NG carries state from one synthesis to
-    the next that neither ``espeak_Terminate`` nor its random seed resets (the same text spoken twice
-    in one process differs by a few samples of timing, measured), so a waveform depends on its text
-    and on the texts before it in the call, and on nothing else.
+    The texts are spoken in order by a fresh interpreter: eSpeak NG carries state from one synthesis
+    to the next that neither ``espeak_Terminate`` nor its random seed resets (the same text spoken
+    twice in one process differs by a few samples of timing, measured), so a waveform depends on its
+    text and on the texts before it in the call, and on nothing else.
 
     Raises
     ------
     ValueError
         On a voice eSpeak NG does not have, or a text it gives no sound for.
+    RuntimeError
+        Without the ``speech`` extra, or when the speaking process fails.
     """
-    _library()  # the extra's absence is one line here, not a worker's traceback
-    context = multiprocessing.get_context("spawn")
-    with _LOCK, ProcessPoolExecutor(max_workers=1, mp_context=context, max_tasks_per_child=1) as pool:
-        return pool.submit(_speak, tuple(texts)).result()
+    if not speech_available():
+        raise RuntimeError('speech needs the speech extra: pip install "fedica[speech]"')
+    with _LOCK:
+        done = subprocess.run([sys.executable, "-c", _SPEAKER], input=json.dumps([list(t) for t in texts]).encode(),
+                              capture_output=True, timeout=_SPEAKER_TIMEOUT, check=False)
+    header, _, body = done.stdout.partition(b"\n")
+    try:
+        report = json.loads(header)
+    except ValueError:
+        message = done.stderr.decode(errors="replace").strip().splitlines()
+        raise RuntimeError(f"eSpeak NG's process failed (exit {done.returncode}): "
+                           f"{message[-1] if message else 'no message'}") from None
+    if report["error"] is not None:
+        raise ValueError(report["error"])
+    samples = np.frombuffer(body, dtype="<i2").astype(np.float64) / 32768.0
+    return np.split(samples, np.cumsum(report["lengths"])[:-1]), int(report["rate"])
 
 
 @functools.lru_cache(maxsize=16)

@@ -23,6 +23,7 @@ def _kurtosis(x):
     return float((x**4).mean() / (x**2).mean() ** 2)
 
 
+@pytest.mark.slow  # eSpeak NG speaks in a process of its own
 def test_each_voice_speaks_its_own_language_reproducibly():
     (english, german), rate = speech.synthesise(("en", "one, two, three."), ("de", "one, two, three."))
     (again,), _ = speech.synthesise(("en", "one, two, three."))
@@ -33,6 +34,7 @@ def test_each_voice_speaks_its_own_language_reproducibly():
         speech.synthesise(("xx-nowhere", "one"))
 
 
+@pytest.mark.slow  # eSpeak NG speaks in a process of its own
 def test_recordings_are_drawn_from_the_seed_shared_read_only_and_alike_for_any_source_count():
     first = speech.speech_recordings(2, 8000.0, 0)
     assert first[0].size > 8000 * 40 and not first[0].flags.writeable  # at least 40 s at 8 kHz
@@ -44,7 +46,7 @@ def test_recordings_are_drawn_from_the_seed_shared_read_only_and_alike_for_any_s
         speech.speech_recordings(11, 8000.0, 0)
 
 
-@pytest.mark.slow  # six voices synthesised: a few seconds
+@pytest.mark.slow  # eSpeak NG speaks in a process of its own
 def test_every_site_holds_its_own_stretch_of_every_voice():
     sites = [recordings_site(g, seed=3, **SPEECH) for g in range(3)]
     for site in sites:
@@ -56,7 +58,7 @@ def test_every_site_holds_its_own_stretch_of_every_voice():
     np.testing.assert_array_equal(recordings_site(1, seed=3, **SPEECH).observations, sites[1].observations)
 
 
-@pytest.mark.slow  # six voices synthesised: a few seconds
+@pytest.mark.slow  # eSpeak NG speaks in a process of its own
 def test_rfica_separates_six_speakers_as_pooled_fastica_does():
     from sklearn.decomposition import FastICA
 
