@@ -459,6 +459,34 @@ def validate_covariance_reply(arrays: Mapping[str, Any], values: Mapping[str, An
     return covariance, require_int(values, "n-samples", minimum=r + 1)
 
 
+# The RF-ICA covariance reply's array of the site's bad (flat or saturated) channels.
+BAD_CHANNELS_KEY = "bad-channels"
+
+
+def validate_bad_channel_list(arrays: Mapping[str, Any], *, r: int) -> np.ndarray:
+    """Check the bad channels an RF-ICA site names beside its covariance (optional: none when it names none).
+
+    Parameters
+    ----------
+    arrays : mapping
+        May hold ``"bad-channels"``: distinct integer channel indices in ``[0, r)``, fewer than half of
+        the channels. A site that names channels only leaves itself out of the pooled subspace.
+
+    Returns
+    -------
+    channels : ndarray of int64
+    """
+    if BAD_CHANNELS_KEY not in arrays:
+        return np.zeros(0, dtype=np.int64)
+    channels = require_array(arrays, BAD_CHANNELS_KEY, (None,))
+    if np.any(channels != np.round(channels)) or np.any((channels < 0) | (channels >= r)):
+        raise InvalidReply(f"'{BAD_CHANNELS_KEY}' must hold channel indices in [0, {r})")
+    channels = channels.astype(np.int64)
+    if np.unique(channels).size != channels.size or 2 * channels.size >= r:
+        raise InvalidReply(f"'{BAD_CHANNELS_KEY}' must name distinct channels, fewer than half of the {r}")
+    return channels
+
+
 def validate_channel_means(arrays: Mapping[str, Any], *, r: int) -> np.ndarray:
     """Check an RF-ICA site's channel means (sent beside its channel covariance): ``"mean"``, finite, shape (r,)."""
     return require_array(arrays, "mean", (r,))

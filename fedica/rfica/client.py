@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from fedica.protocol.messages import COLUMN_VARIANCES_KEY, RFICA_COVARIANCE, RFICA_FIT, RFICA_REFINE
+from fedica.protocol.messages import BAD_CHANNELS_KEY, COLUMN_VARIANCES_KEY, RFICA_COVARIANCE, RFICA_FIT, RFICA_REFINE
 from fedica.protocol.tasks import Handler, Site
-from fedica.rfica.local import local_ica, observation_matrix, site_covariance
+from fedica.rfica.local import bad_channels, local_ica, observation_matrix, site_covariance
 from fedica.rfica.refinement import site_statistics
 from fedica.seeding import generator
 
@@ -73,14 +73,17 @@ def covariance(Y: np.ndarray) -> Reply:
     Returns
     -------
     arrays : dict
-        ``covariance`` of shape (n_channels, n_channels), ``mean`` of shape (n_channels,).
+        ``covariance`` of shape (n_channels, n_channels), ``mean`` of shape (n_channels,), and
+        ``bad-channels``, the indices of its flat or saturated channels (:func:`fedica.rfica.local.bad_channels`;
+        the server leaves such a site out of the pooled subspace).
     values : dict
         ``n-samples``, ``fit-seconds``.
     """
     start = time.perf_counter()
     data = observation_matrix(Y)
-    return {"covariance": site_covariance(data), "mean": data.mean(axis=1)}, {"n-samples": data.shape[1],
-                                                   "fit-seconds": time.perf_counter() - start}
+    arrays = {"covariance": site_covariance(data), "mean": data.mean(axis=1),
+              BAD_CHANNELS_KEY: np.flatnonzero(bad_channels(data)).astype(np.int64)}
+    return arrays, {"n-samples": data.shape[1], "fit-seconds": time.perf_counter() - start}
 
 
 def refine(Y: np.ndarray, values: Mapping[str, Any], whitening: np.ndarray, unmixing: np.ndarray) -> Reply:

@@ -9,14 +9,22 @@ from fedica.data.common import ClientData
 from fedica.evaluation.ica import ica_error
 from fedica.protocol import RFICA_FIT, ArraySite, InMemoryFederation, InvalidReply, validate_ica_reply
 from fedica.protocol.messages import RFICA_COVARIANCE, validate_covariance_reply, validate_ica_convergence
-from fedica.rfica.coordinator import RFICAState, federated_whitening, receive_estimates, rfica_protocol
+from fedica.rfica.coordinator import (
+    RFICAState,
+    federated_whitening,
+    pooled_subspace,
+    receive_estimates,
+    rfica_protocol,
+)
 from fedica.rfica.local import (
     RETRY_ITERATIONS_FACTOR,
+    bad_channels,
     components_for_share,
     local_ica,
     normalize_columns,
     site_covariance,
 )
+from fedica.data.recordings import recordings_site, recordings_true_mixing
 from fedica.seeding import STREAMS
 from fedica.tasks import CLIENT_TASKS
 
@@ -233,6 +241,54 @@ def test_a_hostile_site_moves_the_shared_subspace_less_than_the_honest_sites_spr
     # The plain mean, for contrast, follows the one large covariance.
     mean = np.concatenate([honest, attacks["rotated and scaled"][None]]).mean(axis=0)
     assert _subspace_distance(np.linalg.eigh(mean)[1][:, -4:], subspace) > 0.9
+
+
+def _trial_covariances(seed):
+    """Issue 45's trial in the recordings scenario: 16 channels, 6 sources 10 times louder or softer from site to
+    site, A* of condition number 20, 3 % sensor noise, a site at 2 sd of noise and one with a dead channel."""
+    settings = dict(n_clients=8, n_channels=16, n_sources=6, condition_number=20.0, sensor_noise=0.03, n_noisy=1,
+                    noise_level=2.0, dead_channel=True, strength_spread=10.0)
+    sites = [recordings_site(g, seed=seed, **settings).observations for g in range(8)]
+    complete = np.array([not bad_channels(Y).any() for Y in sites])
+    mixing = recordings_true_mixing(n_channels=16, n_sources=6, condition_number=20.0, seed=seed)
+    return np.stack([site_covariance(Y) for Y in sites]), complete, mixing
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_the_pooled_subspace_holds_the_sources_most_sites_cannot_see(seed):
+    covariances, complete, mixing = _trial_covariances(seed)
+    own = [_subspace_distance(np.linalg.eigh(c)[1][:, -6:], mixing) for c in covariances]
+    # Most sites' own top-6 subspace misses a source that lies under its noise; the pooled one holds them all.
+    assert np.median(own) > 0.8
+    basis, left_out = pooled_subspace(covariances, 6, complete=complete)
+    assert _subspace_distance(basis, mixing) < 0.05 and left_out == []
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_a_site_with_a_dead_channel_it_did_not_name_is_left_out_of_the_pooled_subspace(seed):
+    covariances, complete, mixing = _trial_covariances(seed)
+    basis, left_out = pooled_subspace(covariances, 6)  # not told which site has bad channels
+    assert _subspace_distance(basis, mixing) < 0.05 and left_out == np.flatnonzero(~complete).tolist()
+
+
+def test_one_site_does_not_decide_a_direction_of_the_pooled_subspace():
+    covariances, complete, mixing = _trial_covariances(0)
+    clean = _subspace_distance(pooled_subspace(covariances, 6, complete=complete)[0], mixing)
+    rotation = np.linalg.qr(np.random.default_rng(5).standard_normal((16, 16)))[0]
+    for scale in (1.0, 1e3):
+        hostile = scale * rotation @ covariances[0] @ rotation.T  # an honest site's signal, elsewhere
+        attacked, decisive = pooled_subspace(np.concatenate([covariances, [hostile]]), 6,
+                                             complete=np.append(complete, True))
+        assert _subspace_distance(attacked, mixing) <= 1.05 * clean and decisive == [len(covariances)], scale
+    # Without the rule the made-up directions take a source's place.
+    pooled = np.concatenate([covariances[complete], [rotation @ covariances[0] @ rotation.T]])
+    pooled = (pooled / np.trace(pooled, axis1=1, axis2=2)[:, None, None]).mean(axis=0)
+    assert _subspace_distance(np.linalg.eigh(pooled)[1][:, -6:], mixing) > 0.9
+
+
+def test_a_source_only_one_site_sees_is_left_out_and_the_site_named():
+    covariances, complete, _ = _trial_covariances(10)  # site 7 alone sees one of the six sources
+    assert pooled_subspace(covariances, 6, complete=complete)[1] == [7]
 
 
 def test_the_federated_whitening_whitens_the_robust_global_covariance():
