@@ -105,6 +105,8 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
         rfica["explained_variance"], rfica["explained_variance_ratio"] = explained, ratio
         # The sites' robust centre and covariance: an estimator rebuilt from this file centres, and gives MNE's ICA.
         rfica["mean"], rfica["covariance"] = state.global_mean, state.global_covariance
+    if state.subspace_left_out:  # the sites the pooled subspace left out (docs/ALGORITHMS.md section 1.8)
+        rfica["subspace_left_out"] = state.subspace_left_out
     weights = site_column_weights(state)
     if weights is not None:  # only a run whose sites reported their column variances (a trimmed centre) has them
         # Each accepted site's weight of each of its columns (client_partitions order, the site's own column order):
