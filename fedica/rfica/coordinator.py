@@ -523,6 +523,8 @@ def whitening_of(global_covariance, n_components, covariances=None, *, complete=
         count = n_channels
     elif isinstance(n_components, float):
         count = components_for_share(eigenvalues, n_components)
+        if covariances is not None:
+            count = share_count(covariances, n_components, provisional=count, complete=complete)
     else:
         count = int(n_components)
     if covariances is not None and count < n_channels:
@@ -620,6 +622,54 @@ def pooled_subspace(covariances, count: int, *, complete=None) -> tuple[np.ndarr
         left_out.extend(misfits)
         basis = _top_eigenvectors(shapes[kept].sum(axis=0), count)
     return basis, sorted(left_out)
+
+
+def share_count(covariances, share: float, *, provisional: int, complete=None) -> int:
+    """How many components keep ``share`` of every site's variance, but one site's: ``n_components`` as a share.
+
+    MNE's count on one recording keeps the fewest principal components whose cumulative share reaches
+    ``share``. Counted on a median of the sites' covariances, a source loud at two sites and faint at
+    the rest holds too little of it and is dropped (16 channels, 4 sources 10 times louder or softer
+    from site to site: ``0.99`` kept 2 or 3). Here each site counts the pooled components (the
+    eigenvectors of the mean of the trace-normalised covariances of the sites
+    :func:`pooled_subspace` keeps at the ``provisional`` count) that hold ``share`` of its own
+    variance, and the federation keeps the second largest of these counts: every source that two
+    sites see strongly enough to matter at ``share`` is kept, and no single site (a noisy one,
+    whose variance no few components hold) decides the count.
+
+    Parameters
+    ----------
+    covariances : array-like of shape (n_sites, n_channels, n_channels)
+    share : float
+        In (0, 1).
+    provisional : int
+        The count of the robust global covariance's own spectrum, which sets the noise floor the
+        pooled sites are chosen by (a noisy site pulls that spectrum's tail: 8 to 14 components for 4
+        sources at 0.99 with one site at 3 sd of noise, so it is no count itself).
+    complete : array-like of shape (n_sites,), dtype bool, optional
+
+    Returns
+    -------
+    count : int
+        At most ``n_channels``; ``provisional`` when fewer than two sites are pooled.
+    """
+    stack = np.asarray(covariances, dtype=np.float64)
+    n_sites, n_channels, _ = stack.shape
+    provisional = min(max(int(provisional), 1), n_channels)
+    if provisional == n_channels or n_sites < 2:
+        return provisional
+    eligible = np.ones(n_sites, dtype=bool) if complete is None else np.asarray(complete, dtype=bool)
+    if not eligible.any():
+        eligible = np.ones(n_sites, dtype=bool)
+    shapes = stack / np.trace(stack, axis1=1, axis2=2)[:, None, None]
+    floors = np.clip(np.linalg.eigvalsh(shapes)[:, :n_channels - provisional], 0.0, None).sum(axis=1)
+    kept = eligible & (floors <= NOISE_FLOOR_LIMIT * np.median(floors[eligible]))
+    if kept.sum() < 2:
+        return provisional
+    directions = np.linalg.eigh(shapes[kept].mean(axis=0))[1][:, ::-1]
+    captured = np.cumsum(np.einsum("ic,kij,jc->kc", directions, shapes[kept], directions), axis=1)
+    counts = np.sum(captured < share, axis=1) + 1  # the fewest leading directions that hold the share, per site
+    return int(np.sort(counts)[-2])
 
 
 def _top_eigenvectors(matrix: np.ndarray, count: int) -> np.ndarray:

@@ -116,3 +116,24 @@ def test_an_estimator_rebuilt_from_a_run_s_result_centres_new_data(tmp_path):
     np.testing.assert_allclose(model.explained_variance_, library.explained_variance_, rtol=1e-9)
     S = model.transform(sites[0] + 100.0)
     assert np.all(np.abs(S.mean(axis=0)) < 0.2 * S.std(axis=0))  # centred as the sites centred their data
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_n_components_as_a_share_counts_as_pooled_pca_on_the_clean_sites_and_no_noisy_site_inflates_it(seed):
+    """Issue 45: sources 10 times louder or softer from site to site, one site at 3 sd of noise (16 channels, 4
+    sources). Counted on the robust global covariance's spectrum, 0.99 kept 8 to 12 components: the noisy site's
+    pull on its tail. Counted per site on the pooled directions, it is the clean sites' pooled PCA count or one more."""
+    from fedica.data.scenarios import ica_poor_sites, ica_scenario_data
+    from fedica.rfica.coordinator import robust_covariance
+    from fedica.rfica.local import components_for_share, site_covariance
+    from fedica.scripts.bench_recordings import SIZES, workload
+
+    scenario = workload(SIZES[1], "unequal+noisy")
+    sites = [ica_scenario_data(scenario, g, seed) for g in range(scenario["n_clients"])]
+    poor = {g for members in ica_poor_sites(scenario, seed).values() for g in members}
+    pooled = np.cov(np.hstack([Y for g, Y in enumerate(sites) if g not in poor]))
+    central = components_for_share(np.linalg.eigvalsh(pooled)[::-1], 0.99)
+    median_spectrum = np.linalg.eigvalsh(robust_covariance(np.stack([site_covariance(Y) for Y in sites])))[::-1]
+    assert components_for_share(median_spectrum, 0.99) >= 8
+    model = fedica.RFICA(n_components=0.99, refine_rounds=0, random_state=seed).fit([Y.T for Y in sites])
+    assert central <= model.n_components_ <= central + 1
