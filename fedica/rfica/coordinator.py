@@ -593,14 +593,7 @@ def pooled_subspace(covariances, count: int, *, complete=None) -> tuple[np.ndarr
         The indices (into ``covariances``) of the sites left out as deciding a direction alone or lying
         outside the others' subspace.
     """
-    stack = np.asarray(covariances, dtype=np.float64)
-    n_sites, n_channels, _ = stack.shape
-    eligible = np.ones(n_sites, dtype=bool) if complete is None else np.asarray(complete, dtype=bool)
-    if not eligible.any():
-        eligible = np.ones(n_sites, dtype=bool)
-    shapes = stack / np.trace(stack, axis1=1, axis2=2)[:, None, None]
-    floors = np.clip(np.linalg.eigvalsh(shapes)[:, :n_channels - count], 0.0, None).sum(axis=1)
-    kept = eligible & (floors <= NOISE_FLOOR_LIMIT * np.median(floors[eligible]))
+    shapes, floors, kept = _poolable(covariances, count, complete)
     pooled_sites, left_out = int(kept.sum()), []
     while 2 * (len(left_out) + 1) < pooled_sites:  # never half of the pooled sites
         members = np.flatnonzero(kept)
@@ -653,23 +646,33 @@ def share_count(covariances, share: float, *, provisional: int, complete=None) -
     count : int
         At most ``n_channels``; ``provisional`` when fewer than two sites are pooled.
     """
-    stack = np.asarray(covariances, dtype=np.float64)
-    n_sites, n_channels, _ = stack.shape
+    n_sites, n_channels, _ = np.shape(covariances)
     provisional = min(max(int(provisional), 1), n_channels)
     if provisional == n_channels or n_sites < 2:
         return provisional
-    eligible = np.ones(n_sites, dtype=bool) if complete is None else np.asarray(complete, dtype=bool)
-    if not eligible.any():
-        eligible = np.ones(n_sites, dtype=bool)
-    shapes = stack / np.trace(stack, axis1=1, axis2=2)[:, None, None]
-    floors = np.clip(np.linalg.eigvalsh(shapes)[:, :n_channels - provisional], 0.0, None).sum(axis=1)
-    kept = eligible & (floors <= NOISE_FLOOR_LIMIT * np.median(floors[eligible]))
+    shapes, _, kept = _poolable(covariances, provisional, complete)
     if kept.sum() < 2:
         return provisional
     directions = np.linalg.eigh(shapes[kept].mean(axis=0))[1][:, ::-1]
     captured = np.cumsum(np.einsum("ic,kij,jc->kc", directions, shapes[kept], directions), axis=1)
     counts = np.sum(captured < share, axis=1) + 1  # the fewest leading directions that hold the share, per site
     return int(np.sort(counts)[-2])
+
+
+def _poolable(covariances, count: int, complete) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sites' trace-normalised covariances, their noise floors at ``count``, and which may be pooled.
+
+    A site may be pooled when it has no bad channel (``complete``; all when none is) and its noise floor
+    (its share outside its own top-``count`` subspace) is within :data:`NOISE_FLOOR_LIMIT` of the median.
+    """
+    stack = np.asarray(covariances, dtype=np.float64)
+    n_sites, n_channels, _ = stack.shape
+    eligible = np.ones(n_sites, dtype=bool) if complete is None else np.asarray(complete, dtype=bool)
+    if not eligible.any():
+        eligible = np.ones(n_sites, dtype=bool)
+    shapes = stack / np.trace(stack, axis1=1, axis2=2)[:, None, None]
+    floors = np.clip(np.linalg.eigvalsh(shapes)[:, :n_channels - count], 0.0, None).sum(axis=1)
+    return shapes, floors, eligible & (floors <= NOISE_FLOOR_LIMIT * np.median(floors[eligible]))
 
 
 def _top_eigenvectors(matrix: np.ndarray, count: int) -> np.ndarray:
