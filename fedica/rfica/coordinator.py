@@ -54,7 +54,6 @@ from fedica.rfica.aggregation import (
 )
 from fedica.rfica.filling import bad_rows, fill_alone, fill_from_reference
 from fedica.rfica.geometric_median import geometric_median
-from fedica.rfica.local import components_for_share
 from fedica.rfica.privacy import check_covered, rfica_plan
 from fedica.rfica.refinement import (
     REFINEMENT_TOLERANCE,
@@ -65,9 +64,8 @@ from fedica.rfica.refinement import (
 )
 from fedica.rfica.trust import estimate_defects
 from fedica.rfica.uncertainty import column_weights
+from fedica.rfica.whitening import robust_covariance, whitening_of
 
-# A global eigenvalue below this share of the largest is floored there before the whitening divides by it.
-_RANK_DEFICIENT_RATIO = 1e-10
 
 
 @dataclass(kw_only=True)
@@ -137,7 +135,7 @@ class RFICAState(ProtocolState):
         estimates were filled from the complete sites' (:func:`fill_bad_channels`).
     subspace_left_out : list of int
         The sites (partition ids) the pooled subspace left out as deciding a direction alone
-        (:func:`pooled_subspace`); a warning names them.
+        (:func:`fedica.rfica.whitening.pooled_subspace`); a warning names them.
     channel_scales : ndarray of shape (r,) or None
         The scales the columns were compared with (each channel divided by its own), set when the
         spread is over :data:`~fedica.rfica.aggregation.CHANNEL_SCALE_SPREAD_LIMIT` or the smallest
@@ -272,7 +270,7 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
 
     Only the sites whose estimate was accepted take part. Without the federated whitening they
     first send their channel covariance (one more exchange), from which the server forms the
-    shared whitening exactly as :func:`federated_whitening` does. Every step then sends each site
+    shared whitening exactly as :func:`fedica.rfica.whitening.federated_whitening` does. Every step then sends each site
     the whitening and the current unmixing; the replies' averages are combined robustly and give
     the next unmixing (:func:`fedica.rfica.refinement.refinement_step`). The stage
     stops after ``refine_rounds`` steps, once no row turns by more than
@@ -382,7 +380,7 @@ def _valid_covariances(state: RFICAState, replies: list[Reply], round_label: int
 
 
 def federation_moments(state: RFICAState, covariances: list[np.ndarray], means: list[np.ndarray]) -> None:
-    """The federation's robust channel covariance (:func:`robust_covariance`) and centre, into ``state``.
+    """The federation's robust channel covariance (:func:`fedica.rfica.whitening.robust_covariance`) and centre, into ``state``.
 
     The centre is the geometric median of the sites' means: breakdown point 1/2, as the covariance's,
     so that no minority of sites can move where new observations are centred by more than the
@@ -414,7 +412,7 @@ def receive_covariances(state: RFICAState, replies: list[Reply]) -> None:
 
     The federation's channel count is the majority's unless given; the number of components is
     ``n_components`` (at most the channel count), or for a share the count the robust global
-    covariance needs (:func:`federated_whitening`).
+    covariance needs (:func:`fedica.rfica.whitening.federated_whitening`).
     """
     r = state.r if state.r is not None else (majority_width(replies, "covariance") or 0)
     covariances, means, state.covariance_partitions, complete = _valid_covariances(state, replies, 1, r)
@@ -441,247 +439,6 @@ def _warn_decisive(state: RFICAState, partitions: list[int]) -> None:
     _warn(f"RF-ICA: the shared subspace leaves out site(s) {', '.join(map(str, partitions))}: a direction no other "
           "site holds (a source no other site sees, or a made-up one; one site alone does not decide a component), or "
           "a covariance outside the others' subspace")
-
-
-def federated_whitening(covariances, n_components, *, gm_tol=1e-10) -> tuple[np.ndarray, np.ndarray]:
-    """The shared whitening from the sites' channel covariances, robust to a minority of them.
-
-    Every covariance is divided by its trace, so that no site weighs more for its gain, its noise
-    or a scale it makes up; the shape of the global covariance is the geometric median (in the
-    Frobenius norm) of these unit-trace matrices, and its scale the median of the traces. The
-    geometric median has breakdown point 1/2: a minority of sites, whatever they send, moves it
-    by a bounded amount, where a single site would drag the mean (docs/ALGORITHMS.md section 1.8).
-
-    Parameters
-    ----------
-    covariances : array-like of shape (n_sites, n_channels, n_channels)
-        Validated covariances (symmetric, positive semi-definite, non-zero).
-    n_components : int, float or None
-        The components kept: an int; a share of the variance in (0, 1) of the global covariance
-        (:func:`fedica.rfica.local.components_for_share`); None: every channel.
-    gm_tol : float, default=1e-10
-        Tolerance of the geometric median, at the unit-trace scale.
-
-    Returns
-    -------
-    whitening : ndarray of shape (n_components, n_channels)
-        ``diag(lambda)^(-1/2) U^T`` of the top eigenpairs of the global covariance: the rows
-        span the shared subspace, and whiten the global covariance there.
-    eigenvalues : ndarray of shape (n_channels,)
-        The global covariance's eigenvalues, in decreasing order.
-    """
-    return whitening_of(robust_covariance(covariances, gm_tol=gm_tol), n_components, covariances, gm_tol=gm_tol)
-
-
-def robust_covariance(covariances, *, gm_tol=1e-10) -> np.ndarray:
-    """The federation's channel covariance from the sites' ones, robust to a minority of them.
-
-    Every covariance is divided by its trace; the shape is the geometric median (in the Frobenius
-    norm) of these unit-trace matrices and the scale the median of the traces (see
-    :func:`federated_whitening`).
-
-    Parameters
-    ----------
-    covariances : array-like of shape (n_sites, n_channels, n_channels)
-        Validated covariances (symmetric, positive semi-definite, non-zero).
-    gm_tol : float, default=1e-10
-
-    Returns
-    -------
-    covariance : ndarray of shape (n_channels, n_channels), exactly symmetric
-    """
-    stack = np.asarray(covariances, dtype=np.float64)
-    traces = np.trace(stack, axis1=1, axis2=2)
-    return np.median(traces) * _matrix_median(stack / traces[:, None, None], gm_tol)
-
-
-def _matrix_median(matrices: np.ndarray, gm_tol: float) -> np.ndarray:
-    """The geometric median (Frobenius norm) of ``matrices`` (n, p, p), symmetrised."""
-    n_matrices, size, _ = matrices.shape
-    points = matrices.reshape(n_matrices, -1)
-    # The median lies in the affine hull of the points: solve it there (n - 1 coordinates at most)
-    # rather than among p^2, where Newton's steps would cost p^6.
-    mean = points.mean(axis=0)
-    basis = np.linalg.svd(points - mean, full_matrices=False)[2]
-    median = (mean + geometric_median((points - mean) @ basis.T, tol=gm_tol) @ basis).reshape(size, size)
-    return (median + median.T) / 2
-
-
-def whitening_of(global_covariance, n_components, covariances=None, *, complete=None, decisive=None,
-                 gm_tol=1e-10) -> tuple[np.ndarray, np.ndarray]:
-    """The whitening of the federation's covariance onto its top ``n_components`` (:func:`federated_whitening`).
-
-    With the sites' ``covariances`` and fewer components than channels, the subspace is the sites'
-    pooled one (:func:`pooled_subspace`, over the sites ``complete`` marks: those without bad
-    channels), and the global covariance is whitened within it; the indices of the sites it left out
-    as deciding a direction alone are appended to the list ``decisive`` when one is given.
-    """
-    n_channels = global_covariance.shape[0]
-    eigenvalues, eigenvectors = np.linalg.eigh(global_covariance)
-    eigenvalues, eigenvectors = eigenvalues[::-1], eigenvectors[:, ::-1]
-    if n_components is None:
-        count = n_channels
-    elif isinstance(n_components, float):
-        count = components_for_share(eigenvalues, n_components)
-        if covariances is not None:
-            count = share_count(covariances, n_components, provisional=count, complete=complete)
-    else:
-        count = int(n_components)
-    if covariances is not None and count < n_channels:
-        basis, left_out = pooled_subspace(covariances, count, complete=complete)
-        if decisive is not None:
-            decisive.extend(left_out)
-        within, rotation = np.linalg.eigh(basis.T @ global_covariance @ basis)
-        within, rotation = within[::-1], rotation[:, ::-1]
-        kept = np.maximum(within, _RANK_DEFICIENT_RATIO * eigenvalues[0])
-        return ((basis @ rotation) / np.sqrt(kept)).T, eigenvalues
-    kept = np.maximum(eigenvalues[:count], _RANK_DEFICIENT_RATIO * eigenvalues[0])
-    return (eigenvectors[:, :count] / np.sqrt(kept)).T, eigenvalues
-
-
-# A site whose noise floor (its covariance's share outside its own top-r subspace) is beyond this factor of the median
-# site's is left out of the pooled subspace: honest sites lie within 0.4 to 1.2 of the median on the recordings and
-# speech benches, sources 10 times louder or softer from site to site included; a site at 2 or 3 sd of noise at 375
-# to 580.
-NOISE_FLOOR_LIMIT = 10.0
-# A site that alone turns the pooled subspace by more than this (the sine of the largest principal angle between the
-# subspaces with and without it) is left out: no site decides a direction alone. Measured on issue 45's trial (16
-# channels, 6 sources 10 times louder or softer from site to site, 20 seeds): honest sites turn it by at most .28,
-# except a site that is the only one to see a source (1.0 and .72, two seeds), and a made-up covariance by .99.
-SOLE_INFLUENCE_LIMIT = 0.5
-# A site whose share outside the pooled subspace is beyond this factor of its own noise floor is left out: its signal
-# lies elsewhere (a rotated or made-up covariance: 493). Honest sites' signals lie inside it: within 2.7 of their floor
-# on the same 20 seeds (a site with a dead channel, left out already, at 8.5 to 276).
-SUBSPACE_FIT_LIMIT = 10.0
-
-
-def pooled_subspace(covariances, count: int, *, complete=None) -> tuple[np.ndarray, list[int]]:
-    """The ``count``-dimensional subspace of the sites' pooled covariance, and the sites it left out.
-
-    With sources louder at some sites and fainter at others, a source faint at most sites lies under
-    most sites' own noise: each site's own top-``count`` subspace misses it, and so does any median of
-    them (issue 45's trial, 16 channels and 6 sources: the median of the sites' projectors lay .6 to .9,
-    the sine of the largest principal angle, from the sources' span). The mean of the sites' covariances
-    holds every source that is loud somewhere, as pooled PCA does (.015 to .04). Pooled robustly:
-
-    - every covariance is divided by its trace, so that each site is one unit of mass, whatever its gain,
-      its loudness or a scale it makes up;
-    - a site with bad channels (``complete`` False: a flat or clipped channel changes its covariance far
-      beyond a faint source's share) is left out;
-    - a site whose noise floor (the share of its covariance outside its own top-``count`` subspace) is
-      beyond :data:`NOISE_FLOOR_LIMIT` times the median's is left out (a noisy site);
-    - a site whose removal turns the subspace by more than :data:`SOLE_INFLUENCE_LIMIT` is left out, the
-      most influential first and one at a time: a direction one site alone holds is a made-up one or a
-      source no other site sees, and one site does not decide it;
-    - then a site whose share outside the subspace is beyond :data:`SUBSPACE_FIT_LIMIT` times its own
-      noise floor is left out (its signal lies elsewhere), and the mean taken again;
-    - never half of the pooled sites. A coalition of sites that all send one made-up direction is not
-      caught, as a source only they see could not be told from it (docs/ALGORITHMS.md section 1.8).
-
-    Parameters
-    ----------
-    covariances : array-like of shape (n_sites, n_channels, n_channels)
-    count : int
-    complete : array-like of shape (n_sites,), dtype bool, optional
-        The sites without bad channels (default: all). When none is, all are pooled.
-
-    Returns
-    -------
-    basis : ndarray of shape (n_channels, count)
-        Orthonormal columns.
-    left_out : list of int
-        The indices (into ``covariances``) of the sites left out as deciding a direction alone or lying
-        outside the others' subspace.
-    """
-    shapes, floors, kept = _poolable(covariances, count, complete)
-    pooled_sites, left_out = int(kept.sum()), []
-    while 2 * (len(left_out) + 1) < pooled_sites:  # never half of the pooled sites
-        members = np.flatnonzero(kept)
-        total = shapes[members].sum(axis=0)
-        basis = _top_eigenvectors(total, count)
-        influence = [_subspace_sine(basis, _top_eigenvectors(total - shapes[k], count)) for k in members]
-        strongest = int(np.argmax(influence))
-        if influence[strongest] <= SOLE_INFLUENCE_LIMIT:
-            break
-        kept[members[strongest]] = False
-        left_out.append(int(members[strongest]))
-    basis = _top_eigenvectors(shapes[kept].sum(axis=0), count)
-    # Then a site whose covariance lies outside the others' subspace: its energy outside it far beyond its own floor.
-    outside = (1.0 - np.einsum("ic,kij,jc->k", basis, shapes, basis)) / np.maximum(floors, np.finfo(np.float64).tiny)
-    misfits = [int(k) for k in np.argsort(-outside) if kept[k] and outside[k] > SUBSPACE_FIT_LIMIT]
-    misfits = misfits[:max(0, (pooled_sites - 1) // 2 - len(left_out))]
-    if misfits:
-        kept[misfits] = False
-        left_out.extend(misfits)
-        basis = _top_eigenvectors(shapes[kept].sum(axis=0), count)
-    return basis, sorted(left_out)
-
-
-def share_count(covariances, share: float, *, provisional: int, complete=None) -> int:
-    """How many components keep ``share`` of every site's variance, but one site's: ``n_components`` as a share.
-
-    MNE's count on one recording keeps the fewest principal components whose cumulative share reaches
-    ``share``. Counted on a median of the sites' covariances, a source loud at two sites and faint at
-    the rest holds too little of it and is dropped (16 channels, 4 sources 10 times louder or softer
-    from site to site: ``0.99`` kept 2 or 3). Here each site counts the pooled components (the
-    eigenvectors of the mean of the trace-normalised covariances of the sites
-    :func:`pooled_subspace` keeps at the ``provisional`` count) that hold ``share`` of its own
-    variance, and the federation keeps the second largest of these counts: every source that two
-    sites see strongly enough to matter at ``share`` is kept, and no single site (a noisy one,
-    whose variance no few components hold) decides the count.
-
-    Parameters
-    ----------
-    covariances : array-like of shape (n_sites, n_channels, n_channels)
-    share : float
-        In (0, 1).
-    provisional : int
-        The count of the robust global covariance's own spectrum, which sets the noise floor the
-        pooled sites are chosen by (a noisy site pulls that spectrum's tail: 8 to 14 components for 4
-        sources at 0.99 with one site at 3 sd of noise, so it is no count itself).
-    complete : array-like of shape (n_sites,), dtype bool, optional
-
-    Returns
-    -------
-    count : int
-        At most ``n_channels``; ``provisional`` when fewer than two sites are pooled.
-    """
-    n_sites, n_channels, _ = np.shape(covariances)
-    provisional = min(max(int(provisional), 1), n_channels)
-    if provisional == n_channels or n_sites < 2:
-        return provisional
-    shapes, _, kept = _poolable(covariances, provisional, complete)
-    if kept.sum() < 2:
-        return provisional
-    directions = np.linalg.eigh(shapes[kept].mean(axis=0))[1][:, ::-1]
-    captured = np.cumsum(np.einsum("ic,kij,jc->kc", directions, shapes[kept], directions), axis=1)
-    counts = np.sum(captured < share, axis=1) + 1  # the fewest leading directions that hold the share, per site
-    return int(np.sort(counts)[-2])
-
-
-def _poolable(covariances, count: int, complete) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The sites' trace-normalised covariances, their noise floors at ``count``, and which may be pooled.
-
-    A site may be pooled when it has no bad channel (``complete``; all when none is) and its noise floor
-    (its share outside its own top-``count`` subspace) is within :data:`NOISE_FLOOR_LIMIT` of the median.
-    """
-    stack = np.asarray(covariances, dtype=np.float64)
-    n_sites, n_channels, _ = stack.shape
-    eligible = np.ones(n_sites, dtype=bool) if complete is None else np.asarray(complete, dtype=bool)
-    if not eligible.any():
-        eligible = np.ones(n_sites, dtype=bool)
-    shapes = stack / np.trace(stack, axis1=1, axis2=2)[:, None, None]
-    floors = np.clip(np.linalg.eigvalsh(shapes)[:, :n_channels - count], 0.0, None).sum(axis=1)
-    return shapes, floors, eligible & (floors <= NOISE_FLOOR_LIMIT * np.median(floors[eligible]))
-
-
-def _top_eigenvectors(matrix: np.ndarray, count: int) -> np.ndarray:
-    return np.linalg.eigh((matrix + matrix.T) / 2)[1][:, ::-1][:, :count]
-
-
-def _subspace_sine(first: np.ndarray, second: np.ndarray) -> float:
-    """The sine of the largest principal angle between the spans of two orthonormal bases."""
-    return float(np.linalg.norm(first @ first.T - second @ second.T, 2))
 
 
 def receive_estimates(state: RFICAState, replies: list[Reply], *, round_label: int = 1) -> None:

@@ -124,7 +124,7 @@ def test_n_components_as_a_share_counts_as_pooled_pca_on_the_clean_sites_and_no_
     sources). Counted on the robust global covariance's spectrum, 0.99 kept 8 to 12 components: the noisy site's
     pull on its tail. Counted per site on the pooled directions, it is the clean sites' pooled PCA count or one more."""
     from fedica.data.scenarios import ica_poor_sites, ica_scenario_data
-    from fedica.rfica.coordinator import robust_covariance
+    from fedica.rfica.whitening import robust_covariance
     from fedica.rfica.local import components_for_share, site_covariance
     from fedica.scripts.bench_recordings import SIZES, workload
 

@@ -9,13 +9,7 @@ from fedica.data.common import ClientData
 from fedica.evaluation.ica import ica_error
 from fedica.protocol import RFICA_FIT, ArraySite, InMemoryFederation, InvalidReply, validate_ica_reply
 from fedica.protocol.messages import RFICA_COVARIANCE, validate_covariance_reply, validate_ica_convergence
-from fedica.rfica.coordinator import (
-    RFICAState,
-    federated_whitening,
-    pooled_subspace,
-    receive_estimates,
-    rfica_protocol,
-)
+from fedica.rfica.coordinator import RFICAState, receive_estimates, rfica_protocol
 from fedica.rfica.local import (
     RETRY_ITERATIONS_FACTOR,
     bad_channels,
@@ -25,6 +19,7 @@ from fedica.rfica.local import (
     site_covariance,
 )
 from fedica.data.recordings import recordings_site, recordings_true_mixing
+from fedica.rfica.whitening import federated_whitening, pooled_subspace
 from fedica.seeding import STREAMS
 from fedica.tasks import CLIENT_TASKS
 
