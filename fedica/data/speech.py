@@ -31,7 +31,8 @@ __all__ = ["SPEECH_VOICES", "speech_available", "speech_recordings", "synthesise
 
 # One voice (and language) per source, in this order: eSpeak NG's names.
 SPEECH_VOICES = ("en", "de", "fr", "es", "it", "pl", "nl", "sv", "cs", "pt")
-# Numbers each voice speaks for one recording: 60 to 120 s of speech, longer than any site's stretch.
+# Numbers each voice speaks for one recording: 80 to 150 s of speech (measured, the ten voices), longer than any
+# site's stretch.
 SPEECH_NUMBERS = 60
 
 # One synthesis at a time: threads that build sites side by side share one recording.
