@@ -16,6 +16,7 @@ once for every thread that holds it and leaves it when the last one leaves.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,8 +24,9 @@ from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from joblib import effective_n_jobs
+from threadpoolctl import ThreadpoolController
 
-__all__ = ["SharedContext", "thread_map", "thread_count"]
+__all__ = ["SharedContext", "one_blas_thread", "thread_map", "thread_count"]
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -80,3 +82,22 @@ def thread_map(function: Callable[[Item], Result], items: Iterable[Item], n_jobs
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fedica-site") as pool:
         futures = [pool.submit(function, item) for item in items]
     return [future.result() for future in futures]
+
+
+@functools.cache
+def _blas_controller() -> ThreadpoolController:
+    # Made once: threadpool_limits inspects every loaded shared library at each call (0.04 s in a process that has
+    # imported scikit-learn, SciPy and Flower), once per site and request; numpy's and SciPy's BLAS are loaded by the
+    # time a site answers.
+    return ThreadpoolController()
+
+
+# Shared by the sites answered on concurrent threads: the limit is process-wide.
+_ONE_BLAS_THREAD = SharedContext(lambda: _blas_controller().limit(limits=1, user_api="blas"))
+
+
+def one_blas_thread() -> SharedContext:
+    """A context in which BLAS runs on one thread: a site's small products (an RF-ICA site's ICA and refinement
+    averages, a FedGEM site's likelihoods), whose BLAS threads only cost where sites run on every core
+    (docs/PERFORMANCE.md). Always the same count, so that a site's numbers do not depend on how it is run."""
+    return _ONE_BLAS_THREAD

@@ -26,5 +26,5 @@ CLIENT_TASKS = ClientTasks(
     # Privacy first: a hostile site replaces whatever it likes of its private reply; the data digest of a journalled
     # run's first reply is the site's own (a hostile site may send any, as any reply).
     transforms=(private_reply, private_mixing_reply, hostile_reply, digest_reply),
-    concurrent=rfica_client.CONCURRENT_TASKS,
+    concurrent=rfica_client.CONCURRENT_TASKS | fedgem_client.CONCURRENT_TASKS,
 )

@@ -101,6 +101,36 @@ def test_rfica_gives_the_same_bits_on_threads(n_jobs):
     assert threaded.refinement_ == alone.refinement_
 
 
+def test_fedgem_gives_the_same_bits_with_its_likelihood_stage_on_threads(monkeypatch):
+    from functools import partial
+
+    import fedica.fedgem.client as fedgem_client
+    import fedica.fedgem.estimator as fedgem_estimator
+    from fedica import FedGEM
+    from fedica.fedgem.client import CONCURRENT_TASKS
+    from fedica.protocol.messages import GEM_LIKELIHOOD
+
+    rng = np.random.default_rng(0)
+    centres = rng.normal(scale=8.0, size=(4, 3))
+    sites = [np.vstack([rng.normal(centres[k], 1.0, size=(60, 3)) for k in rng.choice(4, 3, replace=False)])
+             for _ in range(6)]
+    alone = FedGEM(random_state=1).fit(sites)
+    assert GEM_LIKELIHOOD in CONCURRENT_TASKS
+    monkeypatch.setattr(fedgem_estimator, "InMemoryFederation", partial(InMemoryFederation, n_jobs=2))
+    threads = set()
+
+    def recorded(*args, original=fedgem_client.likelihoods):
+        threads.add(threading.current_thread().name)
+        return original(*args)
+
+    monkeypatch.setattr(fedgem_client, "likelihoods", recorded)
+    threaded = FedGEM(random_state=1).fit(sites)
+    assert threads and all(name.startswith("fedica-site") for name in threads)
+    np.testing.assert_array_equal(threaded.means_, alone.means_)
+    assert [list(labels) for labels in threaded.labels_] == [list(labels) for labels in alone.labels_]
+    assert threaded.n_clusters_ == alone.n_clusters_
+
+
 @pytest.mark.parametrize("n_jobs", [0, 1.5, "2"])
 def test_a_bad_n_jobs_is_one_line_naming_it(n_jobs):
     with pytest.raises((TypeError, ValueError), match=r"^n_jobs="):

@@ -33,7 +33,8 @@ _P = FEDGEM_PARAMETERS  # short, for the signature below
 
 # What the estimator's in-memory sites answer: FedGEM's own tasks, each reply through the privacy step (which
 # changes nothing unless dp_epsilon is set); no hostile-client transform, which belongs to the experiments' runs.
-SITE_TASKS = ClientTasks(handlers=fedgem_client.TASKS, transforms=(private_reply,))
+SITE_TASKS = ClientTasks(handlers=fedgem_client.TASKS, transforms=(private_reply,),
+                         concurrent=fedgem_client.CONCURRENT_TASKS)
 
 
 class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):

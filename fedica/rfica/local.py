@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import warnings
 from dataclasses import dataclass
 from numbers import Integral
@@ -14,9 +13,8 @@ import numpy as np
 from picard import picard
 from sklearn.decomposition import FastICA
 from sklearn.exceptions import ConvergenceWarning
-from threadpoolctl import ThreadpoolController
 
-from fedica.concurrency import SharedContext
+from fedica.concurrency import SharedContext, one_blas_thread
 from fedica.parameters import CONTRASTS, INITS, SOLVERS
 from fedica.rfica.uncertainty import column_variances
 from fedica.seeding import sklearn_seed
@@ -35,23 +33,6 @@ RETRY_ITERATIONS_FACTOR = 4
 
 # Covariance eigenvalue ratio below which PCA whitening would divide by rounding noise.
 _RANK_DEFICIENT_RATIO = 1e-10
-
-
-@functools.cache
-def _blas_controller() -> ThreadpoolController:
-    # Made once: threadpool_limits inspects every loaded shared library at each call (0.04 s in a process that has
-    # imported scikit-learn, SciPy and Flower), once per site and refinement step; numpy's and SciPy's BLAS are
-    # loaded by this module's imports, before the first call.
-    return ThreadpoolController()
-
-
-# Shared by the sites answered on concurrent threads (fedica.concurrency): the limit is process-wide.
-_ONE_BLAS_THREAD = SharedContext(lambda: _blas_controller().limit(limits=1, user_api="blas"))
-
-
-def one_blas_thread() -> SharedContext:
-    """A context in which BLAS runs on one thread (a site's ICA and refinement averages, docs/PERFORMANCE.md)."""
-    return _ONE_BLAS_THREAD
 
 
 @contextlib.contextmanager

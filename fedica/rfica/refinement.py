@@ -31,9 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedica.concurrency import one_blas_thread
 from fedica.rfica.aggregation import spread_cut, trim_cut
 from fedica.rfica.geometric_median import geometric_median
-from fedica.rfica.local import observation_matrix, one_blas_thread
+from fedica.rfica.local import observation_matrix
 from fedica.validation import as_float_array
 
 __all__ = ["RefinementStatistics", "site_statistics", "refinement_step", "within_one_shot_spread", "fastica_step",
