@@ -109,7 +109,7 @@ def site_statistics(Y, whitening, unmixing, contrast="logcosh") -> RefinementSta
         return RefinementStatistics(x @ x.T / n, x @ g.T / n, slopes, n)
 
 
-def refinement_step(statistics, unmixing, *, gm_tol=1e-10, averaged=None):
+def refinement_step(statistics, unmixing, *, gm_tol=1e-10, averaged=None, noise=None):
     """The server's step from the sites' averages, robust to a minority of sites: ``(unmixing, kept)``.
 
     Every site's averages form one vector ``v_k``. Its distance to the geometric median of all
@@ -146,15 +146,19 @@ def refinement_step(statistics, unmixing, *, gm_tol=1e-10, averaged=None):
     counts = np.array([s.n_samples for s in statistics], dtype=np.float64)
     kept = None
     for _ in range(2):  # E fitted on every site, then on those the first cut kept
-        evidence, traces = independence_evidence(statistics, unmixing, kept)
+        evidence, traces = independence_evidence(statistics, unmixing, kept, noise)
         _, kept = spread_cut(evidence, tol=gm_tol, scale=np.sqrt(counts / np.median(counts)),
                              factor=EVIDENCE_CUT_FACTOR)
-    kept &= traces <= TRACE_RATIO_LIMIT * np.median(traces)
+    loudness = traces / np.median(traces)
+    if noise is None:
+        kept &= loudness <= TRACE_RATIO_LIMIT
     r = unmixing.shape[0]
     eligible = kept if averaged is None else kept & np.asarray(averaged, dtype=bool)
     if not eligible.any():  # every site within the cut has bad channels: nothing to average, no step
         return unmixing, kept
     weights = np.minimum(counts, np.median(counts)) * eligible
+    if noise is not None:
+        weights *= np.minimum(1.0, TRACE_RATIO_LIMIT / loudness)
     mean = weights @ vectors / weights.sum()
     covariance = mean[:r * r].reshape(r, r)
     covariance = (covariance + covariance.T) / 2
@@ -173,7 +177,7 @@ EVIDENCE_CUT_FACTOR = 4.0
 TRACE_RATIO_LIMIT = 10.0
 
 
-def independence_evidence(statistics, unmixing, kept=None) -> tuple[np.ndarray, np.ndarray]:
+def independence_evidence(statistics, unmixing, kept=None, noise=None) -> tuple[np.ndarray, np.ndarray]:
     """What an honest site cannot produce, per site, whatever the strength of each source there: ``(evidence, traces)``.
 
     At the current unmixing ``B`` the site's estimated sources are ``s' = B x``; its averages give
@@ -200,10 +204,19 @@ def independence_evidence(statistics, unmixing, kept=None) -> tuple[np.ndarray, 
     sources = np.stack([unmixing @ site.covariance @ unmixing.T for site in statistics])
     moments = np.stack([unmixing @ site.moments for site in statistics])
     slopes = np.stack([site.slopes for site in statistics])
+    # Floored: a covariance with no variance along a source (a hostile site may send one) stands far out, not NaN.
+    # The scale is the site's whole variance, its noise included: a faint source's is never divided down to nothing.
+    totals = np.einsum("kii->ki", sources)
+    deviations = np.sqrt(np.maximum(totals, 1e-24 * np.median(totals)))
+    if noise is not None:
+        # A site's sensor noise n' = B W n, Gaussian, adds N = B W Psi W^T B^T to S and, by Stein's lemma
+        # (E[n'_i g(s'_j)] = N_ij E[g'(s'_j)]), N_ij e_j to T_ij: dependence between the estimated sources that
+        # independent sources and an honest site's own noise make together. Removed, it is no evidence.
+        sensor = np.einsum("ab,kbc,dc->kad", unmixing, np.asarray(noise, dtype=np.float64), unmixing)
+        sources = sources - sensor
+        moments = moments - sensor * slopes[:, None, :]
     kept = np.ones(len(statistics), dtype=bool) if kept is None else np.asarray(kept, dtype=bool)
     variances = np.einsum("kii->ki", sources)
-    # Floored: a covariance with no variance along a source (a hostile site may send one) stands far out, not NaN.
-    deviations = np.sqrt(np.maximum(variances, 1e-24 * np.median(variances)))
     residuals = []
     for i, j in zip(*np.triu_indices(r, 1)):
         # Four observations per site (S_ij, S_ji's twin is the same: S is symmetric, so T_ij and T_ji), two unknowns.

@@ -10,11 +10,12 @@ these, and so can anyone holding covariances.
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import nnls
 
 from fedica.rfica.geometric_median import geometric_median
 from fedica.rfica.local import components_for_share
 
-__all__ = ["federated_whitening", "robust_covariance", "whitening_of", "pooled_subspace", "share_count",
+__all__ = ["federated_whitening", "robust_covariance", "whitening_of", "pooled_subspace", "share_count", "site_noise",
            "NOISE_FLOOR_LIMIT", "SOLE_INFLUENCE_LIMIT", "SUBSPACE_FIT_LIMIT"]
 
 # A global eigenvalue below this share of the largest is floored there before the whitening divides by it.
@@ -260,3 +261,54 @@ def _top_eigenvectors(matrix: np.ndarray, count: int) -> np.ndarray:
 def _subspace_sine(first: np.ndarray, second: np.ndarray) -> float:
     """The sine of the largest principal angle between the spans of two orthonormal bases."""
     return float(np.linalg.norm(first @ first.T - second @ second.T, 2))
+
+
+def site_noise(covariances, whitening, *, complete=None) -> tuple[np.ndarray | None, np.ndarray]:
+    """Each site's channel noise seen in the whitened coordinates, and the sites whose noise floor marks them noisy.
+
+    Outside the shared subspace (the row space of ``whitening``) a site's covariance holds only its
+    noise: ``P C_k P = P Psi_k P`` for the projector ``P`` onto the subspace's complement and the
+    site's channel noise ``Psi_k``, diagonal (each channel's own sensor noise, whatever its unit and
+    however loud the site's sources, which the projector removes). ``Psi_k`` is the non-negative least-squares fit
+    of that equation where the complement holds enough entries for the ``n_channels`` unknowns
+    (``q (q + 1) / 2 >= 2 n_channels``, ``q`` the complement's dimension), and ``psi_k I`` with
+    ``psi_k`` the complement's mean variance otherwise; the noise inside the subspace is then
+    ``W Psi_k W^T``, what it adds to the site's whitened covariance (docs/ALGORITHMS.md section 1.10).
+    With as many components as channels there is no complement and nothing to fit: None.
+
+    Parameters
+    ----------
+    covariances : array-like of shape (n_sites, n_channels, n_channels)
+    whitening : array-like of shape (r, n_channels)
+    complete : array-like of shape (n_sites,), dtype bool, optional
+        The sites without bad channels (the median noise floor is theirs; default: all).
+
+    Returns
+    -------
+    noise : ndarray of shape (n_sites, r, r) or None
+    noisy : ndarray of shape (n_sites,), dtype bool
+        The sites whose noise floor is beyond :data:`NOISE_FLOOR_LIMIT` times the median's (those
+        :func:`pooled_subspace` does not pool); all False without a complement.
+    """
+    stack = np.asarray(covariances, dtype=np.float64)
+    whitening = np.asarray(whitening, dtype=np.float64)
+    n_sites, n_channels, _ = stack.shape
+    count = whitening.shape[0]
+    if count >= n_channels:
+        return None, np.zeros(n_sites, dtype=bool)
+    _, floors, _ = _poolable(stack, count, None)
+    eligible = np.ones(n_sites, dtype=bool) if complete is None else np.asarray(complete, dtype=bool)
+    noisy = floors > NOISE_FLOOR_LIMIT * np.median(floors[eligible if eligible.any() else slice(None)])
+    basis = np.linalg.svd(whitening, full_matrices=False)[2].T  # orthonormal, the whitening's row space
+    complement = np.eye(n_channels) - basis @ basis.T
+    outside = complement @ stack @ complement
+    dimension = n_channels - count
+    if dimension * (dimension + 1) // 2 >= 2 * n_channels:
+        # Column c: vec(q_c q_c^T), q_c = P e_c: what a unit of noise on channel c leaves outside the subspace.
+        upper = np.triu_indices(n_channels)
+        design = np.einsum("ic,jc->ijc", complement, complement)[upper]
+        variances = np.stack([nnls(design, site[upper])[0] for site in outside])
+    else:
+        mean = np.trace(outside, axis1=1, axis2=2) / dimension
+        variances = np.repeat(np.clip(mean, 0.0, None)[:, None], n_channels, axis=1)
+    return np.einsum("ic,kc,jc->kij", whitening, variances, whitening), noisy

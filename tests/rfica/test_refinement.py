@@ -1,5 +1,7 @@
 """RF-ICA's federated refinement (docs/ALGORITHMS.md section 1.10): FastICA's fixed point on the federation's data."""
 
+import warnings
+
 import numpy as np
 import pytest
 from sklearn.decomposition import FastICA
@@ -263,3 +265,47 @@ def test_no_step_when_every_site_within_the_cut_has_bad_channels():
     step, kept = refinement_step(statistics, unmixing, averaged=[False] * 5)
     np.testing.assert_array_equal(step, unmixing)
     assert kept.sum() >= 3
+
+
+def test_site_noise_reads_each_channels_sensor_noise_outside_the_shared_subspace():
+    """A site's covariance outside the subspace holds its channel noise alone (docs/ALGORITHMS.md 1.10): the fit
+    recovers each channel's own noise variance whatever the sources' strengths there, and marks a noisy site."""
+    from fedica.rfica.whitening import NOISE_FLOOR_LIMIT, site_noise
+
+    rng = np.random.default_rng(0)
+    mixing = rng.standard_normal((16, 4))
+    noise_variances = rng.uniform(0.5, 2.0, size=(6, 16)) * 1e-3
+    noise_variances[5] *= 4 * NOISE_FLOOR_LIMIT  # noise far beyond the others'
+    strengths = 10.0 ** rng.uniform(-1, 1, size=(6, 4))
+    covariances = np.stack([mixing @ np.diag(s**2) @ mixing.T + np.diag(v) for s, v in zip(strengths, noise_variances)])
+    basis = np.linalg.qr(mixing)[0]
+    whitening = rng.standard_normal((4, 4)) @ basis.T  # any whitening of that subspace
+    noise, noisy = site_noise(covariances, whitening)
+    expected = np.einsum("ic,kc,jc->kij", whitening, noise_variances, whitening)
+    np.testing.assert_allclose(noise, expected, rtol=1e-6, atol=1e-12)
+    assert noisy.tolist() == [False] * 5 + [True]
+    square, none_noisy = site_noise(covariances[:, :4, :4], np.eye(4))  # no complement: nothing to read
+    assert square is None and not none_noisy.any()
+
+
+def test_sensor_noise_under_a_faint_source_is_no_evidence_and_a_loud_honest_site_is_kept():
+    """Issue 45 (recordings bench, 16 channels, 4 sources 10 times louder or softer from site to site): at a site where
+    one source is loud, its channels' sensor noise (2 % of each channel's deviation) is as strong as its faint sources,
+    and made them look dependent (site 2 of seed 9 at 37 cuts: set aside); two honest sites holding one source loud
+    were set aside for their loudness (seed 3), and the refinement converged to the other sites' fit (31 times the
+    pooled FastICA). With each site's noise read from its covariance and the loudness a bound on weight, no honest site
+    is set aside and both reach the pooled fit."""
+    from fedica.data.scenarios import ica_scenario_data, ica_scenario_truth
+    from fedica.scripts.bench_recordings import SIZES, workload
+
+    scenario = workload(SIZES[1], "unequal")
+    for seed in (3, 9):
+        truth = ica_scenario_truth(scenario, seed)
+        sites = [ica_scenario_data(scenario, g, seed) for g in range(scenario["n_clients"])]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = fedica.RFICA(n_components=4, random_state=seed).fit([Y.T for Y in sites])
+        assert model.refinement_[-1]["set_aside"] == []
+        assert not any("set aside" in str(w.message) for w in caught)
+        pooled = FastICA(4, random_state=seed).fit(np.hstack(sites).T)
+        assert ica_error(model.mixing_, truth) <= 1.5 * ica_error(normalize_columns(pooled.mixing_), truth)
