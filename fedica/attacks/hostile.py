@@ -158,7 +158,8 @@ def _steering_refinement(kind: str, honest: tuple[Arrays, Values], arrays: Mappi
 
     The forged mixing is the site's own forged estimate for the replacements, a random orthogonal one
     for the adaptive attacks (their estimates need the whole federation's view); the moments are
-    :func:`fedica.attacks.steering_moments`, the covariance and slopes the honest ones.
+    :func:`fedica.attacks.steering_moments`, the covariance and slopes the honest ones, and its blocks'
+    moments moved with the whole.
     """
     reply_arrays, reply_values = honest
     whitening, unmixing = np.asarray(arrays["whitening"]), np.asarray(arrays["unmixing"])
@@ -169,7 +170,13 @@ def _steering_refinement(kind: str, honest: tuple[Arrays, Values], arrays: Mappi
     target = np.linalg.pinv(whitening @ forged)
     moments = attacks.steering_moments(reply_arrays["covariance"], reply_arrays["moments"], reply_arrays["slopes"],
                                        unmixing, target)
-    return {**reply_arrays, "moments": moments}, reply_values
+    steered = {**reply_arrays, "moments": moments}
+    if "block-moments" in reply_arrays:
+        # Every block moved as the whole: blocks that agree with the steered average, and spread as the site's own
+        # samples are. Spreading them wider buys room beyond the cut only at a weight that pulls no more than a site
+        # at the cut (docs/ALGORITHMS.md 1.10).
+        steered["block-moments"] = reply_arrays["block-moments"] + (moments - reply_arrays["moments"])
+    return steered, reply_values
 
 
 def _adaptive_ica_reply(kind: str, honest: tuple[Arrays, Values], arrays: Mapping[str, Any],

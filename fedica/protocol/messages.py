@@ -514,6 +514,47 @@ def validate_refinement_reply(arrays: Mapping[str, Any], values: Mapping[str, An
     return covariance, require_array(arrays, "moments", (r, r)), require_array(arrays, "slopes", (r,)), n_samples
 
 
+# The keys of a refinement reply's block averages (docs/ALGORITHMS.md 1.10: the site's own sampling spread), and the
+# most blocks a reply may hold.
+BLOCK_KEYS = ("block-covariances", "block-moments", "block-slopes")
+MAX_REFINEMENT_BLOCKS = 64
+
+
+def validate_refinement_blocks(arrays: Mapping[str, Any], *, r: int) -> tuple[np.ndarray, ...] | None:
+    """Check an RF-ICA site's block averages for one refinement step (optional: None when it sends none).
+
+    Parameters
+    ----------
+    arrays : mapping
+        All of :data:`BLOCK_KEYS` or none: ``"block-covariances"`` and ``"block-moments"`` (m, r, r),
+        ``"block-slopes"`` (m, r), finite, for one ``m`` in ``2..MAX_REFINEMENT_BLOCKS``; each block's
+        covariance symmetric and positive semi-definite, as a covariance is. A site that sends blocks
+        spread wider than its samples are gains room beyond the cut only at a weight that pulls no
+        more than a site at the cut (:func:`fedica.rfica.refinement.refinement_step`).
+    r : int
+
+    Returns
+    -------
+    covariances, moments, slopes : ndarrays, or None
+    """
+    present = [key in arrays for key in BLOCK_KEYS]
+    if not any(present):
+        return None
+    if not all(present):
+        raise InvalidReply(f"block averages come as all of {', '.join(BLOCK_KEYS)} or none")
+    covariances = require_array(arrays, "block-covariances", (None, r, r))
+    count = covariances.shape[0]
+    if not 2 <= count <= MAX_REFINEMENT_BLOCKS:
+        raise InvalidReply(f"'block-covariances' holds {count} blocks; 2 to {MAX_REFINEMENT_BLOCKS} are accepted")
+    if not np.allclose(covariances, np.transpose(covariances, (0, 2, 1)), rtol=1e-10, atol=0.0):
+        raise InvalidReply("'block-covariances' are not symmetric")
+    if np.any(np.linalg.eigvalsh((covariances + np.transpose(covariances, (0, 2, 1))) / 2)[:, 0]
+              < -1e-10 * np.abs(np.einsum("kii->k", covariances))):
+        raise InvalidReply("'block-covariances' are not positive semi-definite")
+    return (covariances, require_array(arrays, "block-moments", (count, r, r)),
+            require_array(arrays, "block-slopes", (count, r)))
+
+
 def validate_gem_components(
     arrays: Mapping[str, Any], key: str, *, dim: int | None, n_components: int | None
 ) -> np.ndarray:

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from fedica.protocol.messages import BAD_CHANNELS_KEY, COLUMN_VARIANCES_KEY, RFICA_COVARIANCE, RFICA_FIT, RFICA_REFINE
+from fedica.protocol.messages import (BAD_CHANNELS_KEY, BLOCK_KEYS, COLUMN_VARIANCES_KEY, RFICA_COVARIANCE, RFICA_FIT,
+                                     RFICA_REFINE)
 from fedica.protocol.tasks import Handler, Site
 from fedica.rfica.local import bad_channels, local_ica, observation_matrix, site_covariance
 from fedica.rfica.refinement import site_statistics
@@ -103,14 +104,17 @@ def refine(Y: np.ndarray, values: Mapping[str, Any], whitening: np.ndarray, unmi
     -------
     arrays : dict
         ``covariance`` (r, r), ``moments`` (r, r) and ``slopes`` (r,) of
-        :func:`fedica.rfica.refinement.site_statistics`.
+        :func:`fedica.rfica.refinement.site_statistics`, and the same over each block of its samples
+        (``block-covariances``, ``block-moments``, ``block-slopes``) where it has enough of them.
     values : dict
         ``n-samples``, ``fit-seconds``.
     """
     start = time.perf_counter()
     stats = site_statistics(Y, whitening, unmixing, contrast=str(values["contrast"]))
-    return ({"covariance": stats.covariance, "moments": stats.moments, "slopes": stats.slopes},
-            {"n-samples": stats.n_samples, "fit-seconds": time.perf_counter() - start})
+    arrays = {"covariance": stats.covariance, "moments": stats.moments, "slopes": stats.slopes}
+    if stats.block_covariances is not None:
+        arrays.update(zip(BLOCK_KEYS, (stats.block_covariances, stats.block_moments, stats.block_slopes)))
+    return arrays, {"n-samples": stats.n_samples, "fit-seconds": time.perf_counter() - start}
 
 
 def _fit_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:

@@ -39,6 +39,7 @@ from fedica.protocol.messages import (
     validate_covariance_reply,
     validate_column_variances,
     validate_ica_convergence,
+    validate_refinement_blocks,
     validate_refinement_reply,
 )
 from fedica.rfica.aggregation import (
@@ -321,7 +322,8 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
         with state.server_time():
             good = [g not in state.bad_channels for g in partitions]
             averaged = [ok and g not in noisy for g, ok in zip(partitions, good)]
-            step_noise = None if noise is None or any(g not in noise for g in partitions) else [noise[g] for g in partitions]
+            known = noise is not None and all(g in noise for g in partitions)
+            step_noise = [noise[g] for g in partitions] if known else None
             updated, kept = refinement_step(statistics, unmixing, gm_tol=state.gm_tol, averaged=averaged,
                                             noise=step_noise)
             change = direction_change(unmixing, updated)
@@ -425,10 +427,11 @@ def _refinement_statistics(state: RFICAState, replies: list[Reply], round_label:
     for reply in replies:
         try:
             covariance, moments, slopes, n_samples = validate_refinement_reply(reply.arrays, reply.values, r=r)
+            blocks = validate_refinement_blocks(reply.arrays, r=r) or (None, None, None)
         except InvalidReply as err:
             state.reject(reply.partition_id, round_label, f"invalid reply: {err}")
             continue
-        statistics.append(RefinementStatistics(covariance, moments, slopes, n_samples))
+        statistics.append(RefinementStatistics(covariance, moments, slopes, n_samples, *blocks))
         partitions.append(reply.partition_id)
         state.client_seconds += reported_seconds(reply)
     return statistics, partitions

@@ -27,12 +27,12 @@ and the one-shot column stands otherwise: the refinement never leaves the one-sh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from fedica.concurrency import one_blas_thread
-from fedica.rfica.aggregation import spread_cut, trim_cut
+from fedica.rfica.aggregation import trim_cut
 from fedica.rfica.geometric_median import geometric_median
 from fedica.rfica.local import observation_matrix
 from fedica.validation import as_float_array
@@ -57,23 +57,33 @@ REFINEMENT_TOLERANCE = 1e-6
 WIDE_CUT_FACTOR = 2.0
 
 
+# How many contiguous blocks of its samples a site also averages over, so that the server sees how far its averages
+# move within its own data (its own sampling spread, docs/ALGORITHMS.md 1.10): eight blocks give the spread's
+# variance 7 degrees of freedom per coordinate, and blocks of 125 samples at a site's smallest 1,000.
+REFINEMENT_BLOCKS = 8
+
+
 @dataclass(frozen=True)
 class RefinementStatistics:
-    """One site's averages at the current unmixing (the module docstring's ``C_k``, ``M_k``, ``e_k``)."""
+    """One site's averages at the current unmixing (the module docstring's ``C_k``, ``M_k``, ``e_k``), and the same
+    averages over each of :data:`REFINEMENT_BLOCKS` contiguous blocks of its samples (None where it sent none)."""
 
     covariance: np.ndarray
     moments: np.ndarray
     slopes: np.ndarray
     n_samples: int
+    block_covariances: np.ndarray | None = None
+    block_moments: np.ndarray | None = None
+    block_slopes: np.ndarray | None = None
 
 
 def _nonlinearity(contrast: str, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """FastICA's ``g(y)`` and the mean over samples of ``g'(y)`` for ``contrast`` (scikit-learn's definitions)."""
+    """FastICA's ``g(y)`` and ``g'(y)``, sample by sample, for ``contrast`` (scikit-learn's definitions)."""
     if contrast == "logcosh":
         g = np.tanh(y)
-        return g, (1.0 - g**2).mean(axis=1)
+        return g, 1.0 - g**2
     if contrast == "cube":
-        return y**3, (3.0 * y**2).mean(axis=1)
+        return y**3, 3.0 * y**2
     raise ValueError(f"contrast must be 'logcosh' or 'cube', got {contrast!r}")
 
 
@@ -105,21 +115,31 @@ def site_statistics(Y, whitening, unmixing, contrast="logcosh") -> RefinementSta
     # One BLAS thread, as the local ICA (fedica.rfica.local): the products are r x n by n x r.
     with one_blas_thread():
         x = whitening @ (data - data.mean(axis=1, keepdims=True))
-        g, slopes = _nonlinearity(contrast, unmixing @ x)
-        return RefinementStatistics(x @ x.T / n, x @ g.T / n, slopes, n)
+        g, derivatives = _nonlinearity(contrast, unmixing @ x)
+        statistics = RefinementStatistics(x @ x.T / n, x @ g.T / n, derivatives.mean(axis=1), n)
+        if n < 2 * REFINEMENT_BLOCKS:  # too few samples for blocks that say anything: the plain cut judges it
+            return statistics
+        blocks = [slice(block[0], block[-1] + 1) for block in np.array_split(np.arange(n), REFINEMENT_BLOCKS)]
+        return replace(statistics,
+                       block_covariances=np.stack([x[:, b] @ x[:, b].T / (b.stop - b.start) for b in blocks]),
+                       block_moments=np.stack([x[:, b] @ g[:, b].T / (b.stop - b.start) for b in blocks]),
+                       block_slopes=np.stack([derivatives[:, b].mean(axis=1) for b in blocks]))
 
 
 def refinement_step(statistics, unmixing, *, gm_tol=1e-10, averaged=None, noise=None):
     """The server's step from the sites' averages, robust to a minority of sites: ``(unmixing, kept)``.
 
-    Every site's averages form one vector ``v_k``. Its distance to the geometric median of all
-    ``v_k`` is scaled by ``sqrt(n_k / median n)`` (a site's sampling error shrinks as
-    ``1 / sqrt(n_k)``, so a large site is held to a tighter bound, and a site that claims a large
-    count to weigh more is judged by it), and a site beyond :data:`WIDE_CUT_FACTOR` times the
-    trimmed centre's cut (docs/ALGORITHMS.md 1.4.2, for the covariance's ``r (r + 1) / 2`` free
-    entries) is set aside. The kept sites' averages, weighted by ``min(n_k, median n)`` so that no
-    claimed count buys more than the median site's weight, give :func:`fastica_step`. With every
-    site kept and equal sizes, that is the pooled FastICA step. Never more than half is set aside.
+    Each site's independence evidence (:func:`independence_evidence`) is measured from the
+    evidence's geometric median, the distance scaled by ``sqrt(n_k / median n)`` (a site's sampling
+    error shrinks as ``1 / sqrt(n_k)``, so a large site is held to a tighter bound, and a site that
+    claims a large count to weigh more is judged by it). A site within :data:`EVIDENCE_CUT_FACTOR`
+    times the trimmed centre's cut (docs/ALGORITHMS.md 1.4.2) of the median distance is kept; a site
+    beyond it is kept too when its own sampling spread (from its blocks) reaches its distance within
+    :data:`OWN_SPREAD_FACTOR`, its weight then shrunk by ``(cut / distance)^2``, so that its pull on
+    the step is no more than a site's at the cut; the others are set aside. The kept sites' averages,
+    weighted by ``min(n_k, median n)`` so that no claimed count buys more than the median site's
+    weight, give :func:`fastica_step`. With every site kept and equal sizes, that is the pooled
+    FastICA step. Never more than half is set aside.
 
     Parameters
     ----------
@@ -134,21 +154,32 @@ def refinement_step(statistics, unmixing, *, gm_tol=1e-10, averaged=None, noise=
         bad channels (docs/ALGORITHMS.md section 1.12), whose averages hold zeros or clipped values
         on them. Leaving them out of the cut's statistics too would judge the others by fewer
         sites, and set honest ones aside (measured: an honest site of the four left, 2.4x the clean pooled error).
+    noise : array-like of shape (n_sites, r, r), optional
+        Each site's sensor noise in the whitened coordinates (:func:`fedica.rfica.whitening.site_noise`),
+        removed from its evidence; with it, loudness bounds a site's weight instead of setting it aside.
 
     Returns
     -------
     unmixing : ndarray of shape (r, r)
         The next ``B``, with ``B C B^T = I``.
     kept : ndarray of shape (n_sites,), dtype bool
-        The sites within the cut (``averaged`` or not).
+        The sites kept (``averaged`` or not).
     """
     vectors = np.stack([np.concatenate([s.covariance.ravel(), s.moments.ravel(), s.slopes]) for s in statistics])
     counts = np.array([s.n_samples for s in statistics], dtype=np.float64)
-    kept = None
-    for _ in range(2):  # E fitted on every site, then on those the first cut kept
-        evidence, traces = independence_evidence(statistics, unmixing, kept, noise)
-        _, kept = spread_cut(evidence, tol=gm_tol, scale=np.sqrt(counts / np.median(counts)),
-                             factor=EVIDENCE_CUT_FACTOR)
+    scale = np.sqrt(counts / np.median(counts))
+    within = None
+    for _ in range(2):  # E fitted on every site, then on those within the first cut
+        evidence, traces, own_spreads = _evidence(statistics, unmixing, within, noise)
+        distances = np.linalg.norm(evidence - geometric_median(evidence, tol=gm_tol), axis=1) * scale
+        cut = EVIDENCE_CUT_FACTOR * trim_cut(evidence.shape[1], len(statistics)) * np.median(distances)
+        within = (distances <= cut) | (cut == 0)  # no spread at all: every site alike
+    # Beyond the cut, but within what the site's own samples spread: an honest site whose stretch of the sources is
+    # unlike the others'. It is averaged, not fitted (E is the sites' within the cut). A site without blocks has no
+    # spread to show (NaN compares False).
+    explained = ~within & (distances <= OWN_SPREAD_FACTOR * own_spreads * scale)
+    kept = within | explained
+    shrink = np.where(explained, (cut / np.maximum(distances, np.finfo(np.float64).tiny)) ** 2, 1.0)
     loudness = traces / np.median(traces)
     if noise is None:
         kept &= loudness <= TRACE_RATIO_LIMIT
@@ -156,7 +187,7 @@ def refinement_step(statistics, unmixing, *, gm_tol=1e-10, averaged=None, noise=
     eligible = kept if averaged is None else kept & np.asarray(averaged, dtype=bool)
     if not eligible.any():  # every site within the cut has bad channels: nothing to average, no step
         return unmixing, kept
-    weights = np.minimum(counts, np.median(counts)) * eligible
+    weights = np.minimum(counts, np.median(counts)) * eligible * shrink
     if noise is not None:
         weights *= np.minimum(1.0, TRACE_RATIO_LIMIT / loudness)
     mean = weights @ vectors / weights.sum()
@@ -170,6 +201,12 @@ def refinement_step(statistics, unmixing, *, gm_tol=1e-10, averaged=None, noise=
 # channels): honest sites lie within 1.7 cuts, a site with noise at 2 sd at 7.5; at 2 cuts an honest site at the
 # boundary was set aside at one step and kept at the next, and the refinement never converged.
 EVIDENCE_CUT_FACTOR = 4.0
+
+# How many times its own sampling spread (from its blocks) a site beyond the cut may lie from the federation's median
+# and still be kept, at a weight that pulls no more than a site at the cut: an honest site whose stretch of the
+# sources is unlike the others' lies within it, a site whose dependence is systematic (noise, a forged average)
+# far beyond, as its blocks all show the same.
+OWN_SPREAD_FACTOR = 4.0
 
 # A site whose whitened covariance's trace (its loudness in the federation's whitened units) is beyond this factor of
 # the median site's, either way, is set aside: honest sites whose sources differ in strength differ in their
@@ -192,7 +229,8 @@ def independence_evidence(statistics, unmixing, kept=None, noise=None) -> tuple[
     the ``kept`` sites, pair by pair; a site's residuals, divided by ``sqrt(S_ii S_jj)`` (and
     ``sqrt(S_ii)`` for ``T``, ``g`` being bounded), are the evidence: sampling noise for an honest
     site, loud or faint, and far from zero for noise added across the channels, a dead or clipped
-    channel, or averages made up to steer (docs/ALGORITHMS.md section 1.10).
+    channel, or averages made up to steer (docs/ALGORITHMS.md section 1.10). With ``noise`` (each
+    site's sensor noise in the whitened coordinates), what that noise adds is removed first.
 
     Returns
     -------
@@ -200,24 +238,51 @@ def independence_evidence(statistics, unmixing, kept=None, noise=None) -> tuple[
     traces : ndarray of shape (n_sites,)
         ``tr C_k``.
     """
-    r = unmixing.shape[0]
-    sources = np.stack([unmixing @ site.covariance @ unmixing.T for site in statistics])
-    moments = np.stack([unmixing @ site.moments for site in statistics])
-    slopes = np.stack([site.slopes for site in statistics])
-    # Floored: a covariance with no variance along a source (a hostile site may send one) stands far out, not NaN.
-    # The scale is the site's whole variance, its noise included: a faint source's is never divided down to nothing.
-    totals = np.einsum("kii->ki", sources)
-    deviations = np.sqrt(np.maximum(totals, 1e-24 * np.median(totals)))
-    if noise is not None:
+    evidence, traces, _ = _evidence(statistics, unmixing, kept, noise)
+    return evidence, traces
+
+
+def _observed(unmixing, covariances, moments, slopes, sensor):
+    """``S = B C B^T`` and ``T = B M`` of averages (leading axes any), less what the sensor noise adds to each."""
+    sources = unmixing @ covariances @ unmixing.T
+    moments = unmixing @ moments
+    if sensor is not None:
         # A site's sensor noise n' = B W n, Gaussian, adds N = B W Psi W^T B^T to S and, by Stein's lemma
         # (E[n'_i g(s'_j)] = N_ij E[g'(s'_j)]), N_ij e_j to T_ij: dependence between the estimated sources that
         # independent sources and an honest site's own noise make together. Removed, it is no evidence.
-        sensor = np.einsum("ab,kbc,dc->kad", unmixing, np.asarray(noise, dtype=np.float64), unmixing)
         sources = sources - sensor
-        moments = moments - sensor * slopes[:, None, :]
-    kept = np.ones(len(statistics), dtype=bool) if kept is None else np.asarray(kept, dtype=bool)
+        moments = moments - sensor * slopes[..., None, :]
+    return sources, moments
+
+
+def _evidence(statistics, unmixing, kept=None, noise=None):
+    """:func:`independence_evidence`, and each site's own sampling spread of its evidence (NaN without blocks).
+
+    A site's blocks (contiguous parts of its samples) give its evidence's residuals block by block, with
+    the site's own scale and the federation's fitted ``E``; their spread about their mean, over the
+    blocks' count, estimates the variance of the site's evidence from its own samples alone, and the
+    spread returned is the root of its sum over the coordinates: the distance an honest site's sampling
+    alone puts it from zero.
+    """
+    r = unmixing.shape[0]
+    n_sites = len(statistics)
+    slopes = np.stack([site.slopes for site in statistics])
+    sensor = None if noise is None else np.einsum("ab,kbc,dc->kad", unmixing, np.asarray(noise, dtype=np.float64),
+                                                   unmixing)
+    raw_sources = np.stack([unmixing @ site.covariance @ unmixing.T for site in statistics])
+    # Floored: a covariance with no variance along a source (a hostile site may send one) stands far out, not NaN.
+    # The scale is the site's whole variance, its noise included: a faint source's is never divided down to nothing.
+    totals = np.einsum("kii->ki", raw_sources)
+    deviations = np.sqrt(np.maximum(totals, 1e-24 * np.median(totals)))
+    sources, moments = _observed(unmixing, np.stack([site.covariance for site in statistics]),
+                                 np.stack([site.moments for site in statistics]), slopes, sensor)
+    with_blocks = [k for k, site in enumerate(statistics) if site.block_covariances is not None]
+    block_sources = {k: _observed(unmixing, statistics[k].block_covariances, statistics[k].block_moments,
+                                  statistics[k].block_slopes, None if sensor is None else sensor[k])
+                     for k in with_blocks}
+    kept = np.ones(n_sites, dtype=bool) if kept is None else np.asarray(kept, dtype=bool)
     variances = np.einsum("kii->ki", sources)
-    residuals = []
+    residuals, block_residuals = [], {k: [] for k in with_blocks}
     for i, j in zip(*np.triu_indices(r, 1)):
         # Four observations per site (S_ij, S_ji's twin is the same: S is symmetric, so T_ij and T_ji), two unknowns.
         design = np.stack([
@@ -229,11 +294,21 @@ def independence_evidence(statistics, unmixing, kept=None, noise=None) -> tuple[
         scale = np.column_stack([deviations[:, i] * deviations[:, j], deviations[:, i], deviations[:, j]])
         design, observed = design / scale[:, :, None], observed / scale
         error = np.linalg.lstsq(design[kept].reshape(-1, 2), observed[kept].ravel(), rcond=None)[0]
-        residuals.append(observed - design @ error)
+        fitted = design @ error
+        residuals.append(observed - fitted)
+        for k in with_blocks:  # the same residuals, block by block: the site's design and scale, its blocks' pairs
+            block_s, block_t = block_sources[k]
+            block_observed = np.column_stack([block_s[:, i, j], block_t[:, i, j], block_t[:, j, i]]) / scale[k]
+            block_residuals[k].append(block_observed - fitted[k])
     traces = np.array([np.trace(site.covariance) for site in statistics])
+    own_spreads = np.full(n_sites, np.nan)
     if not residuals:  # one component: no pair to be independent, every site alike
-        return np.zeros((len(statistics), 1)), traces
-    return np.concatenate(residuals, axis=1), traces
+        return np.zeros((n_sites, 1)), traces, own_spreads
+    for k in with_blocks:
+        blocks = np.concatenate(block_residuals[k], axis=1)
+        count = blocks.shape[0]
+        own_spreads[k] = np.sqrt(((blocks - blocks.mean(axis=0)) ** 2).sum() / (count * (count - 1)))
+    return np.concatenate(residuals, axis=1), traces, own_spreads
 
 
 # The fewest columns in a cluster for which the refinement's spread guard applies: a minority needs a majority

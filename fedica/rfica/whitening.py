@@ -266,10 +266,13 @@ def _subspace_sine(first: np.ndarray, second: np.ndarray) -> float:
 def site_noise(covariances, whitening, *, complete=None) -> tuple[np.ndarray | None, np.ndarray]:
     """Each site's channel noise seen in the whitened coordinates, and the sites whose noise floor marks them noisy.
 
-    Outside the shared subspace (the row space of ``whitening``) a site's covariance holds only its
-    noise: ``P C_k P = P Psi_k P`` for the projector ``P`` onto the subspace's complement and the
-    site's channel noise ``Psi_k``, diagonal (each channel's own sensor noise, whatever its unit and
-    however loud the site's sources, which the projector removes). ``Psi_k`` is the non-negative least-squares fit
+    Outside the sources' subspace a site's covariance holds only its noise: ``P C_k P = P Psi_k P``
+    for the projector ``P`` onto that subspace's complement and the site's channel noise ``Psi_k``,
+    diagonal (each channel's own sensor noise, whatever its unit and however loud the site's sources,
+    which the projector removes). It is read outside the shared subspace (the row space of
+    ``whitening``) and outside the site's own top-``r`` subspace, and the smaller reading (in total)
+    kept: a direction the shared subspace misses but the site holds loud reads as noise in the first,
+    a source fainter at the site than its noise in the second. ``Psi_k`` is the non-negative least-squares fit
     of that equation where the complement holds enough entries for the ``n_channels`` unknowns
     (``q (q + 1) / 2 >= 2 n_channels``, ``q`` the complement's dimension), and ``psi_k I`` with
     ``psi_k`` the complement's mean variance otherwise; the noise inside the subspace is then
@@ -299,16 +302,32 @@ def site_noise(covariances, whitening, *, complete=None) -> tuple[np.ndarray | N
     _, floors, _ = _poolable(stack, count, None)
     eligible = np.ones(n_sites, dtype=bool) if complete is None else np.asarray(complete, dtype=bool)
     noisy = floors > NOISE_FLOOR_LIMIT * np.median(floors[eligible if eligible.any() else slice(None)])
-    basis = np.linalg.svd(whitening, full_matrices=False)[2].T  # orthonormal, the whitening's row space
-    complement = np.eye(n_channels) - basis @ basis.T
-    outside = complement @ stack @ complement
-    dimension = n_channels - count
-    if dimension * (dimension + 1) // 2 >= 2 * n_channels:
-        # Column c: vec(q_c q_c^T), q_c = P e_c: what a unit of noise on channel c leaves outside the subspace.
-        upper = np.triu_indices(n_channels)
-        design = np.einsum("ic,jc->ijc", complement, complement)[upper]
-        variances = np.stack([nnls(design, site[upper])[0] for site in outside])
-    else:
-        mean = np.trace(outside, axis1=1, axis2=2) / dimension
-        variances = np.repeat(np.clip(mean, 0.0, None)[:, None], n_channels, axis=1)
+    # Read twice, the reading of the smaller total kept. Outside the shared subspace, a direction it misses but a
+    # site holds loud (a source loud there and faint elsewhere) reads as that site's noise (50 times it: speech, 16
+    # channels, 8 sources, seed 8); outside the site's own top-`count` subspace, a source fainter there than its
+    # noise reads as noise (twice it: 6 sources, seed 3). Each adds to the noise, so the smaller is the nearer.
+    shared = np.linalg.svd(whitening, full_matrices=False)[2].T  # orthonormal, the whitening's row space
+    own = np.linalg.eigh(stack)[1][:, :, n_channels - count:]
+    readings = [_noise_variances(stack, np.eye(n_channels) - basis @ np.swapaxes(basis, -1, -2), count)
+                for basis in (np.broadcast_to(shared, (n_sites, n_channels, count)), own)]
+    variances = np.where((readings[0].sum(axis=1) <= readings[1].sum(axis=1))[:, None], *readings)
     return np.einsum("ic,kc,jc->kij", whitening, variances, whitening), noisy
+
+
+def _noise_variances(covariances: np.ndarray, complements: np.ndarray, count: int) -> np.ndarray:
+    """Each channel's noise variance at each site (n_sites, n_channels), from its covariance outside a subspace.
+
+    ``complements`` (n_sites, n_channels, n_channels) are the projectors onto each site's complement. A diagonal fit
+    (non-negative least squares) where the complement has entries enough for the channels' unknowns, the
+    complement's mean variance on every channel otherwise.
+    """
+    n_channels = covariances.shape[1]
+    outside = complements @ covariances @ complements
+    dimension = n_channels - count
+    if dimension * (dimension + 1) // 2 < 2 * n_channels:
+        mean = np.clip(np.trace(outside, axis1=1, axis2=2) / dimension, 0.0, None)
+        return np.repeat(mean[:, None], n_channels, axis=1)
+    # Column c: vec(q_c q_c^T), q_c = P e_c: what a unit of noise on channel c leaves outside the subspace.
+    upper = np.triu_indices(n_channels)
+    return np.stack([nnls(np.einsum("ic,jc->ijc", complement, complement)[upper], site[upper])[0]
+                     for complement, site in zip(complements, outside)])

@@ -1,6 +1,7 @@
 """RF-ICA's federated refinement (docs/ALGORITHMS.md section 1.10): FastICA's fixed point on the federation's data."""
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,9 +10,10 @@ from sklearn.decomposition import FastICA
 import fedica
 from fedica.evaluation.ica import ica_error
 from fedica.protocol import InvalidReply
-from fedica.protocol.messages import validate_refinement_reply
+from fedica.protocol.messages import validate_refinement_blocks, validate_refinement_reply
 from fedica.rfica.local import normalize_columns
 from fedica.rfica.refinement import (
+    REFINEMENT_BLOCKS,
     RefinementStatistics,
     direction_change,
     fastica_step,
@@ -309,3 +311,96 @@ def test_sensor_noise_under_a_faint_source_is_no_evidence_and_a_loud_honest_site
         assert not any("set aside" in str(w.message) for w in caught)
         pooled = FastICA(4, random_state=seed).fit(np.hstack(sites).T)
         assert ica_error(model.mixing_, truth) <= 1.5 * ica_error(normalize_columns(pooled.mixing_), truth)
+
+
+def test_a_sites_blocks_average_to_its_averages():
+    mixing, sites = _laplace_sites(6, [1003])
+    statistics = site_statistics(sites[0], np.eye(4), np.linalg.inv(mixing))
+    sizes = np.array([len(block) for block in np.array_split(np.arange(1003), REFINEMENT_BLOCKS)])[:, None, None]
+    assert statistics.block_covariances.shape == (REFINEMENT_BLOCKS, 4, 4)
+    np.testing.assert_allclose((statistics.block_covariances * sizes).sum(axis=0) / 1003, statistics.covariance,
+                               rtol=1e-12)
+    np.testing.assert_allclose((statistics.block_moments * sizes).sum(axis=0) / 1003, statistics.moments, rtol=1e-12)
+    np.testing.assert_allclose((statistics.block_slopes * sizes[:, :, 0]).sum(axis=0) / 1003, statistics.slopes,
+                               rtol=1e-12)
+    assert site_statistics(sites[0][:, :15], np.eye(4), np.linalg.inv(mixing)).block_covariances is None
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda a: a.pop("block-slopes"), "all of"),
+    (lambda a: a.update({"block-covariances": a["block-covariances"][:1]}), "holds 1 blocks"),
+    (lambda a: a.update({"block-moments": a["block-moments"][:3]}), "block-moments"),
+    (lambda a: a["block-covariances"].__setitem__((0, 0, 1), 5.0), "not symmetric"),
+    (lambda a: a["block-covariances"].__setitem__(0, -np.eye(4)), "not positive semi-definite"),
+    (lambda a: a["block-slopes"].__setitem__((0, 0), np.inf), "block-slopes"),
+])
+def test_block_averages_are_checked_with_named_reasons(change, reason):
+    from fedica.rfica.client import refine
+
+    mixing, sites = _laplace_sites(7, [2000])
+    arrays, _ = refine(sites[0], {"contrast": "logcosh"}, np.eye(4), np.linalg.inv(mixing))
+    assert validate_refinement_blocks(arrays, r=4)[0].shape == (REFINEMENT_BLOCKS, 4, 4)
+    arrays = {key: np.array(value) for key, value in arrays.items()}
+    change(arrays)
+    with pytest.raises(InvalidReply, match=reason):
+        validate_refinement_blocks(arrays, r=4)
+
+
+def _smoothed_laplace_site(rng, mixing, n, width):
+    """Sources that change slowly (a moving average over ``width`` samples): over one site's stretch their sample
+    correlations are far from zero, and they differ from block to block, as speech over 1 to 3 s."""
+    sources = rng.laplace(size=(4, n + width))
+    kernel = np.ones(width) / np.sqrt(width)
+    smooth = np.stack([np.convolve(row, kernel, mode="valid")[:n] for row in sources])
+    return mixing @ smooth
+
+
+def test_an_honest_stretch_unlike_the_others_is_kept_by_its_own_spread_and_a_noisy_site_is_not():
+    """An honest site whose sources change slowly lies beyond the federation's cut: its stretch's sample correlations
+    are far from zero. Its blocks show them moving as its samples do, so it is kept, at a weight that pulls no more
+    than a site at the cut; a site with noise across its channels is as far out with blocks that all agree, and is
+    set aside. Without blocks, the slow site is set aside too."""
+    rng = np.random.default_rng(11)
+    mixing, sites = _laplace_sites(11, [4000] * 5)
+    slow = _smoothed_laplace_site(rng, mixing, 4000, 400)
+    noisy = sites[0] + 2 * sites[0].std(axis=1, keepdims=True) * rng.standard_normal(sites[0].shape)
+    unmixing = np.linalg.inv(mixing)
+    statistics = [site_statistics(Y, np.eye(4), unmixing) for Y in [slow, noisy, *sites[1:]]]
+    assert refinement_step(statistics, unmixing)[1].tolist() == [True, False, True, True, True, True]
+    without_blocks = [replace(statistics[0], block_covariances=None, block_moments=None, block_slopes=None),
+                      *statistics[1:]]
+    assert refinement_step(without_blocks, unmixing)[1].tolist() == [False, False, True, True, True, True]
+
+
+def test_blocks_spread_wide_buy_room_but_no_pull():
+    """A hostile site that steers and spreads its blocks wider than its samples do passes as explained by its own
+    spread, but its weight shrinks with its distance: it moves the step less than the same site steering as far as
+    the cut lets a site without blocks (measured: 1.8e-3 against 4e-3), however wide it spreads them."""
+    from fedica.attacks import steering_moments
+
+    mixing, sites = _laplace_sites(12, [3000] * 6)
+    unmixing = np.linalg.inv(mixing) + 0.02 * np.random.default_rng(12).standard_normal((4, 4))
+    statistics = [site_statistics(Y, np.eye(4), unmixing) for Y in sites]
+    honest_step = refinement_step(statistics, unmixing)[0]
+    own = statistics[0]
+    target = np.linalg.qr(np.random.default_rng(13).standard_normal((4, 4)))[0]
+    moments = steering_moments(own.covariance, own.moments, own.slopes, unmixing, target)
+    plain = replace(own, block_covariances=None, block_moments=None, block_slopes=None)
+
+    def pull(forged):
+        step, kept = refinement_step([forged, *statistics[1:]], unmixing)
+        return direction_change(honest_step, step) if kept[0] else 0.0
+
+    low, high = 0.0, 1.0  # the largest share of the steering a site without blocks sends and stays within the cut
+    for _ in range(30):
+        middle = (low + high) / 2
+        inside = refinement_step([replace(plain, moments=own.moments + middle * (moments - own.moments)),
+                                  *statistics[1:]], unmixing)[1][0]
+        low, high = (middle, high) if inside else (low, middle)
+    at_the_cut = pull(replace(plain, moments=own.moments + low * (moments - own.moments)))
+    for spread in (10.0, 1e3, 1e5):
+        blocks = own.block_moments + moments - own.moments
+        wide = replace(own, moments=moments, block_moments=moments + spread * (blocks - blocks.mean(axis=0)))
+        assert refinement_step([wide, *statistics[1:]], unmixing)[1][0]  # room: kept
+        assert 0 < pull(wide) < at_the_cut  # no pull beyond a site at the cut
+    assert not refinement_step([replace(plain, moments=moments), *statistics[1:]], unmixing)[1][0]
