@@ -369,7 +369,8 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
 def _sensor_noise(state: RFICAState, whitening: np.ndarray) -> tuple[dict[int, np.ndarray] | None, set[int]]:
     """Each site's sensor noise in the whitened coordinates, by site, and the sites whose noise floor marks them
     noisy (:func:`fedica.rfica.whitening.site_noise`); None and none without covariances or a complement."""
-    partitions = [g for g in state.site_covariances if g in set(state.partitions)]
+    participants = set(state.partitions)
+    partitions = [g for g in state.site_covariances if g in participants]
     if not partitions:
         return None, set()
     with state.server_time():
