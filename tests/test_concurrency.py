@@ -101,32 +101,37 @@ def test_rfica_gives_the_same_bits_on_threads(n_jobs):
     assert threaded.refinement_ == alone.refinement_
 
 
-def test_fedgem_gives_the_same_bits_with_its_likelihood_stage_on_threads(monkeypatch):
+@pytest.mark.parametrize("covariance_type, task, reply", [("spherical", "GEM_LIKELIHOOD", "likelihoods"),
+                                                         ("full", "GEM_FAMILY_EM", "family_em_reply")])
+def test_fedgem_gives_the_same_bits_with_its_concurrent_stages_on_threads(monkeypatch, covariance_type, task, reply):
+    # The likelihood stage and the covariance family's EM steps: the two tasks the sites answer side by side.
     from functools import partial
 
     import fedica.fedgem.client as fedgem_client
     import fedica.fedgem.estimator as fedgem_estimator
+    import fedica.protocol.messages as messages
     from fedica import FedGEM
     from fedica.fedgem.client import CONCURRENT_TASKS
-    from fedica.protocol.messages import GEM_LIKELIHOOD
 
     rng = np.random.default_rng(0)
     centres = rng.normal(scale=8.0, size=(4, 3))
     sites = [np.vstack([rng.normal(centres[k], 1.0, size=(60, 3)) for k in rng.choice(4, 3, replace=False)])
              for _ in range(6)]
-    alone = FedGEM(random_state=1).fit(sites)
-    assert GEM_LIKELIHOOD in CONCURRENT_TASKS
+    alone = FedGEM(covariance_type=covariance_type, random_state=1).fit(sites)
+    assert getattr(messages, task) in CONCURRENT_TASKS
     monkeypatch.setattr(fedgem_estimator, "InMemoryFederation", partial(InMemoryFederation, n_jobs=2))
     threads = set()
 
-    def recorded(*args, original=fedgem_client.likelihoods):
+    def recorded(*args, original=getattr(fedgem_client, reply)):
         threads.add(threading.current_thread().name)
         return original(*args)
 
-    monkeypatch.setattr(fedgem_client, "likelihoods", recorded)
-    threaded = FedGEM(random_state=1).fit(sites)
+    monkeypatch.setattr(fedgem_client, reply, recorded)
+    threaded = FedGEM(covariance_type=covariance_type, random_state=1).fit(sites)
     assert threads and all(name.startswith("fedica-site") for name in threads)
     np.testing.assert_array_equal(threaded.means_, alone.means_)
+    if covariance_type != "spherical":
+        np.testing.assert_array_equal(threaded.covariances_, alone.covariances_)
     assert [list(labels) for labels in threaded.labels_] == [list(labels) for labels in alone.labels_]
     assert threaded.n_clusters_ == alone.n_clusters_
 

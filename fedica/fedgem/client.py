@@ -341,8 +341,12 @@ def family_em_reply(X: np.ndarray, weights: Any, means: Any, covariances: Any, s
         raise ValueError(f"candidate mixtures of means {means.shape}, weights {weights.shape} and sizes {sizes.shape} "
                          f"do not fit d={X.shape[1]}")
     covariances = checked_covariances(covariances, means.shape[0], X.shape[1])
-    parts = [mixture_moments(X, w, m, c) for w, m, c in zip(*(np.split(a, np.cumsum(sizes)[:-1])
-                                                              for a in (weights, means, covariances)))]
+    # One BLAS thread: d x d factorisations and products of the site's points by d columns, too small for a second
+    # thread to pay; where two fits share the cores (a sweep, xdist's workers), each one's idle BLAS threads cost
+    # 5x (digits under `auto`: 12 s alone, 65 s beside another fit with BLAS's threads, 12.5 s on one).
+    with one_blas_thread():
+        parts = [mixture_moments(X, w, m, c) for w, m, c in zip(*(np.split(a, np.cumsum(sizes)[:-1])
+                                                                  for a in (weights, means, covariances)))]
     return ({"masses": np.concatenate([p[0] for p in parts]), "means": np.vstack([p[1] for p in parts]),
              "scatters": np.concatenate([p[2] for p in parts]), "log-likelihoods": np.array([p[3] for p in parts])},
             {"n-points": X.shape[0], "fit-seconds": time.perf_counter() - start})
@@ -377,5 +381,6 @@ TASKS: dict[str, Handler] = {
 
 # The tasks different sites may answer at once on threads of one process (fedica.protocol.tasks.ClientTasks): the
 # likelihood stage, plain numpy on the site's points and the candidates' centres, and the clients' longest request
-# at scale (every candidate's centres: 5,100 at 1,000 sites). The EM tasks set warning filters, which are process-wide.
-CONCURRENT_TASKS = frozenset({GEM_LIKELIHOOD})
+# at scale (every candidate's centres: 5,100 at 1,000 sites), and the covariance family's EM steps, plain numpy on
+# the site's points and the candidate mixtures. The spheres' EM tasks set warning filters, which are process-wide.
+CONCURRENT_TASKS = frozenset({GEM_LIKELIHOOD, GEM_FAMILY_EM})
