@@ -188,3 +188,59 @@ def test_an_upsilon_over_the_pair_budget_holds_its_error():
     found = trusted_grid_aggregations(final, radii, None, max_pairs=50)
     assert found[1e-6][0].k_hat == final.owners.size - 4  # only the colluders' four shared points meet
     assert isinstance(found[400.0], TooManyOverlaps)
+
+
+class _FinalStage:
+    """The part of :class:`fedica.fedgem.coordinator.FedGEMServer` that catches planters, on a fixed federation."""
+
+    from fedica.fedgem.coordinator import FedGEMServer
+
+    _catch_planters = FedGEMServer._catch_planters
+    _planters_beyond_budget = FedGEMServer._planters_beyond_budget
+
+    def __init__(self, final: Components, support: Support, max_hostile_fraction: float):
+        from types import SimpleNamespace
+
+        self.final, self.support = final, support
+        self.settings = SimpleNamespace(upsilon=1.0, upsilon_grid=(1.0,), max_hostile_fraction=max_hostile_fraction)
+        self.distrusted, self.aggregated, self.books = {}, {}, []
+
+    def _aggregate_grid(self, upsilons):
+        pass
+
+    def _final_aggregation(self, upsilon):
+        return trusted_final_aggregation(self.final, np.full(self.final.owners.size, 1.0), 10.0, self.support,
+                                         distrusted=self.distrusted)
+
+    def reject(self, client, stage, reason):
+        self.books.append((client, stage, reason))
+
+
+def _two_plants() -> Components:
+    """The federation above with two more colluders, planting a second cluster at (8, 4), among the true ones."""
+    final = _federation()
+    centers = np.vstack([np.vstack([[8.0, 4.0], [20.0, 20.0], TRUE_CENTRES[:2]]) for _ in range(2)])
+    owners = np.repeat([8, 9], 4)
+    return Components(list(range(10)), np.vstack([final.centers, centers]), np.zeros(final.owners.size + 8),
+                      np.r_[final.owners, owners], np.r_[final.weights, np.full(8, 25.0)])
+
+
+def test_colluders_within_the_hostile_budget_are_distrusted_and_booked():
+    stage = _FinalStage(_federation(), Support(quorum=3, typical_mass=2.5, masses=_federation().weights), 0.25)
+    stage._catch_planters()  # 8 clients at a quarter: two may be hostile, the two colluders
+    assert sorted(stage.distrusted) == list(COLLUDERS)
+    assert [(client, stage_name) for client, stage_name, _ in stage.books] == [(6, "final"), (7, "final")]
+
+
+def test_more_planters_than_may_be_hostile_are_taken_for_honest_misfits_and_none_is_distrusted():
+    # At 1,000 sites honest clients whose K_g joins two close clusters lie midway between them, as a plant does:
+    # 353 of them were distrusted (blobs K=50). Four planters where two may be hostile are not all colluders.
+    final = _two_plants()
+    stage = _FinalStage(final, Support(quorum=3, typical_mass=2.5, masses=final.weights), 0.2)
+    with pytest.warns(UserWarning, match=r"4 clients' components .* more than the 2 clients max_hostile_fraction=0\.2"):
+        stage._catch_planters()
+    assert stage.distrusted == {} and stage.books == [] and stage.aggregated == {}
+    # Both plants still found no cluster: the four true clusters, the lone client's and the colluders' far point.
+    aggregation = stage._final_aggregation(1.0)[0]
+    centroids = np.round(aggregation.global_centroids).tolist()
+    assert [4.0, 0.0] not in centroids and [8.0, 4.0] not in centroids and aggregation.k_hat == 6
