@@ -342,8 +342,8 @@ def family_em_reply(X: np.ndarray, weights: Any, means: Any, covariances: Any, s
                          f"do not fit d={X.shape[1]}")
     covariances = checked_covariances(covariances, means.shape[0], X.shape[1])
     # One BLAS thread: d x d factorisations and products of the site's points by d columns, too small for a second
-    # thread to pay; where two fits share the cores (a sweep, xdist's workers), each one's idle BLAS threads cost
-    # 5x (digits under `auto`: 12 s alone, 65 s beside another fit with BLAS's threads, 12.5 s on one).
+    # thread to pay (digits under `auto`, 4 sites: 14.7 s on BLAS's two threads, 13.2 s on one); where two fits share
+    # the cores (a sweep, xdist's workers), each one's spinning BLAS threads cost 5x (65 s beside another, 14 s).
     with one_blas_thread():
         parts = [mixture_moments(X, w, m, c) for w, m, c in zip(*(np.split(a, np.cumsum(sizes)[:-1])
                                                                   for a in (weights, means, covariances)))]
@@ -381,6 +381,7 @@ TASKS: dict[str, Handler] = {
 
 # The tasks different sites may answer at once on threads of one process (fedica.protocol.tasks.ClientTasks): the
 # likelihood stage, plain numpy on the site's points and the candidates' centres, and the clients' longest request
-# at scale (every candidate's centres: 5,100 at 1,000 sites), and the covariance family's EM steps, plain numpy on
-# the site's points and the candidate mixtures. The spheres' EM tasks set warning filters, which are process-wide.
-CONCURRENT_TASKS = frozenset({GEM_LIKELIHOOD, GEM_FAMILY_EM})
+# at scale (every candidate's centres: 5,100 at 1,000 sites). The EM tasks set warning filters, which are process-wide;
+# the covariance family's EM steps, concurrent, gained nothing at 1,000 sites (150 s either way: 30 candidates' small
+# products a site, their Python between them) for 23 % more CPU and 300 MB.
+CONCURRENT_TASKS = frozenset({GEM_LIKELIHOOD})
