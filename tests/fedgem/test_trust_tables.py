@@ -148,6 +148,40 @@ def test_honest_tables_of_a_few_test_points_each_are_all_counted():
     assert outlying_tables(tables, np.full(10, np.inf), 0.25) == {}
 
 
+def _large_federation(rng, n_clients, mislabelled):
+    """``n_clients`` tables of 10 test points over 50 clusters (8 a site), each point labelled as its neighbour
+    cluster with probability ``mislabelled``: the federation of the G=10,000 blobs run, where one point in about
+    700 lies across a boundary."""
+    tables = []
+    for _ in range(n_clients):
+        labels = rng.choice(rng.choice(50, size=8, replace=False), size=10)
+        across = rng.random(10) < mislabelled
+        predicted = np.where(across, (labels + 1) % 50, labels)
+        pairs, counts = np.unique(np.c_[labels, predicted], axis=0, return_counts=True)
+        tables.append((pairs[:, 0], pairs[:, 1], counts))
+    return tables
+
+
+def test_a_large_honest_federations_tail_of_points_across_a_boundary_is_counted():
+    # 3,000 honest sites, global ARI .997: the 47 tables holding a point across a boundary lower it by 0.16 / G
+    # each, together beyond sqrt(j) / G; before the floor, 23 of them were set aside as colluding.
+    tables = _large_federation(np.random.default_rng(0), 3000, 0.0015)
+    assert _pooled(tables) > 0.996
+    assert outlying_tables(tables, np.full(len(tables), np.inf), 0.25) == {}
+
+
+def test_colluders_beyond_the_floor_are_still_set_aside_in_a_large_federation():
+    # 100 colluders among 3,000 labelling 3 points in 10 across a boundary: alone most are within 1 / G (median
+    # 0.58 / G), together they lower the pooled ARI by .021.
+    honest = _large_federation(np.random.default_rng(1), 2900, 0.0015)
+    tables = honest + _large_federation(np.random.default_rng(2), 100, 0.3)
+    assert 0.015 < _pooled(honest) - _pooled(tables)
+    outliers = outlying_tables(tables, np.full(len(tables), np.inf), 0.25)
+    assert outliers and set(outliers) <= set(range(len(honest), len(tables)))
+    kept = [table for g, table in enumerate(tables) if g not in outliers]
+    assert _pooled(honest) - _pooled(kept) <= 0.01
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.05, 0.25])
 def test_tuned_forgers_move_the_reported_global_ari_within_the_bound_and_no_honest_client_is_set_aside(fraction):
