@@ -62,6 +62,9 @@ def main(cfg: DictConfig) -> None:
     except OmegaConfBaseException as err:
         # OmegaConf's message (an interpolation that does not resolve) goes on with full_key etc.: its first line says it.
         _refuse([(str(err).splitlines() or [repr(err)])[0]])
+    from fedica.server.app import quiet_dependency_logs
+
+    quiet_dependency_logs()  # before the engines' imports, which bring Flower's state and its database
     from fedica.scripts.engines import run_engine
     from fedica.server.harness.outputs import write_result
     from fedica.server.harness.resume import run_folder

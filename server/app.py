@@ -116,5 +116,11 @@ def configure_logging(level: str = "INFO") -> None:
     flwr_log = logging.getLogger("flwr")
     flwr_log.setLevel(logging.WARNING)
     flwr_log.propagate = False
+    quiet_dependency_logs()
+
+
+def quiet_dependency_logs() -> None:
+    """The database's and Ray's log lines kept to warnings: Flower's state imports alembic, which logs a line for
+    each of its plugins at INFO the moment it is imported."""
     for noisy in ("alembic", "sqlalchemy", "ray"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

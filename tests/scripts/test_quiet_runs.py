@@ -30,6 +30,7 @@ NOISE = {
     "Ray's log deduplication note": re.compile(r"\[repeated \d+x across cluster\]|RAY_DEDUP_LOGS"),
     "Ray's start-up lines": re.compile(r"Started a local Ray instance|Connecting to existing Ray cluster|Usage stats"),
     "a Python warning's source line": re.compile(r"^\s+warnings\.warn\(", re.MULTILINE),
+    "the database's log line (alembic's plugins, on Flower's state import)": re.compile(r"\]\[(alembic|sqlalchemy)[\w.]*\]\["),
 }
 QUIETING_VARIABLES = ("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "RAY_DEDUP_LOGS", "FLWR_TELEMETRY_ENABLED", "FLWR_TELEMETRY_LOGGING")
 
