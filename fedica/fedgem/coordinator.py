@@ -554,7 +554,6 @@ class FedGEMServer(EvaluationStage, FamilyStage, ProtocolState):
         if self.support is None:
             return
         upsilons = [float(u) for u in (self.settings.upsilon_grid if self.settings.upsilon == "auto" else [self.settings.upsilon])]
-        before = dict(self.distrusted)
         budget = hostile_count(len(self.final.partitions), self.settings.max_hostile_fraction)
         accused: dict[int, str] = {}
         while len(self.distrusted) <= budget:
@@ -577,8 +576,7 @@ class FedGEMServer(EvaluationStage, FamilyStage, ProtocolState):
                 accused[partition] = f"untrusted (caught at {len(reasons)} of {aggregated} upsilons): {reasons[0]}"
             self.aggregated.clear()
         if len(self.distrusted) > budget:
-            self.distrusted.clear()
-            self.distrusted.update(before)
+            self.distrusted.clear()  # filled by these passes only
             self.aggregated.clear()
             self._planters_beyond_budget(len(accused), budget)
             return
