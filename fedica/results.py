@@ -131,6 +131,10 @@ def format_summary(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# The summary lists how many sites hold each cluster up to this many clusters, and their range beyond.
+SUPPORT_CLUSTERS_LISTED = 12
+
+
 def k_support_line(support: Mapping[str, Any]) -> str:
     """The summary's line on how sure K_hat is: each candidate K's weight, and how many sites hold each cluster."""
     if "weight" not in support:
@@ -138,8 +142,18 @@ def k_support_line(support: Mapping[str, Any]) -> str:
     elif len(support["k"]) == 1:
         weights = f"K={support['k'][0]}, the only K among the candidates the sites scored"
     else:
-        weights = "weights " + ", ".join(f"K={k} {w:.2f}" for k, w in zip(support["k"], support["weight"]))
-    held = ", ".join(f"{c['sites']}" for c in support["clusters"])
+        # result.json keeps every candidate; the line names those with a weight it can print (and the chosen K).
+        shown = [(k, w) for k, w in zip(support["k"], support["weight"]) if w >= 0.005 or k == support.get("chosen")]
+        rest = [k for k, w in zip(support["k"], support["weight"]) if w < 0.005 and k != support.get("chosen")]
+        weights = "weights " + ", ".join(f"K={k} {w:.2f}" for k, w in shown)
+        if rest:
+            others = f"{len(rest)} other candidates, K={min(rest)} to {max(rest)}" if len(rest) > 1 else f"1 other candidate, K={rest[0]}"
+            weights += f" ({others}, under 0.01)"
+    counts = [c["sites"] for c in support["clusters"]]
+    if len(counts) <= SUPPORT_CLUSTERS_LISTED:
+        held = ", ".join(f"{count}" for count in counts)
+    else:
+        held = f"{min(counts)} to {max(counts)} (median {float(np.median(counts)):g}) over {len(counts)} clusters"
     widest = max((c["spread_max"] for c in support["clusters"] if c["spread_max"] is not None), default=None)
     spread = f"; components at most {widest:.2f} radii from their cluster's centre" if widest is not None else ""
     return f"K_hat support: {weights}; sites holding each cluster: {held}{spread}"

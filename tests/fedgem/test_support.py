@@ -151,3 +151,22 @@ def test_a_neighbour_the_sites_prefer_to_the_choice_is_a_warning():
         model = fedica.FedGEM(standardize=None, random_state=0).fit(sites)
     gaps = dict(zip(model.k_support_["k"], model.k_support_["gap"]))
     assert model.n_clusters_ == 4 and gaps[3] < -2
+
+
+def test_the_summary_line_of_a_large_federation_stays_one_readable_line():
+    # G=1,000 (blobs, K=50): 49 candidates, 48 of them at weight 0, and 50 clusters held by 326 to 558 sites each.
+    from fedica.results import k_support_line
+
+    candidates = [49, *range(51, 83), 89, 93, 98, 106, 116, 127, 138, 151, 164, 179, 195, 200, 213, 233, 1212]
+    support = {"criterion": "icl", "k": [50, *candidates], "weight": [1.0] + [0.0] * len(candidates), "chosen": 50,
+               "clusters": [{"sites": 326 + (g * 37) % 233, "spread_max": 2.0 + g / 10} for g in range(50)]}
+    line = k_support_line(support)
+    assert line.startswith("K_hat support: weights K=50 1.00 (48 other candidates, K=49 to 1212, under 0.01); ")
+    assert "sites holding each cluster: 326 to 556 (median 439) over 50 clusters;" in line
+    assert len(line) < 250
+    # A near tie keeps both candidates on the line; a few clusters are each listed.
+    support = {"k": [2, 3, 4], "weight": [0.45, 0.55, 0.0], "chosen": 3,
+               "clusters": [{"sites": 4, "spread_max": None}, {"sites": 5, "spread_max": None}, {"sites": 3, "spread_max": None}]}
+    line = k_support_line(support)
+    assert "weights K=2 0.45, K=3 0.55 (1 other candidate, K=4, under 0.01)" in line
+    assert line.endswith("sites holding each cluster: 4, 5, 3")
