@@ -65,7 +65,7 @@ from fedica.rfica.refinement import (
 )
 from fedica.rfica.trust import estimate_defects
 from fedica.rfica.uncertainty import column_weights
-from fedica.rfica.whitening import robust_covariance, site_noise, whitening_of
+from fedica.rfica.whitening import robust_covariance, site_noise, square_site_noise, whitening_of
 
 
 
@@ -309,7 +309,7 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
         return
     one_shot = state.aggregate.rf_ica
     unmixing = np.linalg.pinv(whitening @ one_shot)
-    noise, noisy = _sensor_noise(state, whitening)
+    noise, noisy = _sensor_noise(state, whitening, unmixing)
     for step in range(state.refine_rounds):
         payload = {"whitening": whitening, "unmixing": unmixing}
         replies = yield Request(RFICA_REFINE, round_label, {g: payload for g in participants},
@@ -366,16 +366,23 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
               "the others'")
 
 
-def _sensor_noise(state: RFICAState, whitening: np.ndarray) -> tuple[dict[int, np.ndarray] | None, set[int]]:
-    """Each site's sensor noise in the whitened coordinates, by site, and the sites whose noise floor marks them
-    noisy (:func:`fedica.rfica.whitening.site_noise`); None and none without covariances or a complement."""
+def _sensor_noise(state: RFICAState, whitening: np.ndarray,
+                  unmixing: np.ndarray) -> tuple[dict[int, np.ndarray] | None, set[int]]:
+    """Each site's sensor noise in the whitened coordinates, by site, and the sites whose noise marks them noisy:
+    read outside the sources' subspace (:func:`fedica.rfica.whitening.site_noise`), or with as many components as
+    channels at the one-shot ``unmixing`` (:func:`fedica.rfica.whitening.square_site_noise`); None and none without
+    covariances."""
     participants = set(state.partitions)
     partitions = [g for g in state.site_covariances if g in participants]
     if not partitions:
         return None, set()
     with state.server_time():
-        noise, noisy = site_noise(np.stack([state.site_covariances[g] for g in partitions]), whitening,
-                                  complete=[g not in state.bad_channels for g in partitions])
+        covariances = np.stack([state.site_covariances[g] for g in partitions])
+        complete = [g not in state.bad_channels for g in partitions]
+        if whitening.shape[0] < whitening.shape[1]:
+            noise, noisy = site_noise(covariances, whitening, complete=complete)
+        else:
+            noise, noisy = square_site_noise(covariances, whitening, unmixing, complete=complete)
     flagged = {g for g, flag in zip(partitions, noisy) if flag and g not in state.bad_channels}
     return (None if noise is None else dict(zip(partitions, noise))), flagged
 
