@@ -179,7 +179,8 @@ def refinement_step(statistics, unmixing, *, gm_tol=1e-10, averaged=None, noise=
     # spread to show (NaN compares False).
     explained = ~within & (distances <= OWN_SPREAD_FACTOR * own_spreads * scale)
     kept = within | explained
-    shrink = np.where(explained, (cut / np.maximum(distances, np.finfo(np.float64).tiny)) ** 2, 1.0)
+    shrink = np.ones_like(distances)
+    shrink[explained] = (cut / distances[explained]) ** 2  # beyond the cut: never 0 (np.where would divide everywhere)
     loudness = traces / np.median(traces)
     if noise is None:
         kept &= loudness <= TRACE_RATIO_LIMIT
