@@ -350,9 +350,10 @@ def square_site_noise(covariances, whitening, unmixing, *, complete=None) -> tup
     Returns
     -------
     noise : ndarray of shape (n_sites, r, r) or None
-        ``psi_k W diag(C_k) W^T`` (0 for a site with bad channels).
+        ``psi_k W diag(C_k) W^T`` (0 for a site with bad channels or without variance along a source).
     noisy : ndarray of shape (n_sites,), dtype bool
-        The sites whose share exceeds the median's by more than :data:`NOISE_SHARE_EXCESS`.
+        The sites whose share exceeds the median's by more than :data:`NOISE_SHARE_EXCESS` and by more than
+        :data:`NOISE_SHARE_Z` of its standard errors.
     """
     stack = np.asarray(covariances, dtype=np.float64)
     whitening = np.asarray(whitening, dtype=np.float64)
@@ -361,13 +362,18 @@ def square_site_noise(covariances, whitening, unmixing, *, complete=None) -> tup
     eligible = np.ones(n_sites, dtype=bool) if complete is None else np.asarray(complete, dtype=bool)
     r = unmixing.shape[0]
     pairs = r * (r - 1) // 2
-    fitted = np.flatnonzero(eligible)
-    if (pairs - 1) * fitted.size < r * (r - 1) or fitted.size < 3:
-        return None, np.zeros(n_sites, dtype=bool)
     channel_noise = stack * np.eye(n_channels)  # diag(C_k): a share of each channel's own variance
     projection = unmixing @ whitening
     sources = projection @ stack @ projection.T
     shapes = projection @ channel_noise @ projection.T
+    # A covariance need only be semi-definite: one without variance along an estimated source has no equations to
+    # divide (and a hostile one would put NaN in every site's fit); it takes no part, and no share is read for it.
+    variances = np.diagonal(sources, axis1=1, axis2=2)
+    finite = np.all(np.isfinite(sources), axis=(1, 2))
+    held = np.all(variances > _RANK_DEFICIENT_RATIO * np.abs(variances).max(axis=1, keepdims=True), axis=1)
+    fitted = np.flatnonzero(eligible & finite & held)
+    if (pairs - 1) * fitted.size < r * (r - 1) or fitted.size < 3:
+        return None, np.zeros(n_sites, dtype=bool)
     shares = np.zeros(n_sites)
     # One joint fit: E fitted again without the sites it marks noisy reads their off-diagonals against an E that is not
     # theirs, and their standard errors grow past the test (4 channels at 3 sd of noise: 1e-4 -> 6.6).

@@ -323,6 +323,15 @@ def test_square_site_noise_reads_each_sites_noise_share_beside_the_unmixings_sha
         plain = np.linalg.inv(np.linalg.cholesky(sampled.mean(axis=0)))
         start = np.linalg.inv(plain @ orthogonal) @ (np.eye(5) + 0.01 * sampler.standard_normal((5, 5)))
         assert not square_site_noise(sampled, plain, start)[1].any()
+    # A covariance without variance along a source (semi-definite, as the replies may be) takes no part and leaves
+    # the others' reading as it was.
+    singular = covariances.copy()
+    direction = (unmixing @ whitening)[1]  # the second estimated source's row: no variance along it
+    flat = np.eye(4) - np.outer(direction, direction) / (direction @ direction)
+    singular[2] = flat @ covariances[2] @ flat
+    with np.errstate(all="raise"):
+        flat_noise, flat_noisy = square_site_noise(singular, whitening, unmixing)
+    assert flat_noisy.tolist() == [False] * 5 + [True] and np.all(np.isfinite(flat_noise)) and not flat_noise[2].any()
     # A site with bad channels takes no part; two channels hold too few off-diagonals for the unknowns.
     _, partial = square_site_noise(covariances, whitening, unmixing, complete=[True] * 5 + [False])
     assert not partial.any()
