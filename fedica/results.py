@@ -143,8 +143,12 @@ def k_support_line(support: Mapping[str, Any]) -> str:
         weights = f"K={support['k'][0]}, the only K among the candidates the sites scored"
     else:
         # result.json keeps every candidate; the line names those with a weight it can print (and the chosen K).
-        shown = [(k, w) for k, w in zip(support["k"], support["weight"]) if w >= 0.005 or k == support.get("chosen")]
-        rest = [k for k, w in zip(support["k"], support["weight"]) if w < 0.005 and k != support.get("chosen")]
+        shown, rest = [], []
+        for k, w in zip(support["k"], support["weight"]):
+            if w >= 0.005 or k == support.get("chosen"):
+                shown.append((k, w))
+            else:
+                rest.append(k)
         weights = "weights " + ", ".join(f"K={k} {w:.2f}" for k, w in shown)
         if rest:
             others = f"{len(rest)} other candidates, K={min(rest)} to {max(rest)}" if len(rest) > 1 else f"1 other candidate, K={rest[0]}"

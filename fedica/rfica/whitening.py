@@ -377,7 +377,8 @@ def square_site_noise(covariances, whitening, unmixing, *, complete=None) -> tup
     shares = np.zeros(n_sites)
     # One joint fit: E fitted again without the sites it marks noisy reads their off-diagonals against an E that is not
     # theirs, and their standard errors grow past the test (4 channels at 3 sd of noise: 1e-4 -> 6.6).
-    shares[fitted], errors = _noise_shares(sources[fitted], shapes[fitted], _shared_error(sources[fitted], shapes[fitted], r))
+    design = _square_design(sources[fitted], shapes[fitted], r)
+    shares[fitted], errors = _noise_shares(design, _shared_error(design))
     noisy = np.zeros(n_sites, dtype=bool)
     noisy[fitted] = _beyond(shares[fitted], errors)
     noise = np.clip(shares, 0.0, None)[:, None, None] * (whitening @ channel_noise @ whitening.T)
@@ -409,22 +410,23 @@ def _square_design(sources: np.ndarray, shapes: np.ndarray, r: int) -> tuple[np.
     return errors, shapes[:, upper[0], upper[1]] / scale, sources[:, upper[0], upper[1]] / scale
 
 
-def _shared_error(sources: np.ndarray, shapes: np.ndarray, r: int) -> np.ndarray:
-    """E (as r * r entries, the diagonal unused) fitted with every site's own share, by least squares."""
-    errors, noise, target = _square_design(sources, shapes, r)
-    n_sites, pairs, _ = errors.shape
-    design = np.zeros((n_sites * pairs, r * r + n_sites))
-    design[:, :r * r] = errors.reshape(n_sites * pairs, r * r)
-    design[np.arange(n_sites * pairs), r * r + np.repeat(np.arange(n_sites), pairs)] = noise.ravel()
-    solution = np.linalg.lstsq(design, target.ravel(), rcond=None)[0]
-    return solution[:r * r]
+def _shared_error(design: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """E (as r * r entries, the diagonal unused) fitted with every site's own share, by least squares, from
+    :func:`_square_design`'s equations."""
+    errors, noise, target = design
+    n_sites, pairs, entries = errors.shape
+    matrix = np.zeros((n_sites * pairs, entries + n_sites))
+    matrix[:, :entries] = errors.reshape(n_sites * pairs, entries)
+    matrix[np.arange(n_sites * pairs), entries + np.repeat(np.arange(n_sites), pairs)] = noise.ravel()
+    solution = np.linalg.lstsq(matrix, target.ravel(), rcond=None)[0]
+    return solution[:entries]
 
 
-def _noise_shares(sources: np.ndarray, shapes: np.ndarray, shared_error: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _noise_shares(design: tuple[np.ndarray, np.ndarray, np.ndarray],
+                  shared_error: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each site's noise share given E (the least-squares fit of its off-diagonals left over by E) and its standard
     error (the residual's spread over the noise's footprint: large where the noise leaves little mark)."""
-    r = sources.shape[1]
-    errors, noise, target = _square_design(sources, shapes, r)
+    errors, noise, target = design
     left = target - errors @ shared_error
     footprint = np.maximum(np.einsum("kp,kp->k", noise, noise), np.finfo(float).tiny)
     shares = np.einsum("kp,kp->k", noise, left) / footprint
