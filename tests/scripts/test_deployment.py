@@ -25,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from local_ports import free_ports
 from fedica.clients.app import app as client_app
 from fedica.scripts import deploy
 from fedica.scripts.deploy import (
@@ -106,26 +107,8 @@ def _inprocess(overrides, lost=None):
     return _as_json(run_inprocess(cfg, client_app=failing))
 
 
-_PORT_LOCK = threading.Lock()
-_TAKEN: set[int] = set()
-
-
-def _free_ports(count):
-    """The first of ``count`` consecutive ports that are free now (and not handed out before)."""
-    with _PORT_LOCK:
-        for _ in range(500):
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                base = sock.getsockname()[1]
-            ports = set(range(base, base + count))
-            if base + count < 65535 and not ports & _TAKEN and all(deploy.port_is_free("127.0.0.1", p) for p in ports):
-                _TAKEN.update(ports)
-                return base
-    raise RuntimeError("no block of free ports")
-
-
 def _options(n_nodes=3, **changes):
-    base = _free_ports(n_nodes + 1)
+    base = free_ports(n_nodes + 1)
     return DeploymentOptions(superlink_port=base, supernode_port=base + 1, startup_timeout=180.0, run_timeout=600.0, **changes)
 
 
@@ -179,7 +162,7 @@ def test_a_busy_port_is_reported_before_anything_starts(tmp_path, capsys):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        deployment = LocalDeployment(DeploymentOptions(superlink_port=port, supernode_port=_free_ports(3)),
+        deployment = LocalDeployment(DeploymentOptions(superlink_port=port, supernode_port=free_ports(3)),
                                      [{"partition-id": i, "num-partitions": 3} for i in range(3)], tmp_path / "logs")
         with pytest.raises(PortInUse, match=rf"port {port} .*SuperLink.*superlink_port"):
             deployment.start()
@@ -312,7 +295,7 @@ def _tls_job(root):
         "rfica": config_overrides(compose(["engine=deployment"] + RFICA + _engine_overrides(options))),
         "failing": ["algorithm=rfica", "engine=deployment", "scenario.n_clients=0"],
     }
-    intruder_port = _free_ports(2)
+    intruder_port = free_ports(2)
     spoofer_port = intruder_port + 1
 
     def job():

@@ -17,9 +17,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from local_ports import free_ports
 
 from fedica.scripts.deploy import DeploymentOptions, LocalDeployment, compose, config_overrides
-from fedica.scripts.deploy.options import port_is_free
 
 pytestmark = pytest.mark.deployment
 
@@ -29,17 +29,6 @@ JUNK_PUSHES = 2000
 # What the SuperLink may grow by while the attack goes on: an honest RF-ICA run's own growth
 # (Flower's state, the run's objects) is tens of MB; the attack's bodies alone would be 640 MiB.
 GROWTH_BOUND = 150 * 2**20
-
-
-def _free_block(count: int) -> int:
-    """The first of ``count`` consecutive ports that are all free now (the other workers' deployments take ports too)."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count < 65535 and all(port_is_free("127.0.0.1", port) for port in range(base, base + count)):
-            return base
-    raise RuntimeError("no free ports")
 
 
 def _rss(pid: int) -> int:
@@ -89,7 +78,7 @@ def _junk(port: int, ca: Path, count: int) -> list[int]:
 
 
 def test_unauthenticated_bodies_cost_the_superlink_nothing_while_an_honest_run_completes(tmp_path):
-    base = _free_block(4)
+    base = free_ports(4)
     options = DeploymentOptions(superlink_port=base, supernode_port=base + 1, tls=True, node_auth=True,
                                 startup_timeout=180.0, run_timeout=600.0)
     overrides = config_overrides(compose(["engine=deployment", "scenario.n_clients=3", "scenario.n_normal=2000",

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from local_ports import free_ports
 
 RAY = Path(sys.executable).with_name("ray")
 pytestmark = [
@@ -44,12 +44,6 @@ print(json.dumps(sorted(alive)))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _ray_processes(temp_dir: str) -> list[int]:
     """Every process whose command line names the cluster's temp dir (all of Ray's carry it)."""
     found = []
@@ -68,16 +62,16 @@ class TwoNodeCluster:
 
     def __init__(self, temp_dir: str, env: dict[str, str]):
         self.temp_dir, self.env = temp_dir, env
-        self.port = _free_port()
+        self.port = free_ports()
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: list[subprocess.Popen] = []
 
     def start(self) -> list[str]:
         """Start both nodes; return the node ids of the cluster once both have joined."""
         common = ["--num-cpus=1", "--node-ip-address=127.0.0.1", f"--temp-dir={self.temp_dir}", "--block",
-                  "--disable-usage-stats", f"--dashboard-agent-listen-port={_free_port()}"]
+                  "--disable-usage-stats", f"--dashboard-agent-listen-port={free_ports()}"]
         self._start("head", ["--head", f"--port={self.port}", "--include-dashboard=false",
-                             f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}", *common])
+                             f"--ray-client-server-port={free_ports()}", f"--dashboard-port={free_ports()}", *common])
         self._start("worker", [f"--address={self.address}", *common])
         listed = subprocess.run([sys.executable, "-c", LIST_NODES, self.address], env=self.env,
                                 capture_output=True, text=True, timeout=120)

@@ -6,29 +6,24 @@ One real deployment: a SuperLink and three SuperNodes, RF-ICA (about a minute he
 """
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
+from local_ports import free_ports
 
 from fedica.server.federation import UNAVAILABLE_HINT
 
 pytestmark = pytest.mark.deployment
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_a_bloated_reply_is_refused_at_the_superlink_and_the_run_goes_on(tmp_path):
+    first = free_ports(1 + 3)  # the SuperLink and the scenario's three SuperNodes
     out_dir = tmp_path / "run"
     command = [sys.executable, "-c", "import sys; from fedica.scripts.deploy import main; sys.exit(main())",
                "algorithm=rfica", "scenario=ica_paper", "scenario.n_clients=3", "scenario.n_normal=500",
                "attack=bloated_reply", "attack.fraction=0.34", "baselines=false",
-               "--max-reply-mib", "8", "--superlink-port", str(free_port()), "--supernode-port", str(free_port()),
+               "--max-reply-mib", "8", "--superlink-port", str(first), "--supernode-port", str(first + 1),
                "--out-dir", str(out_dir)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,13 +8,13 @@ run replays the first and asks the second. Three real deployments (about three m
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from local_ports import free_ports
 
 from fedica.protocol.journal import JOURNAL_DIR
 
@@ -24,15 +24,10 @@ OVERRIDES = ["algorithm=rfica", "scenario=ica_paper", "scenario.n_clients=3", "s
              "algorithm.whitening=federated", "algorithm.n_components=5"]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def deploy(*args: str) -> list[str]:
     # Ports of their own: other deployments may run on this machine at the same time.
-    ports = ["--superlink-port", str(free_port()), "--supernode-port", str(free_port())]
+    first = free_ports(1 + 3)  # the SuperLink and the scenario's three SuperNodes
+    ports = ["--superlink-port", str(first), "--supernode-port", str(first + 1)]
     return [sys.executable, "-c", "import sys; from fedica.scripts.deploy import main; sys.exit(main())",
             *OVERRIDES, *ports, *args]
 

@@ -10,13 +10,13 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from fedica.scripts.deploy import processes
+from local_ports import free_ports
 
 FLWR_RUN_MARK = "flwr_run"
 
@@ -34,12 +34,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "flwr_env" in getattr(item, "fixturenames", ()):
             item.add_marker(FLWR_RUN_MARK)
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def listening_pid(port):
@@ -73,7 +67,7 @@ def flwr_env(tmp_path):
     """``flwr``'s environment with its own FLWR_HOME and local SuperLink port; that SuperLink is stopped afterwards."""
     if not Path("/proc/net/tcp").exists():
         pytest.skip("finding the local SuperLink by its port reads /proc (Linux)")
-    port = free_port()
+    port = free_ports()
     ray_tmp = tempfile.mkdtemp(prefix="fedica-ray-")  # short: Ray's socket paths have a length limit
     # What earlier tests left in this process's environment (fedica's engine switch, Ray's and Python's settings) stays out.
     inherited = {k: v for k, v in processes.flower_environment(tmp_path / "flwr-home").items()
@@ -83,7 +77,7 @@ def flwr_env(tmp_path):
     # Flower's simulation loads the ServerApp and the ClientApp in two threads at once, so the ClientApp's thread
     # could look for fedica.clients before the extension (CI: ModuleNotFoundError: No module named 'fedica.clients').
     env = {**inherited, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),
-           "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()), "RAY_TMPDIR": ray_tmp, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
+           "FLWR_LOCAL_CONTROL_API_PORT": str(free_ports()), "RAY_TMPDIR": ray_tmp, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
     try:
         yield env
     finally:
