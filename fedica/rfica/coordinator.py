@@ -140,6 +140,10 @@ class RFICAState(ProtocolState):
     subspace_left_out : list of int
         The sites (partition ids) the pooled subspace left out as deciding a direction alone
         (:func:`fedica.rfica.whitening.pooled_subspace`); a warning names them.
+    noisy_sites : list of int
+        The sites (partition ids) whose covariance reads them noisy (sensor noise beyond the others':
+        :func:`fedica.rfica.whitening.site_noise`, :func:`~fedica.rfica.whitening.square_site_noise`); the
+        refinement never averages them, and a warning names them whether or not it converges.
     channel_scales : ndarray of shape (r,) or None
         The scales the columns were compared with (each channel divided by its own), set when the
         spread is over :data:`~fedica.rfica.aggregation.CHANNEL_SCALE_SPREAD_LIMIT` or the smallest
@@ -188,6 +192,7 @@ class RFICAState(ProtocolState):
     channel_scales: np.ndarray | None = None
     bad_channels: dict[int, list[int]] = field(default_factory=dict)
     subspace_left_out: list[int] = field(default_factory=list)
+    noisy_sites: list[int] = field(default_factory=list)
 
     @property
     def federated_whitening(self) -> bool:
@@ -310,6 +315,7 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
     one_shot = state.aggregate.rf_ica
     unmixing = np.linalg.pinv(whitening @ one_shot)
     noise, noisy = _sensor_noise(state, whitening, unmixing)
+    state.noisy_sites = sorted(noisy)
     for step in range(state.refine_rounds):
         payload = {"whitening": whitening, "unmixing": unmixing}
         replies = yield Request(RFICA_REFINE, round_label, {g: payload for g in participants},
@@ -337,6 +343,7 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
         if change < REFINEMENT_TOLERANCE:
             break
     if not state.refinement:
+        _warn_noisy(state)
         return
     state.one_shot_mixing = one_shot
     if state.refinement[-1]["change"] >= REFINEMENT_TOLERANCE:
@@ -345,6 +352,7 @@ def refinement_protocol(state: RFICAState, *, first_round: int):
         state.refinement_reverted = list(range(one_shot.shape[1]))
         _warn(f"RF-ICA: the refinement did not converge in {len(state.refinement)} steps (last change "
               f"{state.refinement[-1]['change']:.2e}); the one-shot aggregate stands")
+        _warn_noisy(state)
         return
     refined = np.linalg.pinv(whitening) @ np.linalg.inv(unmixing)
     refined /= np.linalg.norm(refined, axis=0)
@@ -467,6 +475,14 @@ def receive_covariances(state: RFICAState, replies: list[Reply]) -> None:
                                                                         decisive=decisive, gm_tol=state.gm_tol)
     state.components = state.whitening_matrix.shape[0]
     _warn_decisive(state, [state.covariance_partitions[i] for i in decisive])
+
+
+def _warn_noisy(state: RFICAState) -> None:
+    """Name the sites read noisy where the refinement names no site (it stopped or did not converge): their evidence is
+    their covariance, whatever became of the refinement (the converged step's warning names them with the others)."""
+    if state.noisy_sites:
+        _warn(f"RF-ICA: site(s) {', '.join(map(str, state.noisy_sites))} read noisy from their covariances (sensor "
+              "noise far beyond the other sites'); the refinement did not average them")
 
 
 def _warn_decisive(state: RFICAState, partitions: list[int]) -> None:

@@ -167,6 +167,10 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
     refinement_reverted_ : list of int
         The columns where the refined value left the spread of the sites' estimates of it, and the
         one-shot column stands (a warning names them).
+    noisy_sites_ : list of int
+        The sites whose covariance reads them noisy, sensor noise far beyond the other sites'
+        (docs/ALGORITHMS.md section 1.10): never averaged in the refinement, and named in a warning
+        whether or not the refinement converges. Empty: none, or no refinement.
     explained_variance_ : ndarray of shape (n_components_,) or None
         The variance of the observations each component explains, in the federation's robust channel
         covariance (docs/ALGORITHMS.md section 1.11); the components (columns of ``mixing_``, rows of
@@ -303,7 +307,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         "labels_", "benchmark_site_", "whitening_", "refinement_", "refinement_reverted_", "rejected_", "privacy_",
         "site_converged_", "site_iterations_", "channel_scale_spread_", "smallest_channel_scale_", "n_features_in_",
         "feature_names_in_", "explained_variance_", "explained_variance_ratio_", "covariance_",
-        "bad_channels_"})
+        "bad_channels_", "noisy_sites_"})
 
     def _check_fitted(self) -> None:
         """What ``transform`` and ``inverse_transform`` read, checked after :meth:`load`."""
@@ -473,6 +477,7 @@ class RFICA(SaveLoadMixin, TransformerMixin, BaseEstimator):
         self.one_shot_mixing_ = agg.rf_ica if state.one_shot_mixing is None else state.one_shot_mixing
         self.refinement_ = state.refinement
         self.refinement_reverted_ = state.refinement_reverted
+        self.noisy_sites_ = state.noisy_sites
         self.explained_variance_, self.explained_variance_ratio_ = explained_variance_record(state)
         self.covariance_ = state.global_covariance
         self.bad_channels_ = dict(state.bad_channels)

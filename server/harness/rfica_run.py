@@ -117,6 +117,7 @@ def run_rfica(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) -
     if alg["refine_rounds"]:  # only a refined run records it: a one-shot run writes the result it always wrote
         one_shot = aggregate.rf_ica if state.one_shot_mixing is None else state.one_shot_mixing
         rfica["refinement"] = {"steps": state.refinement, "reverted_columns": state.refinement_reverted,
+                               "noisy_sites": state.noisy_sites,
                                "one_shot_estimate": one_shot,
                                "one_shot_error": None if truth is None else ica_error(one_shot, truth)}
     # Only a private run records its privacy: a run without dp_epsilon writes the result it always wrote.
