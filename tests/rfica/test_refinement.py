@@ -365,9 +365,9 @@ def test_square_site_noise_reads_each_sites_noise_share_beside_the_unmixings_sha
 def test_two_hostile_sites_cannot_hide_a_noisy_site_from_the_square_noise_reading(monkeypatch):
     """A hostile site that claims every source faint and perfectly correlated (a rank-one covariance) moves the shared
     error E so far that the noisy site's standard error passes the test: one of every 25 such claims drawn at random
-    hid it from the fit with every site. Each site is also read without any group of up to two other sites, so two
-    sites making that claim cannot hide it (reading without one at a time is not enough), and no honest site is
-    marked (docs/ALGORITHMS.md 1.10)."""
+    hid it from the fit with every site. Each site is also read without any group of up to two other sites (held
+    there to twice the bounds), so two sites making that claim cannot hide it (reading without one at a time is not
+    enough), and no honest site is marked (docs/ALGORITHMS.md 1.10)."""
     from fedica.rfica import whitening as module
 
     covariances, whitening, unmixing, _ = _square_sites()
