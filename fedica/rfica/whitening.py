@@ -10,6 +10,7 @@ these, and so can anyone holding covariances.
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 from scipy.optimize import nnls
@@ -361,7 +362,8 @@ def square_site_noise(covariances, whitening, unmixing, *, complete=None) -> tup
         ``psi_k W diag(C_k) W^T`` (0 for a site with bad channels or without variance along a source).
     noisy : ndarray of shape (n_sites,), dtype bool
         The sites whose share exceeds the median's by more than :data:`NOISE_SHARE_EXCESS` and by more than
-        :data:`NOISE_SHARE_Z` of its standard errors.
+        :data:`NOISE_SHARE_Z` of its standard errors, in this fit or, held to :data:`LEAVE_OUT_STRICTNESS` times
+        those bounds, in one without up to :data:`NOISE_LEAVE_OUT` other sites (:func:`_beyond_without_others`).
     """
     stack = np.asarray(covariances, dtype=np.float64)
     whitening = np.asarray(whitening, dtype=np.float64)
@@ -369,7 +371,6 @@ def square_site_noise(covariances, whitening, unmixing, *, complete=None) -> tup
     n_sites, n_channels, _ = stack.shape
     eligible = np.ones(n_sites, dtype=bool) if complete is None else np.asarray(complete, dtype=bool)
     r = unmixing.shape[0]
-    pairs = r * (r - 1) // 2
     channel_noise = stack * np.eye(n_channels)  # diag(C_k): a share of each channel's own variance
     projection = unmixing @ whitening
     sources = projection @ stack @ projection.T
@@ -380,7 +381,7 @@ def square_site_noise(covariances, whitening, unmixing, *, complete=None) -> tup
     finite = np.all(np.isfinite(sources), axis=(1, 2))
     held = np.all(variances > _RANK_DEFICIENT_RATIO * np.abs(variances).max(axis=1, keepdims=True), axis=1)
     fitted = np.flatnonzero(eligible & finite & held)
-    if (pairs - 1) * fitted.size < r * (r - 1) or fitted.size < 3:
+    if not _enough_sites(fitted.size, r):
         return None, np.zeros(n_sites, dtype=bool)
     shares = np.zeros(n_sites)
     # One joint fit: E fitted again without the sites it marks noisy reads their off-diagonals against an E that is not
@@ -388,12 +389,18 @@ def square_site_noise(covariances, whitening, unmixing, *, complete=None) -> tup
     design = _square_design(sources[fitted], shapes[fitted], r)
     shares[fitted], errors = _noise_shares(design, _shared_error(design))
     noisy = np.zeros(n_sites, dtype=bool)
-    noisy[fitted] = _beyond(shares[fitted], errors) | _beyond_without_others(design, pairs, r)
+    noisy[fitted] = _beyond(shares[fitted], errors) | _beyond_without_others(design)
     noise = np.clip(shares, 0.0, None)[:, None, None] * (whitening @ channel_noise @ whitening.T)
     return noise, noisy
 
 
-def _beyond_without_others(design: tuple[np.ndarray, np.ndarray, np.ndarray], pairs: int, r: int) -> np.ndarray:
+def _enough_sites(count: int, r: int) -> bool:
+    """Whether ``count`` sites' off-diagonals, ``r (r - 1) / 2`` a site less one for its own share, determine E's
+    ``r (r - 1)`` entries (and at least three sites take part)."""
+    return count >= 3 and (r * (r - 1) // 2 - 1) * count >= r * (r - 1)
+
+
+def _beyond_without_others(design: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
     """The sites that pass :func:`_beyond`, held to :data:`LEAVE_OUT_STRICTNESS` times its bounds, among the others
     once any group of up to :data:`NOISE_LEAVE_OUT` other sites is left out of E's fit and of the median (while enough
     sites remain for the unknowns).
@@ -407,25 +414,27 @@ def _beyond_without_others(design: tuple[np.ndarray, np.ndarray, np.ndarray], pa
     """
     errors, noise, target = design
     n_fitted, _, entries = errors.shape
+    r = math.isqrt(entries)
     marked = np.zeros(n_fitted, dtype=bool)
     # Each site's normal equations for E's off-diagonal entries with its own share profiled out (its rows projected
     # off its noise column): a group left out is subtracted from the sums, one small solve a group, where refitting
     # from the rows took 35 s for 60 sites of 5 channels.
     off = np.flatnonzero(~np.eye(r, dtype=bool).ravel())
     footprint = np.maximum(np.einsum("kp,kp->k", noise, noise), np.finfo(float).tiny)
-    rows = errors[:, :, off] - noise[:, :, None] * (np.einsum("kp,kpe->ke", noise, errors[:, :, off]) / footprint[:, None])[:, None]
+    along = errors[:, :, off]
+    rows = along - noise[:, :, None] * (np.einsum("kp,kpe->ke", noise, along) / footprint[:, None])[:, None]
     left = target - noise * (np.einsum("kp,kp->k", noise, target) / footprint)[:, None]
     information = np.einsum("kpi,kpj->kij", rows, rows)
     gradient = np.einsum("kpi,kp->ki", rows, left)
     shared_error = np.zeros(entries)
     for size in range(1, NOISE_LEAVE_OUT + 1):
-        remaining = n_fitted - size
-        if (pairs - 1) * remaining < r * (r - 1) or remaining < 3:
+        if not _enough_sites(n_fitted - size, r):
             break
         for left_out in itertools.combinations(range(n_fitted), size):
             others = np.ones(n_fitted, dtype=bool)
             others[list(left_out)] = False
-            shared_error[off] = np.linalg.lstsq(information[others].sum(axis=0), gradient[others].sum(axis=0), rcond=None)[0]
+            shared_error[off] = np.linalg.lstsq(information[others].sum(axis=0), gradient[others].sum(axis=0),
+                                                rcond=None)[0]
             shares, spread = _noise_shares(design, shared_error)
             marked[others] |= _beyond(shares[others], spread[others], strictness=LEAVE_OUT_STRICTNESS)
     return marked
