@@ -345,10 +345,8 @@ def family_em_reply(X: np.ndarray, weights: Any, means: Any, covariances: Any, s
     # thread to pay (digits under `auto`, 4 sites: 14.7 s on BLAS's two threads, 13.2 s on one); where two fits share
     # the cores (a sweep, xdist's workers), each one's spinning BLAS threads cost 5x (65 s beside another, 14 s).
     with one_blas_thread():
-        parts = [mixture_moments(X, w, m, c) for w, m, c in zip(*(np.split(a, np.cumsum(sizes)[:-1])
-                                                                  for a in (weights, means, covariances)))]
-    return ({"masses": np.concatenate([p[0] for p in parts]), "means": np.vstack([p[1] for p in parts]),
-             "scatters": np.concatenate([p[2] for p in parts]), "log-likelihoods": np.array([p[3] for p in parts])},
+        masses, centres, scatters, log_likelihoods = mixture_moments(X, weights, means, covariances, sizes)
+    return ({"masses": masses, "means": centres, "scatters": scatters, "log-likelihoods": log_likelihoods},
             {"n-points": X.shape[0], "fit-seconds": time.perf_counter() - start})
 
 

@@ -156,6 +156,30 @@ def test_a_federated_em_step_is_the_pooled_points_em_step():
     assert sum(r["log-likelihoods"][0] for r in replies) == pytest.approx(logsumexp(log_joint, axis=1).sum(), rel=1e-12)
 
 
+def test_a_site_answers_every_candidate_mixture_at_once_as_each_one_alone():
+    # Three candidates stacked (1, 2 and 3 clusters), the third with a tight cluster far from the site's mean, where a
+    # difference of moments would lose its spread: each cluster's moments and each mixture's log-likelihood equal the
+    # E-step and M-step of its mixture alone (scikit-learn's), and every scatter stays positive semi-definite.
+    rng = np.random.default_rng(11)
+    X = np.vstack([rng.normal(size=(200, 3)) @ rng.normal(size=(3, 3)), 100 + 1e-3 * rng.normal(size=(6, 3))])
+    sizes = np.array([1, 2, 3])
+    means = np.vstack([[0.0, 0, 0], [-1.0, 0, 0], [1.0, 0, 0], [0.0, 1, 0], [0.0, -1, 0], [100.0, 100, 100]])
+    covariances = np.stack([np.eye(3) * (1 + k) for k in range(5)] + [1e-6 * np.eye(3)])
+    weights = np.array([1.0, 0.5, 0.5, 0.5, 0.49, 0.01])
+    reply = fedgem_client.family_em_reply(X, weights, means, covariances, sizes)[0]
+    for index, (start, size) in enumerate(zip(np.cumsum(sizes) - sizes, sizes)):
+        part = slice(start, start + size)
+        log_joint = np.log(weights[part]) + np.column_stack(
+            [multivariate_normal(m, c).logpdf(X) for m, c in zip(means[part], covariances[part])])
+        responsibilities = np.exp(log_joint - logsumexp(log_joint, axis=1, keepdims=True))
+        masses, centres, scatters = _estimate_gaussian_parameters(X, responsibilities, 0.0, "full")
+        np.testing.assert_allclose(reply["masses"][part], masses, rtol=1e-10)
+        np.testing.assert_allclose(reply["means"][part], centres, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(reply["scatters"][part], scatters, rtol=1e-7, atol=1e-12)
+        assert reply["log-likelihoods"][index] == pytest.approx(logsumexp(log_joint, axis=1).sum(), rel=1e-12)
+    assert np.linalg.eigvalsh(reply["scatters"][-1]).min() > 0
+
+
 def test_one_site_of_five_that_widens_its_moments_is_left_out_and_named(monkeypatch):
     X, y, groups = _two_long_clusters(seed=7, offset=(-2.5, 4.5))
     groups = np.random.default_rng(7).integers(0, 5, X.shape[0])
@@ -242,3 +266,4 @@ def test_the_widened_moments_attack_changes_nothing_and_its_site_is_named():
     assert attacked["fedgem"]["upsilon_tuning"]["family_left_out"] == [2]
     for key in ("k_hat", "global_ari"):
         assert attacked["metrics"]["fedgem"][key] == pytest.approx(honest["metrics"]["fedgem"][key], abs=0.02)
+
