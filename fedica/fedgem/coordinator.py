@@ -175,6 +175,9 @@ class FedGEMServer(EvaluationStage, FamilyStage, ProtocolState):
         self.k_support: dict[str, Any] | None = None
         # Every K_hat the selection's criterion scored and its score (the candidates, then their neighbours).
         self.scored_candidates: tuple[np.ndarray, np.ndarray] | None = None
+        # The finest partition the likelihood selection scored (the grid's largest K_hat): a covariance family's path
+        # starts from it too (docs/ALGORITHMS.md 2.14, "Where the paths start").
+        self.finest_candidate: Candidate | None = None
         self.skipped_upsilons: dict[float, str] = {}   # the grid's values over max_overlap_pairs, and why
         self.evaluation: dict[str, float] = {}
         self.client_aris: dict[str, float] = {}
@@ -331,22 +334,24 @@ class FedGEMServer(EvaluationStage, FamilyStage, ProtocolState):
             return centres
         return centres * self.feature_scale + self.feature_location
 
-    def consensus_payloads(self) -> dict[int, dict[str, np.ndarray]]:
-        """Each client's consensus model: the global centroid and global id of each of its components."""
-        agg = self.aggregation
+    def consensus_payloads(self, aggregation: FinalAggregation | None = None) -> dict[int, dict[str, np.ndarray]]:
+        """Each client's consensus model: the global centroid and global id of each of its components (of the chosen
+        partition, or of ``aggregation``)."""
+        agg = aggregation or self.aggregation
         return {p: {"centroids": agg.global_centroids[agg.labels[part]], "global-ids": agg.labels[part]}
                 for p, part in self.final.slices().items()}
 
-    def evaluation_payloads(self) -> dict[int, dict[str, np.ndarray]]:
-        """What each client labels its test points with (``labelling``): its consensus model, or every global centre.
+    def evaluation_payloads(self, aggregation: FinalAggregation | None = None) -> dict[int, dict[str, np.ndarray]]:
+        """What each client labels its test points with (``labelling``): its consensus model, or every global centre
+        (of the chosen partition, or of ``aggregation``).
 
         Under ``adapted`` every client of the final stage gets the global centres of all K_hat
         clusters and their ids (K_hat x d numbers), and fits its own weights to them
         (:func:`fedica.fedgem.client.adapted_labels`).
         """
         if self.settings.labelling == "consensus":
-            return self.consensus_payloads()
-        agg = self.aggregation
+            return self.consensus_payloads(aggregation)
+        agg = aggregation or self.aggregation
         every = {"centroids": agg.global_centroids, "global-ids": np.arange(agg.global_centroids.shape[0])}
         if self.family is not None:  # the site's mixture holds the family's covariances (fedica.fedgem.families)
             every["covariances"] = self.family.covariances
@@ -643,6 +648,7 @@ class FedGEMServer(EvaluationStage, FamilyStage, ProtocolState):
                 if finest is None or aggregation.k_hat > finest[0].aggregation.k_hat:
                     finest = (candidates[-1], excluded)
             candidates += self._path_candidates(finest[0], finest[1], only_shared=False)
+            self.finest_candidate = finest[0]
         return candidates
 
     def _refused_join_candidates(self) -> list[Candidate]:

@@ -2,7 +2,8 @@
 
 After the spheres' protocol has chosen its partition, the server asks every site for its clusters' moments
 (one exchange), agglomerates them under each family, fits each family's best partitions by a federated EM
-(one exchange a step) and keeps the mixture of smallest BIC (:mod:`fedica.fedgem.families` holds the
+(one exchange a step), does the same from the finest partition the selection scored where a family's best
+holds every cluster of the chosen one, and keeps the mixture of smallest BIC (:mod:`fedica.fedgem.families` holds the
 arithmetic). :class:`FamilyStage` holds these steps for :class:`fedica.fedgem.coordinator.FedGEMServer`.
 """
 
@@ -33,24 +34,49 @@ class FamilyStage:
     they fill ``family`` and replace ``aggregation`` and ``tuning``'s family entries."""
 
     def _family_stage(self):
-        """The stage's exchanges: the clusters' moments, then the federated EM's steps (a protocol generator)."""
+        """The stage's exchanges: the clusters' moments, then the federated EM's steps (a protocol generator); again
+        from the finest partition the selection scored where a family's path from the chosen one ends at its best."""
+        candidates = yield from self._fitted_candidates(self.aggregation, "")
+        origins = [self.aggregation] * len(candidates)
+        finest = self.finest_candidate
+        start_k = self.aggregation.k_hat
+        if finest is not None and finest.aggregation.k_hat > start_k and self._cut_short(candidates, start_k):
+            more = yield from self._fitted_candidates(finest.aggregation, "-finest")
+            candidates, origins = candidates + more, origins + [finest.aggregation] * len(more)
+        self._choose_family_model(candidates, origins)
+
+    def _fitted_candidates(self, start: FinalAggregation, suffix: str):
+        """The candidates of every family's path from ``start``'s clusters, fitted by the federated EM (a protocol
+        generator; ``suffix`` names its exchanges)."""
         s = self.settings
-        replies = yield Request(GEM_CLUSTER_MOMENTS, "cluster-moments", self.evaluation_payloads(),
+        replies = yield Request(GEM_CLUSTER_MOMENTS, f"cluster-moments{suffix}", self.evaluation_payloads(start),
                                 {"labelling": s.labelling, "covariance-type": s.covariance_type,
-                                 "n-clusters": self.aggregation.k_hat, **self.units})
-        candidates = self._family_candidates(replies)
+                                 "n-clusters": start.k_hat, **self.units})
+        candidates = self._family_candidates(replies, start, f"cluster-moments{suffix}")
         for step in range(1, FAMILY_EM_MAX_STEPS + 1):
             active = [c for c in candidates if c.active]
             if not active:
                 break
             payload = self._family_payload(active)
-            replies = yield Request(GEM_FAMILY_EM, f"family-em-{step}", {p: payload for p in self.final.slices()},
+            replies = yield Request(GEM_FAMILY_EM, f"family-em{suffix}-{step}", {p: payload for p in self.final.slices()},
                                     dict(self.units))
-            self._retire_candidates(active, self._family_em_step(active, replies))
-        self._choose_family_model(candidates)
+            self._retire_candidates(active, self._family_em_step(active, replies, f"family-em{suffix}-{step}"))
+        return candidates
 
-    def _family_candidates(self, replies: list[Reply]) -> list[FamilyModel]:
-        """The family's candidate mixtures from the chosen partition's clusters (docs/ALGORITHMS.md 2.14).
+    def _cut_short(self, candidates: list[FamilyModel], start_k: int) -> bool:
+        """Whether a diagonal or full family's best candidate holds all ``start_k`` clusters of its path's start: its BIC
+        may fall further with more clusters than the chosen partition has (docs/ALGORITHMS.md 2.14, "Where the paths
+        start"). The spherical family's best is the spheres' own choice as a rule, so it is not asked."""
+        n_total = self._family_points()
+        best: dict[str, FamilyModel] = {}
+        for c in candidates:
+            if c.family != "spherical" and c.bic(n_total) < (best[c.family].bic(n_total) if c.family in best else np.inf):
+                best[c.family] = c
+        return any(c.n_clusters == start_k for c in best.values())
+
+    def _family_candidates(self, replies: list[Reply], start: FinalAggregation, stage: str) -> list[FamilyModel]:
+        """The family's candidate mixtures from the clusters of ``start`` (the chosen partition, or the finest the
+        selection scored; docs/ALGORITHMS.md 2.14).
 
         Each site labels its points with the partition's global clusters (the evaluation's ``labelling``) and sends
         each cluster's count, mean and scatter matrix; their pooled moments are the pooled points' exactly. Every
@@ -59,10 +85,9 @@ class FamilyStage:
         then fits. A distrusted site's reply counts in no cluster; a site whose count the server caps
         (``count_cap_factor``) weighs its capped count, as in every merge.
         """
-        agg = self.aggregation
         moments = self._checked_family_replies(
-            replies, "cluster-moments",
-            lambda arrays, model: checked_cluster_moments(arrays, agg.k_hat, self.dim, model.declared_points))
+            replies, stage,
+            lambda arrays, model: checked_cluster_moments(arrays, start.k_hat, self.dim, model.declared_points))
         self.require(len(moments), "FedGEM covariance family")
         with self.server_time():
             masses, means, scatters = (np.stack([m[i] for m in moments]) for i in range(3))
@@ -71,7 +96,7 @@ class FamilyStage:
             self._family_reg = REG_COVAR * max(float(np.trace(total)) / self.dim, np.finfo(float).tiny)
             counts, centres, covariances, left_out = robust_cluster_moments(
                 masses, means, scatters, self.settings.max_hostile_fraction, self._family_reg)
-            self._warn_left_out(left_out, "cluster-moments")
+            self._warn_left_out(left_out, stage)
             candidates = agglomeration_candidates(counts, centres, covariances, self.families, self._family_reg)
         if not candidates:
             raise ValueError("FedGEM covariance family: every partition holds a cluster too small for its covariance")
@@ -113,14 +138,13 @@ class FamilyStage:
                 "covariances": np.concatenate([c.covariances for c in candidates]),
                 "sizes": np.array([c.n_clusters for c in candidates], dtype=np.int64)}
 
-    def _family_em_step(self, candidates: list[FamilyModel], replies: list[Reply]) -> np.ndarray:
+    def _family_em_step(self, candidates: list[FamilyModel], replies: list[Reply], stage: str) -> np.ndarray:
         """One federated EM step of every candidate: its log-likelihood at the parameters sent, then its M-step from
         the sites' moments (the pooled points' exactly). Returns each candidate's log-likelihood gain per point over
         its previous step (NaN at its first)."""
         sizes = np.array([c.n_clusters for c in candidates], dtype=np.int64)
-        step = candidates[0].em_steps + 1
         kept = self._checked_family_replies(
-            replies, f"family-em-{step}",
+            replies, stage,
             lambda arrays, model: checked_mixture_moments(arrays, sizes, self.dim, model.declared_points))
         self.require(len(kept), "FedGEM covariance family")
         with self.server_time():
@@ -156,13 +180,14 @@ class FamilyStage:
     def _family_points(self) -> float:
         return float(sum(self.models[p].n_points for p in self.final.partitions))
 
-    def _choose_family_model(self, candidates: list[FamilyModel]) -> None:
-        """The candidate of smallest BIC after the federated EM (ties: fewer clusters); the partition's global clusters
-        follow the cluster their centre is most probable in."""
+    def _choose_family_model(self, candidates: list[FamilyModel], origins: list[FinalAggregation]) -> None:
+        """The candidate of smallest BIC after the federated EM (ties: fewer clusters, then the chosen partition's
+        path); the global clusters of the partition its path started from (``origins``, one per candidate) follow the
+        cluster their centre is most probable in."""
         with self.server_time():
-            agg = self.aggregation
             n_total = self._family_points()
-            family = min(candidates, key=lambda c: (c.bic(n_total), c.n_clusters))
+            chosen = min(range(len(candidates)), key=lambda i: (candidates[i].bic(n_total), candidates[i].n_clusters, i))
+            family, agg = candidates[chosen], origins[chosen]
             if not np.isfinite(family.bic(n_total)):
                 raise ValueError("FedGEM covariance family: every candidate lost a cluster in its EM")
             family.merged = family.posterior_labels(agg.global_centroids)
@@ -176,8 +201,8 @@ class FamilyStage:
                            "family_paths": family.table, "family_em_steps": family.em_steps,
                            "family_left_out": family.left_out,
                            # A candidate that lost a cluster to fewer points than its family needs has no BIC (None).
-                           "family_candidates": [{"family": c.family, "k": c.n_clusters,
+                           "family_candidates": [{"family": c.family, "k": c.n_clusters, "start_k": int(start.k_hat),
                                                   "bic": c.bic(n_total) if np.isfinite(c.bic(n_total)) else None}
-                                                 for c in candidates]}
+                                                 for c, start in zip(candidates, origins)]}
             log.info("covariance family: %s with %d clusters (BIC after %d federated EM steps from the agglomeration of "
-                     "the %d chosen clusters)", family.family, family.n_clusters, family.em_steps, agg.k_hat)
+                     "%d clusters)", family.family, family.n_clusters, family.em_steps, agg.k_hat)

@@ -267,3 +267,18 @@ def test_the_widened_moments_attack_changes_nothing_and_its_site_is_named():
     for key in ("k_hat", "global_ari"):
         assert attacked["metrics"]["fedgem"][key] == pytest.approx(honest["metrics"]["fedgem"][key], abs=0.02)
 
+
+
+def test_a_family_path_also_starts_from_the_finest_partition_where_the_chosen_one_ends_at_its_best():
+    # Waveform over five sites told K_g = 2 (the classes each holds): the spheres' selection chose 4 clusters, diag's
+    # best from them was all 4 and full's one cluster won (ARI 0). The finest partition scored (6 clusters) starts a
+    # second path, whose diagonal mixture the BIC prefers.
+    from fedica.data.classes import waveform_client_data
+
+    sites = [waveform_client_data(g, n_clients=5, seed=0) for g in range(5)]
+    model = fedica.FedGEM(random_state=0, covariance_type="auto").fit(
+        [s.X_train for s in sites], n_local_clusters=[s.n_components for s in sites])
+    starts = {c["start_k"] for c in model.tuning_["family_candidates"]}
+    assert starts == {4, 6} and model.tuning_["family_start_k"] == 6
+    assert model.covariance_family_ == "diag" and model.n_clusters_ >= 4
+    assert adjusted_rand_score(np.concatenate([s.y_train for s in sites]), np.concatenate(model.labels_)) > 0.25
