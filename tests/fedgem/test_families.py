@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy.special import logsumexp
@@ -43,7 +45,7 @@ def test_pooled_site_moments_are_the_pooled_points_moments():
 
 def test_a_full_family_joins_the_spheres_of_elongated_clusters():
     X, y, groups = _two_long_clusters()
-    spheres = fedica.FedGEM(random_state=0).fit(X, groups=groups)
+    spheres = fedica.FedGEM(covariance_type="spherical", random_state=0).fit(X, groups=groups)
     full = fedica.FedGEM(covariance_type="full", random_state=0).fit(X, groups=groups)
     assert spheres.n_clusters_ > 2  # the spheres count each cluster several times
     assert full.n_clusters_ == 2 and full.covariance_family_ == "full"
@@ -282,3 +284,22 @@ def test_a_family_path_also_starts_from_the_finest_partition_where_the_chosen_on
     assert starts == {4, 6} and model.tuning_["family_start_k"] == 6
     assert model.covariance_family_ == "diag" and model.n_clusters_ >= 4
     assert adjusted_rand_score(np.concatenate([s.y_train for s in sites]), np.concatenate(model.labels_)) > 0.25
+
+
+def test_the_family_bic_weighs_every_point_where_the_sites_differ_in_size():
+    # Sites of 5, 16 and 54 points of four clusters: the robust sum weighs each site at most the median's count (37 of
+    # 75 points); scaled back to every point, each candidate's BIC is the central one's for the same mixture family.
+    from sklearn.mixture import GaussianMixture
+
+    rng = np.random.default_rng(4)
+    centres = np.array([[0.0, 0.0], [5.0, 0.0], [0.0, 5.0], [5.0, 5.0]])
+    labels = [rng.integers(4, size=n) for n in (5, 16, 54)]
+    sites = [centres[y] + rng.standard_normal((y.size, 2)) for y in labels]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the small sites' K_g at their bound
+        model = fedica.FedGEM(covariance_type="auto", standardize=None, random_state=0).fit(sites)
+    assert model.n_clusters_ == 4
+    X = np.vstack(sites)
+    central = GaussianMixture(4, covariance_type="spherical", n_init=3, random_state=0).fit(X).bic(X)
+    ours = next(c["bic"] for c in model.tuning_["family_candidates"] if (c["family"], c["k"]) == ("spherical", 4))
+    assert ours == pytest.approx(central, rel=0.03)
