@@ -91,18 +91,19 @@ def test_fedgem_tunes_over_the_upsilons_within_the_pair_budget_and_stops_beyond_
     from fedica.protocol import OverBudget
 
     sites = [s.X_train for s in _blobs_sites(compose_config(BLOBS))]
-    model = fedica.FedGEM(max_overlap_pairs=40, random_state=0).fit(sites, 3)
+    spheres = {"covariance_type": "spherical", "random_state": 0}  # the spheres' selection, which the budget bounds
+    model = fedica.FedGEM(max_overlap_pairs=40, **spheres).fit(sites, 3)
     skipped = model.tuning_["skipped"]
     assert skipped and all("more than max_overlap_pairs=40" in why for why in skipped.values())
     assert set(map(float, skipped)) | set(model.tuning_["grid"]) == set(model.upsilon_grid)
     assert set(map(float, skipped)).isdisjoint(model.tuning_["grid"])
     # The candidates the budget leaves out do not win without it: the same partition (the library's evidence rule
     # joins one site's over-split here, K_hat 5 and a training ARI of .715; the strict rule's 6 scores .543).
-    unbudgeted = fedica.FedGEM(random_state=0).fit(sites, 3)
+    unbudgeted = fedica.FedGEM(**spheres).fit(sites, 3)
     assert unbudgeted.n_clusters_ == model.n_clusters_ == 5
     assert all(np.array_equal(a, b) for a, b in zip(unbudgeted.labels_, model.labels_))
     with pytest.raises(OverBudget, match="FedGEM round 1: about .* more than max_overlap_pairs=5"):
-        fedica.FedGEM(max_overlap_pairs=5, random_state=0).fit(sites, 3)
+        fedica.FedGEM(max_overlap_pairs=5, **spheres).fit(sites, 3)
 
 
 def test_rfica_fit_equals_the_inprocess_federated_run():
@@ -205,8 +206,9 @@ def test_fedgem_refuses_n_local_clusters_of_the_wrong_length():
 @pytest.fixture(scope="module")
 def fitted_fedgem():
     sites = [s.X_train for s in _blobs_sites(compose_config(BLOBS))]
-    # In the data's units, where covariance_ is (tests/fedgem/test_standardisation.py checks the standardised density).
-    return sites, fedica.FedGEM(standardize=None, random_state=0).fit(sites, 3)
+    # The spheres' isotropic mixture (a family's is tests/fedgem/test_families.py's), in the data's units, where
+    # covariance_ is (tests/fedgem/test_standardisation.py checks the standardised density).
+    return sites, fedica.FedGEM(covariance_type="spherical", standardize=None, random_state=0).fit(sites, 3)
 
 
 def test_fedgem_weights_and_variance_are_the_sites_labelled_points_shares_and_spread(fitted_fedgem):
@@ -256,7 +258,7 @@ def test_fedgem_predict_is_the_most_probable_cluster_when_the_weights_are_equal(
 
 def test_fedgem_fit_predict_returns_the_fits_labels(fitted_fedgem):
     sites, model = fitted_fedgem
-    labels = fedica.FedGEM(standardize=None, random_state=0).fit_predict(sites, 3)
+    labels = fedica.FedGEM(covariance_type="spherical", standardize=None, random_state=0).fit_predict(sites, 3)
     assert isinstance(labels, list) and len(labels) == len(sites)
     for ours, theirs in zip(labels, model.labels_):
         np.testing.assert_array_equal(ours, theirs)

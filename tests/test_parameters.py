@@ -92,7 +92,7 @@ def test_todays_defaults_are_unchanged():
         "silhouette_sample": 1000,
         "radius_outlier_factor": 10.0, "count_cap_factor": 10.0, "component_cap_factor": 3.0,
         "max_hostile_fraction": 0.25, "max_overlap_pairs": 20_000_000, "participation": 1.0,
-        "covariance_type": "spherical", "labelling": "adapted", "standardize": "federated", "min_clients": 2, "max_local_clusters": 10,
+        "covariance_type": "auto", "labelling": "adapted", "standardize": "federated", "min_clients": 2, "max_local_clusters": 10,
         "random_state": 0,
         "dp_epsilon": None, "dp_delta": 1e-5, "dp_clip": None, "dp_unit": "record"}
     assert RFICA_PARAMETERS.defaults() == {"contrast": "logcosh", "init": "random", "local_solver": "picard",
@@ -109,7 +109,7 @@ def test_only_the_measured_improvements_have_a_paper_value_apart():
     # one column per site per cluster; the trimmed mean; Picard with logcosh; the refinement); the paper preset,
     # which runs the paper's experiments, keeps the paper's identity covariance, strict same-client rule, consensus
     # labels, k-means, geometric median, FastICA, cube and one shot, so the paper's numbers stay as they were.
-    expected = {"fedgem": {"covariance_type": ("spherical", "identity"), "same_client_rule": ("evidence", "strict"),
+    expected = {"fedgem": {"covariance_type": ("auto", "identity"), "same_client_rule": ("evidence", "strict"),
                            "labelling": ("adapted", "consensus"), "standardize": ("federated", None)},
                 "rfica": {"clustering": ("matched", "kmeans"), "center": ("trimmed_mean", "geometric_median"),
                           "contrast": ("logcosh", "cube"), "local_solver": ("picard", "fastica"),

@@ -277,10 +277,12 @@ class FedGEMServer(EvaluationStage, FamilyStage, ProtocolState):
             support: dict[str, Any] = {"criterion": {"likelihood": "icl", "private-bic": "private-bic"}.get(
                 tuning.get("criterion"), tuning.get("criterion"))}
             scored = self.scored_candidates
-            if self.family is not None:  # K was chosen by the family's BIC among its candidates after their EM
-                fitted = [c for c in tuning["family_candidates"] if c["family"] == self.family.family
-                          and c["bic"] is not None]
-                support["criterion"] = f"{self.family.family}-bic"
+            if self.family is not None:  # K was chosen by the BIC among the families' candidates after their EM
+                # Under auto each K's best over every family (the choice is over family and K together).
+                every_family = self.settings.covariance_type == "auto"
+                fitted = [c for c in tuning["family_candidates"] if c["bic"] is not None
+                          and (every_family or c["family"] == self.family.family)]
+                support["criterion"] = "bic" if every_family else f"{self.family.family}-bic"
                 scored = (np.array([c["k"] for c in fitted]), np.array([c["bic"] for c in fitted]))
             if scored is not None:
                 support.update(candidate_support(*scored, agg.k_hat))
@@ -456,7 +458,11 @@ class FedGEMServer(EvaluationStage, FamilyStage, ProtocolState):
             "by one scale shared by all sites (standardize='federated')"))
 
     def _check_cluster_shapes(self, anisotropies: list[float]) -> None:
-        """Warn when the sites' clusters are far from the spheres the model fits (ALGORITHMS.md 2.11.3)."""
+        """Warn when the sites' clusters are far from the spheres the model fits (ALGORITHMS.md 2.11.3). Under a
+        covariance family the global clusters take their shapes (2.14): the number is kept and nothing is said."""
+        if self.families:
+            self.cluster_anisotropy = float(np.median(anisotropies)) if anisotropies else None
+            return
         self.cluster_anisotropy = self._sites_median_check(anisotropies, CLUSTER_ANISOTROPY_LIMIT, lambda shape, n: (
             f"FedGEM: the clusters are not spheres: within them the largest variance is {shape:.3g} times what "
             f"spherical clusters reach by chance (cluster_anisotropy, median of {n} sites; over "

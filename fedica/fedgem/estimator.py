@@ -107,10 +107,14 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         a round above it raises :class:`fedica.fedgem.overlaps.TooManyOverlaps`. None: no budget.
     participation : float, default=1.0
         Share of the sites asked in each round.
-    covariance_type : {"spherical", "identity"}, default="spherical"
-        Each component's covariance. "spherical": ``sigma_k^2 I`` with ``sigma_k^2`` learned by its
-        site (never merged), which makes the result independent of the data's units; "identity":
-        the paper's unit covariance (:meth:`paper`). docs/ALGORITHMS.md section 2.11.
+    covariance_type : {"auto", "spherical", "diag", "full", "identity"}, default="auto"
+        Each global cluster's covariance. The sites always fit spheres, ``sigma_k^2 I`` with ``sigma_k^2``
+        learned by each site (never merged; docs/ALGORITHMS.md section 2.11). "auto" then joins their
+        clusters into a family's (spherical, diag or full), family and K chosen together by the
+        federation's BIC, as a central analyst's GMM is chosen; "diag" or "full" fix the family
+        (section 2.14); "spherical" keeps the spheres' partition; "identity" is the paper's unit
+        covariance (:meth:`paper`). Every one but "identity" gives a result independent of each
+        feature's unit (with ``standardize``).
     labelling : {"adapted", "consensus"}, default="adapted"
         How a site's points get their global ids (``labels_``, ``predict(X, site)``). "adapted": by
         the site's own mixture over every global centre, its weights (and, under "spherical", one

@@ -64,15 +64,19 @@ class FamilyStage:
         return candidates
 
     def _cut_short(self, candidates: list[FamilyModel], start_k: int) -> bool:
-        """Whether a diagonal or full family's best candidate holds all ``start_k`` clusters of its path's start: its BIC
-        may fall further with more clusters than the chosen partition has (docs/ALGORITHMS.md 2.14, "Where the paths
-        start"). The spherical family's best is the spheres' own choice as a rule, so it is not asked."""
+        """Whether a diagonal or full family that lost to another was cut short: its best candidate holds all
+        ``start_k`` clusters of its path's start, so its BIC may fall further with more clusters than the chosen
+        partition has (docs/ALGORITHMS.md 2.14, "Where the paths start"). Where that family wins at ``start_k``, the
+        spheres' partition is the family's choice too (blobs; asked there too, G=10,000 spent minutes labelling its
+        points with the finest partition's clusters). The spherical family's best is the spheres' own choice as a rule,
+        so it is not asked."""
         n_total = self._family_points()
+        winner = min(candidates, key=lambda c: (c.bic(n_total), c.n_clusters))
         best: dict[str, FamilyModel] = {}
         for c in candidates:
             if c.family != "spherical" and c.bic(n_total) < (best[c.family].bic(n_total) if c.family in best else np.inf):
                 best[c.family] = c
-        return any(c.n_clusters == start_k for c in best.values())
+        return any(c.n_clusters == start_k and c is not winner for c in best.values())
 
     def _family_candidates(self, replies: list[Reply], start: FinalAggregation, stage: str) -> list[FamilyModel]:
         """The family's candidate mixtures from the clusters of ``start`` (the chosen partition, or the finest the

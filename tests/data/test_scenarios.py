@@ -574,7 +574,7 @@ def test_a_fedgem_files_run_learns_the_variances_so_the_data_s_units_change_noth
     # strict same-client rule, and a site whose labels hold one class was refused ("at least 2 components").
     first = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target")
     thousands = _fedgem_files(_wine_sites(tmp_path, 1000.0), "scenario.label_column=target")
-    assert first["config"]["algorithm"]["covariance_type"] == "spherical"
+    assert first["config"]["algorithm"]["covariance_type"] == "auto"
     assert first["config"]["algorithm"]["same_client_rule"] == "evidence"
     assert first["fedgem"]["local_clusters"] == {"0": 1, "1": 2, "2": 2, "3": 3}
     assert first["metrics"]["fedgem"] == thousands["metrics"]["fedgem"]
@@ -585,16 +585,17 @@ def test_a_fedgem_files_run_learns_the_variances_so_the_data_s_units_change_noth
 
 
 def test_standardised_files_are_free_of_each_feature_s_unit_and_the_scale_warning_says_when_they_are_not(tmp_path):
-    # wine as shipped: proline (standard deviation 315) beside hue (0.23); FedGEM in the data's units weighs features
-    # by them.
-    shipped = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target", "algorithm.standardize=null")
+    # wine as shipped: proline (standard deviation 315) beside hue (0.23); FedGEM's spheres in the data's units weigh
+    # features by them (the families, which the spheres start, are run below with the spheres alone).
+    shipped = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target", "algorithm.standardize=null",
+                            "algorithm.covariance_type=spherical")
     assert shipped["fedgem"]["feature_scale_spread"] > 100
     assert any("the features' scales differ" in warning for warning in shipped["warnings"])
     assert any("scenario.standardize=pool" in warning for warning in shipped["warnings"])  # what the user can set
     # Every feature in a unit of its own (1e-3 to 1e3): standardize=pool gives the same clusters, without a warning.
     units = np.logspace(-3, 3, 13)[np.random.default_rng(1).permutation(13)]
     pooled = [_fedgem_files(_wine_sites(tmp_path, unit, folder), "scenario.label_column=target",
-                            "scenario.standardize=pool", "algorithm.standardize=null")
+                            "scenario.standardize=pool", "algorithm.standardize=null", "algorithm.covariance_type=spherical")
               for unit, folder in ((1.0, None), (units, "per-feature"))]
     for result in pooled:
         assert result["fedgem"]["feature_scale_spread"] < 2
@@ -606,12 +607,15 @@ def test_standardised_files_are_free_of_each_feature_s_unit_and_the_scale_warnin
 
 def test_federated_standardisation_frees_files_of_each_feature_s_unit_and_the_sites_choose_k_g_after_it(tmp_path):
     # The sites agree on every feature's location and scale (medians of their column moments), on any engine: each
-    # reads its own file only. Every feature in a unit of its own gives the same run, labels files included.
-    shipped = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target", "algorithm.standardize=null")
+    # reads its own file only. Every feature in a unit of its own gives the same run, labels files included. (The
+    # spheres alone, whose dependence on the units the standardisation removes.)
+    shipped = _fedgem_files(_wine_sites(tmp_path, 1.0), "scenario.label_column=target", "algorithm.standardize=null",
+                            "algorithm.covariance_type=spherical")
     assert any("algorithm.standardize=federated" in warning for warning in shipped["warnings"])
     units = np.logspace(-3, 3, 13)[np.random.default_rng(1).permutation(13)]
     runs = [_fedgem_files(_wine_sites(tmp_path, unit, folder), "scenario.label_column=target",
-                          "scenario.n_components=auto", "algorithm.standardize=federated")
+                          "scenario.n_components=auto", "algorithm.standardize=federated",
+                          "algorithm.covariance_type=spherical")
             for unit, folder in ((1.0, None), (units, "per-feature"))]
     for result in runs:
         assert result["fedgem"]["feature_scale_spread"] < 2

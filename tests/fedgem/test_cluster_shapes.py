@@ -89,21 +89,28 @@ def test_the_limit_separates_the_bundled_data_sets(loader, n_classes, elongated)
 
 def test_a_fit_on_breast_cancer_warns_and_records_the_anisotropy_and_one_on_spheres_does_not():
     X, _ = load_breast_cancer(return_X_y=True)
+    sites = _sites(StandardScaler().fit_transform(X), 4)
     with pytest.warns(UserWarning, match=SHAPE_WARNING + r": .* \d\.\d+ times .*median of 4 sites"):
-        elongated = FedGEM(random_state=0).fit(_sites(StandardScaler().fit_transform(X), 4))
+        elongated = FedGEM(covariance_type="spherical", random_state=0).fit(sites)
     assert elongated.cluster_anisotropy_ > CLUSTER_ANISOTROPY_LIMIT
+    # The default family takes the clusters' shapes: the number is kept, and there is nothing to warn of.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*" + SHAPE_WARNING)
+        family = FedGEM(random_state=0).fit(sites)
+    assert family.cluster_anisotropy_ == elongated.cluster_anisotropy_ and family.covariance_family_ == "full"
     rng = np.random.default_rng(4)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*" + SHAPE_WARNING)
         # In their own units: standardising each feature by its total spread (the default) stretches spheres whose
         # centres spread more along some features than others.
-        spheres = FedGEM(standardize=None, random_state=0).fit([_spheres(rng, 80, 4)[0] for _ in range(4)], 3)
+        spheres = FedGEM(covariance_type="spherical", standardize=None, random_state=0).fit(
+            [_spheres(rng, 80, 4)[0] for _ in range(4)], 3)
     assert 0.5 < spheres.cluster_anisotropy_ < 1.5
 
 
 def _server_after_run(federation_of, sites, transform=None):
     server = FedGEMServer(FedGEMSettings(rounds=2, upsilon=1.0, same_client_rule="strict", min_clients=2, seed=0,
-                                         standardize=None),
+                                         standardize=None, covariance_type="spherical"),
                           evaluate=False)
     federation = federation_of(server, sites, 3, transform)
     asked = []
@@ -154,7 +161,8 @@ def test_hostile_sites_that_know_the_rule_can_neither_raise_nor_silence_the_warn
 
     def run(*overrides):
         result = run_inprocess(validate_config(compose_config([
-            "algorithm=fedgem", f"+workload={workload}", "engine=inprocess", "baselines=false", *overrides])))
+            "algorithm=fedgem", "algorithm.covariance_type=spherical", f"+workload={workload}", "engine=inprocess",
+            "baselines=false", *overrides])))
         return result, any(SHAPE_WARNING in warning for warning in result["warnings"])
 
     (honest, honest_warned), (attacked, attacked_warned) = run(), run("attack=forged_shape")

@@ -142,14 +142,15 @@ def _six_clusters():
     return [s.X_train for s in sites], [s.n_components for s in sites], np.concatenate([s.y_train for s in sites])
 
 
-def test_spherical_results_do_not_depend_on_the_datas_units():
+@pytest.mark.parametrize("covariance_type", ["spherical", "auto"])
+def test_spherical_and_default_results_do_not_depend_on_the_datas_units(covariance_type):
     # The acceptance test: every site's data times c gives the same K_hat and the same labels.
     sites, k_local, truth = _six_clusters()
-    reference = fedica.FedGEM(random_state=0).fit(sites, k_local)
-    assert reference.covariance_type == "spherical" and reference.n_clusters_ == 6
+    reference = fedica.FedGEM(covariance_type=covariance_type, random_state=0).fit(sites, k_local)
+    assert reference.n_clusters_ == 6
     assert adjusted_rand_score(truth, np.concatenate(reference.labels_)) > 0.99
     for c in (1e-3, 0.1, 10.0, 1e3):
-        scaled = fedica.FedGEM(random_state=0).fit([c * X for X in sites], k_local)
+        scaled = fedica.FedGEM(covariance_type=covariance_type, random_state=0).fit([c * X for X in sites], k_local)
         assert scaled.n_clusters_ == reference.n_clusters_, c
         for ours, theirs in zip(scaled.labels_, reference.labels_):
             np.testing.assert_array_equal(ours, theirs)

@@ -108,9 +108,12 @@ def _iris_sites():
 
 
 def test_the_estimator_labels_a_site_with_its_own_mixture_by_default():
+    # The spheres' labelling (under a covariance family the labelling also decides the moments the family starts
+    # from, so the means differ too).
     sites, (truth0,), counts = _iris_sites()
-    adapted = fedica.FedGEM(random_state=0).fit(sites, n_local_clusters=counts)
-    consensus = fedica.FedGEM(random_state=0, labelling="consensus").fit(sites, n_local_clusters=counts)
+    adapted = fedica.FedGEM(covariance_type="spherical", random_state=0).fit(sites, n_local_clusters=counts)
+    consensus = fedica.FedGEM(covariance_type="spherical", random_state=0, labelling="consensus").fit(
+        sites, n_local_clusters=counts)
     np.testing.assert_array_equal(adapted.means_, consensus.means_)  # the labelling changes the labels only
     assert np.unique(consensus.labels_[0]).size == 1
     assert adjusted_rand_score(truth0, adapted.labels_[0]) > adjusted_rand_score(truth0, consensus.labels_[0]) + 0.3
@@ -127,9 +130,10 @@ def test_a_global_cluster_no_site_gives_a_point_is_not_counted():
     centres = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 8.0], [8.0, 8.0]])
     sites = [np.vstack([rng.normal(c, 0.7, size=(80, 2)) for c in centres]) for _ in range(4)]
     truth = np.repeat(np.arange(4), 80)
-    consensus = fedica.FedGEM(labelling="consensus", standardize=None, random_state=0).fit(sites, n_local_clusters=[4, 4, 4, 3])
+    spheres = {"covariance_type": "spherical", "standardize": None, "random_state": 0}
+    consensus = fedica.FedGEM(labelling="consensus", **spheres).fit(sites, n_local_clusters=[4, 4, 4, 3])
     assert consensus.n_clusters_ == 5
-    model = fedica.FedGEM(standardize=None, random_state=0).fit(sites, n_local_clusters=[4, 4, 4, 3])
+    model = fedica.FedGEM(**spheres).fit(sites, n_local_clusters=[4, 4, 4, 3])
     assert model.n_clusters_ == 4 == np.unique(np.concatenate(model.labels_)).size
     assert model.means_.shape == (4, 2) and model.weights_.shape == (4,)
     assert all(weights.shape == (4,) for weights in model.site_weights_)

@@ -74,7 +74,9 @@ def test_a_site_at_its_bound_warns_and_is_recorded():
 def test_a_site_too_small_for_two_components_is_at_its_bound_and_cannot_cap_a_larger_one():
     # Sites of 5, 16 and 54 rows of four clusters (issue 44): the two small ones fit one component, the 54-row site
     # four. Before, the median K_g (1) capped every site at 3 components and the 54-row site was refused without a
-    # word: K_hat 1, ARI 0 on 14 of 20 seeds. A site at its bound counts as unbounded in the cap's median.
+    # word: K_hat 1, ARI 0 on 14 of 20 seeds. A site at its bound counts as unbounded in the cap's median. Under the
+    # default family its BIC needs the sites' robust log-likelihood scaled to every point (ALGORITHMS.md 2.14,
+    # "The candidates and the federated EM"): unscaled, the three sites weighed 37 of 75 points and it chose 2.
     rng = np.random.default_rng(4)
     centres = np.array([[0.0, 0.0], [5.0, 0.0], [0.0, 5.0], [5.0, 5.0]])  # 16 rows may hold 2; this site chooses 1
     labels = [rng.integers(4, size=n) for n in (5, 16, 54)]

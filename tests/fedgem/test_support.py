@@ -60,7 +60,7 @@ def test_cluster_stability_counts_sites_and_measures_spreads_in_radii():
 
 
 def test_a_clear_choice_has_the_weight_and_every_site_holds_every_cluster():
-    model = fedica.FedGEM(random_state=0).fit(_three_apart())
+    model = fedica.FedGEM(covariance_type="spherical", random_state=0).fit(_three_apart())
     support = model.k_support_
     assert model.n_clusters_ == 3 and support["chosen"] == 3 and support["criterion"] == "icl"
     # Every upsilon gave the same partition: the neighbours beyond it are what the weight is measured against.
@@ -74,12 +74,12 @@ def test_a_near_tie_is_a_warning_and_its_weights_say_how_near():
     # Two clusters 3.2 apart: K=1 and K=2 score within 2 of each other on this draw.
     with pytest.warns(UserWarning, match=r"FedGEM: K_hat=2 is a near tie with K=1: their ICL lies within 2 of the "
                                          r"chosen \(weights K=1 0\.\d\d, K=2 0\.\d\d\)"):
-        model = fedica.FedGEM(standardize=None, random_state=0).fit(_touching_pair(3.2, 2))
+        model = fedica.FedGEM(covariance_type="spherical", standardize=None, random_state=0).fit(_touching_pair(3.2, 2))
     weights = dict(zip(model.k_support_["k"], model.k_support_["weight"]))
     assert 0.3 < weights[1] < 0.7 and 0.3 < weights[2] < 0.7
     with warnings.catch_warnings():  # the same clusters further apart: no tie
         warnings.filterwarnings("error", message=".*near tie")
-        fedica.FedGEM(standardize=None, random_state=0).fit(_touching_pair(5.0, 2))
+        fedica.FedGEM(covariance_type="spherical", standardize=None, random_state=0).fit(_touching_pair(5.0, 2))
 
 
 def test_the_neighbours_change_no_choice(monkeypatch):
@@ -148,9 +148,13 @@ def test_a_neighbour_the_sites_prefer_to_the_choice_is_a_warning():
         sites.append(np.c_[rng.normal(0.0, 6.0, 150), rng.normal(0.0, 0.7, 150) + 5.0 * y])
     with pytest.warns(UserWarning, match=r"FedGEM: the sites' ICL prefers K=3 to K_hat=4 \(by \d+\), a partition that "
                                          r"joins clusters the merge rules kept apart: K_hat may over-count"):
-        model = fedica.FedGEM(standardize=None, random_state=0).fit(sites)
+        model = fedica.FedGEM(covariance_type="spherical", standardize=None, random_state=0).fit(sites)
     gaps = dict(zip(model.k_support_["k"], model.k_support_["gap"]))
     assert model.n_clusters_ == 4 and gaps[3] < -2
+    # The default family joins the spheres into the two elongated clusters.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert fedica.FedGEM(standardize=None, random_state=0).fit(sites).n_clusters_ == 2
 
 
 def test_the_summary_line_of_a_large_federation_stays_one_readable_line():
