@@ -153,12 +153,14 @@ class FamilyStage:
         self.require(len(kept), "FedGEM covariance family")
         with self.server_time():
             declared = np.array([model.declared_points for *_, model in kept], dtype=float)
-            # The robust sum weighs each site at most the median site's count; scaled back to every point, so that
-            # the BIC's penalty (log N for the N points) meets the log-likelihood of N points, as the central BIC's
-            # does. Unscaled, sites of 5, 16 and 54 points weighed 37 and the penalty chose 2 clusters for 4.
+            # The robust sum weighs each site at most the median site's count; scaled back to every point (the
+            # counts as the server caps them, as the BIC's N), so that the penalty for N points meets the
+            # log-likelihood of N points, as the central BIC's does. Unscaled, sites of 5, 16 and 54 points weighed
+            # 37 and the penalty chose 2 clusters for 4.
             h = self.settings.max_hostile_fraction
+            capped = np.array([model.n_points for *_, model in kept], dtype=float)
             totals = robust_totals(np.array([k[3] for k in kept]), declared, h) * (
-                declared.sum() / tuning_weights(declared, h).sum())
+                capped.sum() / tuning_weights(declared, h).sum())
             bounds = np.cumsum(sizes) - sizes
             gains = np.full(len(candidates), np.nan)
             for index, (candidate, start, size) in enumerate(zip(candidates, bounds, sizes)):
