@@ -14,7 +14,7 @@ import warnings
 
 import numpy as np
 
-from fedica.fedgem.families import (REG_COVAR, FamilyModel, agglomeration_candidates, checked_cluster_moments,
+from fedica.fedgem.families import (REG_COVAR, SMALL_MODELS, FamilyModel, agglomeration_candidates, checked_cluster_moments,
                                     checked_mixture_moments, cluster_moments, robust_cluster_moments)
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.trust import robust_totals, tuning_weights
@@ -40,7 +40,11 @@ class FamilyStage:
         origins = [self.aggregation] * len(candidates)
         finest = self.finest_candidate
         start_k = self.aggregation.k_hat
-        if finest is not None and finest.aggregation.k_hat > start_k and self._cut_short(candidates, start_k):
+        # Only from a chosen partition of at most SMALL_MODELS clusters, the range where the spheres' choice cut a
+        # family short (waveform's 3-4): at G=10,000 (K=50) the rule asked too, and the second path's moments alone
+        # (each site labelling its points with the finest partition's clusters) took minutes.
+        if (finest is not None and start_k <= SMALL_MODELS and finest.aggregation.k_hat > start_k
+                and self._cut_short(candidates, start_k)):
             more = yield from self._fitted_candidates(finest.aggregation, "-finest")
             candidates, origins = candidates + more, origins + [finest.aggregation] * len(more)
         self._choose_family_model(candidates, origins)
@@ -67,9 +71,8 @@ class FamilyStage:
         """Whether a diagonal or full family that lost to another was cut short: its best candidate holds all
         ``start_k`` clusters of its path's start, so its BIC may fall further with more clusters than the chosen
         partition has (docs/ALGORITHMS.md 2.14, "Where the paths start"). Where that family wins at ``start_k``, the
-        spheres' partition is the family's choice too (blobs; asked there too, G=10,000 spent minutes labelling its
-        points with the finest partition's clusters). The spherical family's best is the spheres' own choice as a rule,
-        so it is not asked."""
+        spheres' partition is the family's choice too. The spherical family's best is the spheres' own choice as a
+        rule, so it is not asked."""
         n_total = self._family_points()
         winner = min(candidates, key=lambda c: (c.bic(n_total), c.n_clusters))
         best: dict[str, FamilyModel] = {}
