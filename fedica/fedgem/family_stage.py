@@ -2,8 +2,8 @@
 
 After the spheres' protocol has chosen its partition, the server asks every site for its clusters' moments
 (one exchange), agglomerates them under each family, fits each family's best partitions by a federated EM
-(one exchange a step), does the same from the finest partition the selection scored where a family's best
-holds every cluster of the chosen one, and keeps the mixture of smallest BIC (:mod:`fedica.fedgem.families` holds the
+(one exchange a step), does the same from the finest partition the selection scored where a family that lost
+was cut short by a chosen partition of few clusters, and keeps the mixture of smallest BIC (:mod:`fedica.fedgem.families` holds the
 arithmetic). :class:`FamilyStage` holds these steps for :class:`fedica.fedgem.coordinator.FedGEMServer`.
 """
 
@@ -35,7 +35,7 @@ class FamilyStage:
 
     def _family_stage(self):
         """The stage's exchanges: the clusters' moments, then the federated EM's steps (a protocol generator); again
-        from the finest partition the selection scored where a family's path from the chosen one ends at its best."""
+        from the finest partition the selection scored where the chosen one cut a family short (:meth:`_cut_short`)."""
         candidates = yield from self._fitted_candidates(self.aggregation, "")
         origins = [self.aggregation] * len(candidates)
         finest = self.finest_candidate
