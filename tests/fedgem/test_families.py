@@ -271,11 +271,10 @@ def test_the_widened_moments_attack_changes_nothing_and_its_site_is_named():
         assert attacked["metrics"]["fedgem"][key] == pytest.approx(honest["metrics"]["fedgem"][key], abs=0.02)
 
 
-
-def test_a_family_path_also_starts_from_the_finest_partition_where_the_chosen_one_ends_at_its_best():
+def test_a_family_path_also_starts_from_the_finest_partition_where_the_chosen_one_cut_a_family_short():
     # Waveform over five sites told K_g = 2 (the classes each holds): the spheres' selection chose 4 clusters, diag's
-    # best from them was all 4 and full's one cluster won (ARI 0). The finest partition scored (6 clusters) starts a
-    # second path, whose diagonal mixture the BIC prefers.
+    # best from them held all 4 and lost to full's one cluster (ARI 0). The finest partition scored (6 clusters)
+    # starts a second path, whose diagonal mixture the BIC prefers.
     from fedica.data.classes import waveform_client_data
 
     sites = [waveform_client_data(g, n_clients=5, seed=0) for g in range(5)]
