@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 
 from fedica.fedgem.families import (REG_COVAR, SMALL_MODELS, FamilyModel, agglomeration_candidates, checked_cluster_moments,
-                                    checked_mixture_moments, cluster_moments, robust_cluster_moments)
+                                    checked_mixture_moments, cluster_moments, robust_cluster_moments, shape_parameters)
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.trust import robust_totals, tuning_weights
 from fedica.protocol import GEM_CLUSTER_MOMENTS, GEM_FAMILY_EM, InvalidReply, Reply, Request, reported_seconds
@@ -105,6 +105,9 @@ class FamilyStage:
                 masses, means, scatters, self.settings.max_hostile_fraction, self._family_reg)
             self._warn_left_out(left_out, stage)
             candidates = agglomeration_candidates(counts, centres, covariances, self.families, self._family_reg)
+            standardised = self.feature_scale is not None
+            for candidate in candidates:
+                candidate.unit_parameters = shape_parameters(candidate.family, self.dim, standardised)
         if not candidates:
             raise ValueError("FedGEM covariance family: every partition holds a cluster too small for its covariance")
         return candidates
