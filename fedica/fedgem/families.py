@@ -40,6 +40,12 @@ REG_COVAR = 1e-6
 # clusters on the path: the classification BIC of a hard partition favours a few tight clusters at a boundary, which
 # EM cannot remove (two touching elongated clusters: 3 to 5 clusters for 2); the central yardstick scans K 1 to 8.
 SMALL_MODELS = 8
+# ... where the path's best partition holds at most this many clusters: a path whose best holds more is not a few
+# clusters off, and every partition it scans up to SMALL_MODELS lies far above it in BIC. On the real-data table
+# (RESULTS.md, 189 runs) the chosen mixture lay within one cluster of its family's path best in 188, and the bound
+# changes none of them; at G=1,000 (K=50) the small partitions were 24 of 30 candidates, and the run took 107 s
+# with them and 75 s without (docs/PERFORMANCE.md).
+SMALL_MODELS_PATH_BEST = 2 * SMALL_MODELS
 
 # A site's scatter of a cluster is at most this many times the other holders' spread (trace over trace), and its
 # mean's squared distance from theirs at most OFFSET_LIMIT times that spread (robust_cluster_moments). Measured on
@@ -414,7 +420,8 @@ def agglomeration_candidates(counts: np.ndarray, means: np.ndarray, covariances:
         Added to every covariance's diagonal (:data:`REG_COVAR` times the data's mean per-feature variance).
     width : int
         How many cluster counts on each side of a family's best (by the path's classification BIC) are kept; with a
-        width, every partition of at most :data:`SMALL_MODELS` clusters too.
+        width, every partition of at most :data:`SMALL_MODELS` clusters too, where the best holds at most
+        :data:`SMALL_MODELS_PATH_BEST`.
 
     Returns
     -------
@@ -433,7 +440,7 @@ def agglomeration_candidates(counts: np.ndarray, means: np.ndarray, covariances:
             continue
         best_k = min(finite, key=lambda step: (step[1], step[0]))[0]
         for k, _, assignment in sorted(finite, key=lambda step: (abs(step[0] - best_k), step[0])):
-            if abs(k - best_k) <= width or (width and k <= SMALL_MODELS):
+            if abs(k - best_k) <= width or (width and k <= SMALL_MODELS and best_k <= SMALL_MODELS_PATH_BEST):
                 merged = np.full(counts.shape[0], -1)
                 merged[held] = assignment
                 candidates.append(_model(family, merged, k, counts, means, covariances, reg, table))
@@ -446,11 +453,11 @@ def mixture_moments(X: np.ndarray, weights: np.ndarray, means: np.ndarray, covar
     cluster's mass, mean and scatter of its points' responsibilities under its own mixture, and the points'
     log-likelihood under each mixture (the federated EM's reply, docs/ALGORITHMS.md 2.14).
 
-    The candidates are answered together because a site's step is their many small products (30 candidates at
-    G=1,000, 24 of them of at most 8 clusters): a step of 30 candidates (558 clusters) on 500 points took 48 ms one
-    call a candidate, 20 ms in one (docs/PERFORMANCE.md). The scatters come from the responsibilities' first and second moments of the points centred on the
-    site's mean (one product for every cluster), and from the residuals where that difference would lose the cluster's
-    spread (:data:`_CANCELLATION_LIMIT`).
+    The candidates are answered together because a site's step is their many small products (up to 30 candidates,
+    most of them of at most 8 clusters): a step of 30 candidates (558 clusters) on 500 points took 48 ms one call a
+    candidate, 20 ms in one (docs/PERFORMANCE.md). The scatters come from the responsibilities' first and second
+    moments of the points centred on the site's mean (one product for every cluster), and from the residuals where
+    that difference would lose the cluster's spread (:data:`_CANCELLATION_LIMIT`).
     """
     n_points, dim = X.shape
     starts = np.cumsum(sizes) - sizes

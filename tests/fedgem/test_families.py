@@ -327,3 +327,17 @@ def test_spheres_of_standardised_features_count_the_shape_the_standardisation_es
         warnings.simplefilter("ignore", UserWarning)  # a site's K_g at its bound
         model = fedica.FedGEM(random_state=9).fit([s.X_train for s in sites])
     assert model.covariance_family_ == "full" and model.n_clusters_ in (2, 3)
+
+
+def test_the_small_partitions_are_fitted_only_where_the_path_best_holds_few_clusters():
+    # Twenty well-separated clusters: the path's best holds all twenty, and every partition of at most 8 lies far
+    # above it in BIC; at G=1,000 (K=50) those partitions were 24 of 30 candidates. Four clusters keep them all.
+    rng = np.random.default_rng(5)
+    for n_clusters, expected in ((20, {19, 20}), (4, {1, 2, 3, 4})):
+        centres = 20.0 * rng.standard_normal((n_clusters, 3))
+        blobs = [centre + rng.standard_normal((60, 3)) for centre in centres]
+        counts = np.full(n_clusters, 60.0)
+        means = np.vstack([b.mean(axis=0) for b in blobs])
+        covariances = np.stack([np.cov(b.T, bias=True) for b in blobs])
+        candidates = agglomeration_candidates(counts, means, covariances, ("diag",), reg=1e-6)
+        assert {c.n_clusters for c in candidates} == expected
