@@ -339,7 +339,7 @@ class FedGEMServer(EvaluationStage, FamilyStage, ProtocolState):
     def consensus_payloads(self, aggregation: FinalAggregation | None = None) -> dict[int, dict[str, np.ndarray]]:
         """Each client's consensus model: the global centroid and global id of each of its components (of the chosen
         partition, or of ``aggregation``)."""
-        agg = aggregation or self.aggregation
+        agg = self.aggregation if aggregation is None else aggregation
         return {p: {"centroids": agg.global_centroids[agg.labels[part]], "global-ids": agg.labels[part]}
                 for p, part in self.final.slices().items()}
 
@@ -353,7 +353,7 @@ class FedGEMServer(EvaluationStage, FamilyStage, ProtocolState):
         """
         if self.settings.labelling == "consensus":
             return self.consensus_payloads(aggregation)
-        agg = aggregation or self.aggregation
+        agg = self.aggregation if aggregation is None else aggregation
         every = {"centroids": agg.global_centroids, "global-ids": np.arange(agg.global_centroids.shape[0])}
         if self.family is not None:  # the site's mixture holds the family's covariances (fedica.fedgem.families)
             every["covariances"] = self.family.covariances
