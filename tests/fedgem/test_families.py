@@ -306,7 +306,6 @@ def test_the_family_bic_weighs_every_point_where_the_sites_differ_in_size():
     assert ours == pytest.approx(central, rel=0.03)
 
 
-
 def test_spheres_of_standardised_features_count_the_shape_the_standardisation_estimated():
     # Penguins (bill and flipper lengths in mm, body mass in g) over four sites: spheres of the standardised features
     # share the features' pooled deviations as one shape, d - 1 parameters more than the spheres' own count. Without
