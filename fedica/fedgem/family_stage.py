@@ -3,8 +3,9 @@
 After the spheres' protocol has chosen its partition, the server asks every site for its clusters' moments
 (one exchange), agglomerates them under each family, fits each family's best partitions by a federated EM
 (one exchange a step), does the same from the finest partition the selection scored where a family that lost
-was cut short by a chosen partition of few clusters, and keeps the mixture of smallest BIC (:mod:`fedica.fedgem.families` holds the
-arithmetic). :class:`FamilyStage` holds these steps for :class:`fedica.fedgem.coordinator.FedGEMServer`.
+was cut short by a chosen partition of few clusters, and keeps the mixture of smallest BIC
+(:mod:`fedica.fedgem.families` holds the arithmetic). :class:`FamilyStage` holds these steps for
+:class:`fedica.fedgem.coordinator.FedGEMServer`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import warnings
 
 import numpy as np
 
-from fedica.fedgem.families import (REG_COVAR, SMALL_MODELS, FamilyModel, agglomeration_candidates, checked_cluster_moments,
-                                    checked_mixture_moments, cluster_moments, robust_cluster_moments, shape_parameters)
+from fedica.fedgem.families import (REG_COVAR, SMALL_MODELS, FamilyModel, agglomeration_candidates,
+                                    checked_cluster_moments, checked_mixture_moments, cluster_moments,
+                                    robust_cluster_moments, shape_parameters)
 from fedica.fedgem.merging import FinalAggregation
 from fedica.fedgem.trust import robust_totals, tuning_weights
 from fedica.protocol import GEM_CLUSTER_MOMENTS, GEM_FAMILY_EM, InvalidReply, Reply, Request, reported_seconds

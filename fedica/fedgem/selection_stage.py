@@ -17,7 +17,8 @@ import numpy as np
 
 from fedica.fedgem import privacy
 from fedica.fedgem.merging import FinalAggregation
-from fedica.fedgem.selection import EVIDENCE_MINORITY, Candidate, bic, evidence_path_sizes, icl, merge_path, path_sizes, relabel
+from fedica.fedgem.selection import (EVIDENCE_MINORITY, Candidate, bic, evidence_path_sizes, icl, merge_path, path_sizes,
+                                     relabel)
 from fedica.fedgem.support import candidate_support, cluster_stability, merged_labels, split_labels, support_warnings
 from fedica.fedgem.trust import hostile_count, icl_winners, robust_silhouettes, robust_totals
 from fedica.fedgem.tuning import select_upsilon
