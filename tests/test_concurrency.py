@@ -101,32 +101,40 @@ def test_rfica_gives_the_same_bits_on_threads(n_jobs):
     assert threaded.refinement_ == alone.refinement_
 
 
-def test_fedgem_gives_the_same_bits_with_its_likelihood_stage_on_threads(monkeypatch):
+def test_fedgem_gives_the_same_bits_with_its_concurrent_stages_on_threads(monkeypatch):
     from functools import partial
 
     import fedica.fedgem.client as fedgem_client
     import fedica.fedgem.estimator as fedgem_estimator
     from fedica import FedGEM
     from fedica.fedgem.client import CONCURRENT_TASKS
-    from fedica.protocol.messages import GEM_LIKELIHOOD
+    from fedica.protocol.messages import GEM_CLUSTER_MOMENTS, GEM_EVALUATE, GEM_FAMILY_EM, GEM_LIKELIHOOD
 
     rng = np.random.default_rng(0)
     centres = rng.normal(scale=8.0, size=(4, 3))
     sites = [np.vstack([rng.normal(centres[k], 1.0, size=(60, 3)) for k in rng.choice(4, 3, replace=False)])
              for _ in range(6)]
     alone = FedGEM(random_state=1).fit(sites)
-    assert GEM_LIKELIHOOD in CONCURRENT_TASKS
+    assert {GEM_LIKELIHOOD, GEM_FAMILY_EM, GEM_CLUSTER_MOMENTS, GEM_EVALUATE} <= CONCURRENT_TASKS
     monkeypatch.setattr(fedgem_estimator, "InMemoryFederation", partial(InMemoryFederation, n_jobs=2))
-    threads = set()
+    threads = {"likelihoods": set(), "family_em_reply": set(), "cluster_moments_reply": set()}
 
-    def recorded(*args, original=fedgem_client.likelihoods):
-        threads.add(threading.current_thread().name)
-        return original(*args)
+    def recorded(name):
+        original = getattr(fedgem_client, name)
 
-    monkeypatch.setattr(fedgem_client, "likelihoods", recorded)
+        def on_a_thread(*args):
+            threads[name].add(threading.current_thread().name)
+            return original(*args)
+        return on_a_thread
+
+    for name in threads:
+        monkeypatch.setattr(fedgem_client, name, recorded(name))
     threaded = FedGEM(random_state=1).fit(sites)
-    assert threads and all(name.startswith("fedica-site") for name in threads)
+    assert alone.covariances_ is not None  # the covariance family's stage ran
+    for name, names in threads.items():
+        assert names and all(thread.startswith("fedica-site") for thread in names), name
     np.testing.assert_array_equal(threaded.means_, alone.means_)
+    np.testing.assert_array_equal(threaded.covariances_, alone.covariances_)
     assert [list(labels) for labels in threaded.labels_] == [list(labels) for labels in alone.labels_]
     assert threaded.n_clusters_ == alone.n_clusters_
 
