@@ -244,3 +244,36 @@ def test_more_planters_than_may_be_hostile_are_taken_for_honest_misfits_and_none
     aggregation = stage._final_aggregation(1.0)[0]
     centroids = np.round(aggregation.global_centroids).tolist()
     assert [4.0, 0.0] not in centroids and [8.0, 4.0] not in centroids and aggregation.k_hat == 6
+
+
+def test_undone_catches_keep_the_first_passes_aggregations_rather_than_compute_them_again(monkeypatch):
+    # At 1,000 sites every catch is undone (more than may be hostile) and the grid was aggregated once more, 2.5 s.
+    import fedica.fedgem.coordinator as coordinator
+
+    computed = []
+
+    def counted(*args, **kwargs):
+        computed.append(dict(kwargs["distrusted"] if "distrusted" in kwargs else args[5]))
+        return trusted_final_aggregation(*args, **kwargs)
+
+    class CachingFinalStage(_FinalStage):
+        _final_aggregation = coordinator.FedGEMServer._final_aggregation
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.settings.radius_outlier_factor, self.settings.max_overlap_pairs = 10.0, None
+
+        def _final_radii(self, upsilon):
+            return np.full(self.final.owners.size, upsilon)
+
+    monkeypatch.setattr(coordinator, "trusted_final_aggregation", counted)
+    final = _two_plants()
+    stage = CachingFinalStage(final, Support(quorum=3, typical_mass=2.5, masses=final.weights), 0.2)
+    with pytest.warns(UserWarning, match=r"4 clients' components"):
+        stage._catch_planters()
+    assert stage.distrusted == {}
+    aggregation, excluded, planters = stage._final_aggregation(1.0)
+    assert computed == [{}]  # the pass that trusted every client, and no other
+    _assert_same_aggregations([(aggregation, excluded, planters)],
+                              [trusted_final_aggregation(final, np.full(final.owners.size, 1.0), 10.0, stage.support,
+                                                         None, {})])
