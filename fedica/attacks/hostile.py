@@ -360,7 +360,10 @@ def _widened_moments(task: str, arrays: Arrays, values: Values, honest: tuple[Ar
         return honest
     masses, scatters = attacks.widened_moments(reply_arrays["masses"], reply_arrays["scatters"],
                                                claim_all=task == GEM_CLUSTER_MOMENTS)
-    return {**reply_arrays, "masses": masses, "scatters": scatters}, reply_values
+    widened = {**reply_arrays, "masses": masses, "scatters": scatters}
+    if "scatter-diagonals" in reply_arrays:  # a federated EM step's diagonal candidates
+        widened["scatter-diagonals"] = attacks.widened_moments(masses, reply_arrays["scatter-diagonals"], claim_all=False)[1]
+    return widened, reply_values
 
 
 # The attacks that know the server's defences (issue 25), each a reply rewrite of every task.

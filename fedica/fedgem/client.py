@@ -329,9 +329,14 @@ def _cluster_moments_task(site: Site, arrays: Mapping[str, Any], values: Mapping
     return cluster_moments_reply(data.X_train, _site_labels(site, data, data.X_train, arrays, values), n_clusters)
 
 
-def family_em_reply(X: np.ndarray, weights: Any, means: Any, covariances: Any, sizes: Any) -> Reply:
+def family_em_reply(X: np.ndarray, weights: Any, means: Any, covariances: Any, sizes: Any, diagonal: Any = None) -> Reply:
     """One federated EM step of every candidate mixture the server sends (its clusters stacked, ``sizes`` per model):
-    each cluster's mass, mean and scatter of the site's responsibilities, and the site's log-likelihood per model."""
+    each cluster's mass, mean and scatter of the site's responsibilities, and the site's log-likelihood per model.
+
+    ``diagonal`` (one flag a model; default none) names the models whose M-step reads only their scatters'
+    diagonals (the diag and spherical families): their clusters' scatters are sent as ``scatter-diagonals`` (k, d),
+    the others' in ``scatters`` (k, d, d): ``d`` numbers a cluster for ``d^2``.
+    """
     start = time.perf_counter()
     sizes = np.asarray(sizes)
     weights, means = np.asarray(weights, dtype=np.float64), np.asarray(means, dtype=np.float64)
@@ -340,19 +345,26 @@ def family_em_reply(X: np.ndarray, weights: Any, means: Any, covariances: Any, s
             or np.any(weights < 0)):
         raise ValueError(f"candidate mixtures of means {means.shape}, weights {weights.shape} and sizes {sizes.shape} "
                          f"do not fit d={X.shape[1]}")
+    diagonal = np.zeros(sizes.shape, dtype=np.int64) if diagonal is None else np.asarray(diagonal)
+    if diagonal.shape != sizes.shape or diagonal.dtype.kind not in "iub" or not np.isin(diagonal, (0, 1)).all():
+        raise ValueError(f"'diagonal' of shape {diagonal.shape} must flag each of the {sizes.size} candidate mixtures "
+                         "0 or 1")
     covariances = checked_covariances(covariances, means.shape[0], X.shape[1])
     # One BLAS thread: d x d factorisations and products of the site's points by d columns, too small for a second
     # thread to pay (digits under `auto`, 4 sites: 14.7 s on BLAS's two threads, 13.2 s on one); where two fits share
     # the cores (a sweep, xdist's workers), each one's spinning BLAS threads cost 5x (65 s beside another, 14 s).
     with one_blas_thread():
         masses, centres, scatters, log_likelihoods = mixture_moments(X, weights, means, covariances, sizes)
-    return ({"masses": masses, "means": centres, "scatters": scatters, "log-likelihoods": log_likelihoods},
+    rows = np.repeat(diagonal.astype(bool), sizes)
+    return ({"masses": masses, "means": centres, "scatters": scatters[~rows],
+             "scatter-diagonals": np.ascontiguousarray(np.einsum("kii->ki", scatters[rows])),
+             "log-likelihoods": log_likelihoods},
             {"n-points": X.shape[0], "fit-seconds": time.perf_counter() - start})
 
 
 def _family_em_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:
     return family_em_reply(site.points(values).X_train, arrays["weights"], arrays["means"], arrays["covariances"],
-                           arrays["sizes"])
+                           arrays["sizes"], arrays.get("diagonal"))
 
 
 def _evaluate_task(site: Site, arrays: Mapping[str, Any], values: Mapping[str, Any]) -> Reply:

@@ -25,12 +25,15 @@ import numpy as np
 
 from fedica.protocol import InvalidReply
 
-__all__ = ["FAMILIES", "REG_COVAR", "FamilyModel", "checked_cluster_moments", "cluster_moments", "component_moments",
+__all__ = ["DIAGONAL_FAMILIES", "FAMILIES", "REG_COVAR", "FamilyModel", "checked_cluster_moments", "cluster_moments", "component_moments",
            "family_covariances", "robust_cluster_moments", "agglomeration_candidates", "checked_mixture_moments", "log_gaussian_densities",
            "mixture_moments", "shape_parameters", "site_labels", "site_mixture_weights"]
 
 #: The families a global cluster's covariance may take (scikit-learn's ``covariance_type`` names).
 FAMILIES = ("spherical", "diag", "full")
+# The families whose M-step reads only the clusters' scatters' diagonals (:func:`family_covariances`; the robust
+# sum reads their traces): a site sends those alone for their candidates.
+DIAGONAL_FAMILIES = frozenset({"spherical", "diag"})
 
 # Added to every covariance's diagonal, relative to the pooled data's mean per-feature variance: scikit-learn's
 # reg_covar (1e-6) in units where that variance is 1, so that the regularisation does not depend on the data's unit.
@@ -124,19 +127,24 @@ def component_moments(X: np.ndarray, responsibilities: np.ndarray, means: np.nda
     return masses, (scatters + scatters.transpose(0, 2, 1)) / 2
 
 
-def checked_cluster_moments(arrays, n_clusters: int, dim: int,
-                            n_points: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def checked_cluster_moments(arrays, n_clusters: int, dim: int, n_points: int | None,
+                            diagonal_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A site's ``masses`` (K,), ``means`` (K, d) and ``scatters`` (K, d, d), or :class:`InvalidReply` naming the rule.
 
     The masses are whole non-negative counts summing to the site's declared points (``n_points``; None: non-negative
     only, a federated EM's responsibilities, checked by the caller); the means finite; each scatter
-    symmetric and positive semi-definite. Where a site's points lie the server checks as it checks a maximiser
-    (the federation's extent), in the caller.
+    symmetric and positive semi-definite. The clusters ``diagonal_rows`` flags (default none) came as their
+    scatters' diagonals (``scatter-diagonals``, each finite and non-negative up to rounding, as a positive
+    semi-definite scatter), and are returned as diagonal matrices;
+    the others in ``scatters``. Where a site's points lie the server checks as it checks a maximiser (the
+    federation's extent), in the caller.
     """
+    rows = np.zeros(n_clusters, dtype=bool) if diagonal_rows is None else diagonal_rows
     try:
         masses = np.asarray(arrays["masses"], dtype=np.float64)
         means = np.asarray(arrays["means"], dtype=np.float64)
-        scatters = np.asarray(arrays["scatters"], dtype=np.float64)
+        full = np.asarray(arrays["scatters"], dtype=np.float64)
+        diagonals = np.asarray(arrays["scatter-diagonals"] if rows.any() else np.zeros((0, dim)), dtype=np.float64)
     except KeyError as err:
         raise InvalidReply(f"{err.args[0]!r} is missing") from None
     except (TypeError, ValueError):
@@ -148,13 +156,22 @@ def checked_cluster_moments(arrays, n_clusters: int, dim: int,
                            f"(they sum to {masses.sum():.6g})")
     if means.shape != (n_clusters, dim) or not np.all(np.isfinite(means)):
         raise InvalidReply(f"'means' must be finite, of shape {(n_clusters, dim)}, got {means.shape}")
-    if scatters.shape != (n_clusters, dim, dim) or not np.all(np.isfinite(scatters)):
-        raise InvalidReply(f"'scatters' must be finite, of shape {(n_clusters, dim, dim)}, got {scatters.shape}")
-    size = np.abs(scatters).max(axis=(1, 2)) + np.finfo(float).tiny
-    if np.any(np.abs(scatters - scatters.transpose(0, 2, 1)).max(axis=(1, 2)) > _ROUNDING * size):
+    expected = (int((~rows).sum()), dim, dim)
+    if full.shape != expected or not np.all(np.isfinite(full)):
+        raise InvalidReply(f"'scatters' must be finite, of shape {expected}, got {full.shape}")
+    size = np.abs(full).max(axis=(1, 2)) + np.finfo(float).tiny
+    if np.any(np.abs(full - full.transpose(0, 2, 1)).max(axis=(1, 2), initial=0.0) > _ROUNDING * size):
         raise InvalidReply("'scatters' holds a matrix that is not symmetric")
-    if np.any(np.linalg.eigvalsh(scatters)[:, 0] < -_ROUNDING * size * dim):
+    if full.shape[0] and np.any(np.linalg.eigvalsh(full)[:, 0] < -_ROUNDING * size * dim):
         raise InvalidReply("'scatters' holds a matrix that is not positive semi-definite")
+    if diagonals.shape != (int(rows.sum()), dim) or not np.all(np.isfinite(diagonals)):
+        raise InvalidReply(f"'scatter-diagonals' must be finite, of shape {(int(rows.sum()), dim)}, got {diagonals.shape}")
+    if np.any(diagonals.min(axis=1, initial=0.0) < -_ROUNDING * (np.abs(diagonals).max(axis=1, initial=0.0)
+                                                                 + np.finfo(float).tiny) * dim):
+        raise InvalidReply("'scatter-diagonals' holds a negative variance")
+    scatters = np.zeros((n_clusters, dim, dim))
+    scatters[~rows] = full
+    scatters[np.flatnonzero(rows)[:, None], np.arange(dim), np.arange(dim)] = diagonals
     return masses, means, scatters
 
 
@@ -486,11 +503,12 @@ def mixture_moments(X: np.ndarray, weights: np.ndarray, means: np.ndarray, covar
             (peaks + np.log(totals)).sum(axis=0))
 
 
-def checked_mixture_moments(arrays, sizes: np.ndarray, dim: int,
-                            n_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def checked_mixture_moments(arrays, sizes: np.ndarray, dim: int, n_points: int,
+                            diagonal: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A federated EM reply's ``masses``, ``means``, ``scatters`` (every model's clusters stacked) and
     ``log-likelihoods`` (one per model), or :class:`InvalidReply` naming the rule: each model's masses sum to the
-    site's declared points, and the moments are those :func:`checked_cluster_moments` allows."""
+    site's declared points, and the moments are those :func:`checked_cluster_moments` allows (the models
+    ``diagonal`` flags sent their scatters' diagonals)."""
     total = int(sizes.sum())
     try:
         log_likelihoods = np.asarray(arrays["log-likelihoods"], dtype=np.float64)
@@ -500,7 +518,8 @@ def checked_mixture_moments(arrays, sizes: np.ndarray, dim: int,
         raise InvalidReply("'log-likelihoods' must be numeric") from None
     if log_likelihoods.shape != sizes.shape or not np.all(np.isfinite(log_likelihoods)):
         raise InvalidReply(f"'log-likelihoods' must be {sizes.size} finite numbers, got shape {log_likelihoods.shape}")
-    masses, means, scatters = checked_cluster_moments(arrays, total, dim, None)
+    masses, means, scatters = checked_cluster_moments(arrays, total, dim, None,
+                                                      None if diagonal is None else np.repeat(diagonal, sizes))
     for start, size in zip(np.cumsum(sizes) - sizes, sizes):
         if abs(masses[start:start + size].sum() - n_points) > 1e-6 * max(n_points, 1):
             raise InvalidReply(f"a model's 'masses' sum to {masses[start:start + size].sum():.6g}, not the {n_points} "

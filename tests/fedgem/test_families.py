@@ -13,6 +13,7 @@ from sklearn.mixture._gaussian_mixture import _estimate_gaussian_parameters
 
 import fedica
 from fedica.fedgem import client as fedgem_client
+from fedica.fedgem import families
 from fedica.fedgem.families import (FAMILIES, FamilyModel, agglomeration_candidates, checked_cluster_moments, cluster_moments,
                                     shape_parameters)
 from fedica.protocol import InvalidReply
@@ -121,6 +122,58 @@ def test_a_reply_s_moments_are_refused_with_the_rule_they_break(field, value, re
         checked_cluster_moments({**arrays, field: value}, 2, 2, 10)
 
 
+@pytest.mark.parametrize("arrays, reason", [
+    ({}, "'scatter-diagonals' is missing"),
+    ({"scatter-diagonals": np.array([[1.0, -1e-6]])}, "negative variance"),
+    ({"scatter-diagonals": np.ones((2, 2))}, r"'scatter-diagonals' must be finite, of shape \(1, 2\)"),
+    ({"scatter-diagonals": np.ones((1, 2)), "scatters": np.stack([np.eye(2)] * 2)}, r"'scatters' must be .* \(1, 2, 2\)"),
+])
+def test_a_reply_s_scatter_diagonals_are_refused_with_the_rule_they_break(arrays, reason):
+    honest = {"masses": np.array([6.0, 4.0]), "means": np.zeros((2, 2)), "scatters": np.eye(2)[None],
+              "scatter-diagonals": np.array([[2.0, 0.5]])}
+    diagonal_rows = np.array([False, True])
+    _, _, scatters = checked_cluster_moments(honest, 2, 2, 10, diagonal_rows)
+    np.testing.assert_array_equal(scatters, [np.eye(2), np.diag([2.0, 0.5])])
+    with pytest.raises(InvalidReply, match=reason):
+        checked_cluster_moments({key: value for key, value in {**honest, **arrays}.items()
+                                 if arrays or key != "scatter-diagonals"}, 2, 2, 10, diagonal_rows)
+
+
+def test_diagonal_candidates_send_their_scatters_diagonals_and_step_as_with_the_whole_scatters():
+    # The diag and spherical M-steps read only the scatters' diagonals (and the robust sum their traces), so their
+    # sites send d numbers a cluster for d^2, and the step is the same to the bit.
+    from fedica.fedgem.family_stage import FamilyStage
+
+    rng = np.random.default_rng(6)
+    X = np.vstack([rng.normal(size=(150, 3)) @ rng.normal(size=(3, 3)) + shift for shift in (0.0, 4.0)])
+    sites = rng.integers(0, 3, X.shape[0])
+
+    def candidates():
+        return [FamilyModel(family, np.arange(2), np.array([100.0, 200.0]), np.array([[0.0, 0, 0], [4.0, 4, 4]]),
+                            np.stack([np.eye(3), 2 * np.eye(3)])) for family in FAMILIES]
+
+    payload = FamilyStage._family_payload(candidates())
+    assert payload["diagonal"].tolist() == [family != "full" for family in FAMILIES]
+    arguments = [payload[key] for key in ("weights", "means", "covariances", "sizes")]
+    whole = [fedgem_client.family_em_reply(X[sites == g], *arguments)[0] for g in range(3)]
+    split = [fedgem_client.family_em_reply(X[sites == g], *arguments, payload["diagonal"])[0] for g in range(3)]
+    assert split[0]["scatter-diagonals"].shape == (4, 3) and split[0]["scatters"].shape == (2, 3, 3)
+    assert split[0]["scatters"].nbytes + split[0]["scatter-diagonals"].nbytes == (2 * 9 + 4 * 3) / (6 * 9) * whole[0]["scatters"].nbytes
+    stepped = []
+    for replies, diagonal in ((whole, None), (split, payload["diagonal"].astype(bool))):
+        moments = [families.checked_mixture_moments(reply, payload["sizes"], 3, int((sites == g).sum()), diagonal)
+                   for g, reply in enumerate(replies)]
+        models = candidates()
+        for index, model in enumerate(models):
+            part = slice(2 * index, 2 * index + 2)
+            model.m_step(*(np.stack([m[i][part] for m in moments]) for i in range(3)), reg=1e-6, hostile_fraction=0.25)
+        stepped.append(models)
+    for model, other in zip(*stepped):
+        np.testing.assert_array_equal(model.covariances, other.covariances)
+        np.testing.assert_array_equal(model.means, other.means)
+        np.testing.assert_array_equal(model.counts, other.counts)
+
+
 def test_a_site_whose_moments_break_the_rules_is_left_out_and_named(monkeypatch):
     X, y, groups = _two_long_clusters(seed=5)
     honest = fedgem_client.cluster_moments_reply
@@ -200,10 +253,10 @@ def test_one_site_of_five_that_widens_its_moments_is_left_out_and_named(monkeypa
             arrays["scatters"] = 100.0 * np.stack([np.eye(X.shape[1])] * n_clusters)
         return arrays, values
 
-    def widened_em(X, weights, means, covariances, sizes):
-        arrays, values = honest_em(X, weights, means, covariances, sizes)
+    def widened_em(X, weights, means, covariances, sizes, diagonal=None):
+        arrays, values = honest_em(X, weights, means, covariances, sizes, diagonal)
         if X.shape[0] == hostile_rows:
-            arrays["scatters"] = 100.0 * arrays["scatters"]
+            arrays["scatters"], arrays["scatter-diagonals"] = 100.0 * arrays["scatters"], 100.0 * arrays["scatter-diagonals"]
         return arrays, values
 
     monkeypatch.setattr(fedgem_client, "cluster_moments_reply", widened_moments)
