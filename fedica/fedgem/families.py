@@ -135,9 +135,8 @@ def checked_cluster_moments(arrays, n_clusters: int, dim: int, n_points: int | N
     only, a federated EM's responsibilities, checked by the caller); the means finite; each scatter
     symmetric and positive semi-definite. The clusters ``diagonal_rows`` flags (default none) came as their
     scatters' diagonals (``scatter-diagonals``, each finite and non-negative up to rounding, as a positive
-    semi-definite scatter), and are returned as diagonal matrices;
-    the others in ``scatters``. Where a site's points lie the server checks as it checks a maximiser (the
-    federation's extent), in the caller.
+    semi-definite scatter's) and are returned as diagonal matrices, the others in ``scatters``. Where a site's
+    points lie the server checks as it checks a maximiser (the federation's extent), in the caller.
     """
     rows = np.zeros(n_clusters, dtype=bool) if diagonal_rows is None else diagonal_rows
     try:
