@@ -362,7 +362,8 @@ def _widened_moments(task: str, arrays: Arrays, values: Values, honest: tuple[Ar
                                                claim_all=task == GEM_CLUSTER_MOMENTS)
     widened = {**reply_arrays, "masses": masses, "scatters": scatters}
     if "scatter-diagonals" in reply_arrays:  # a federated EM step's diagonal candidates
-        widened["scatter-diagonals"] = attacks.widened_moments(masses, reply_arrays["scatter-diagonals"], claim_all=False)[1]
+        widened["scatter-diagonals"] = attacks.widened_moments(masses, reply_arrays["scatter-diagonals"],
+                                                               claim_all=False)[1]
     return widened, reply_values
 
 

@@ -329,7 +329,8 @@ def _cluster_moments_task(site: Site, arrays: Mapping[str, Any], values: Mapping
     return cluster_moments_reply(data.X_train, _site_labels(site, data, data.X_train, arrays, values), n_clusters)
 
 
-def family_em_reply(X: np.ndarray, weights: Any, means: Any, covariances: Any, sizes: Any, diagonal: Any = None) -> Reply:
+def family_em_reply(X: np.ndarray, weights: Any, means: Any, covariances: Any, sizes: Any,
+                    diagonal: Any = None) -> Reply:
     """One federated EM step of every candidate mixture the server sends (its clusters stacked, ``sizes`` per model):
     each cluster's mass, mean and scatter of the site's responsibilities, and the site's log-likelihood per model.
 

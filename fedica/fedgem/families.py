@@ -25,8 +25,8 @@ import numpy as np
 
 from fedica.protocol import InvalidReply
 
-__all__ = ["DIAGONAL_FAMILIES", "FAMILIES", "REG_COVAR", "FamilyModel", "checked_cluster_moments", "cluster_moments", "component_moments",
-           "family_covariances", "robust_cluster_moments", "agglomeration_candidates", "checked_mixture_moments", "log_gaussian_densities",
+__all__ = ["DIAGONAL_FAMILIES", "FAMILIES", "REG_COVAR", "FamilyModel", "checked_cluster_moments", "cluster_moments",
+           "component_moments", "family_covariances", "robust_cluster_moments", "agglomeration_candidates", "checked_mixture_moments", "log_gaussian_densities",
            "mixture_moments", "shape_parameters", "site_labels", "site_mixture_weights"]
 
 #: The families a global cluster's covariance may take (scikit-learn's ``covariance_type`` names).
@@ -164,7 +164,8 @@ def checked_cluster_moments(arrays, n_clusters: int, dim: int, n_points: int | N
     if full.shape[0] and np.any(np.linalg.eigvalsh(full)[:, 0] < -_ROUNDING * size * dim):
         raise InvalidReply("'scatters' holds a matrix that is not positive semi-definite")
     if diagonals.shape != (int(rows.sum()), dim) or not np.all(np.isfinite(diagonals)):
-        raise InvalidReply(f"'scatter-diagonals' must be finite, of shape {(int(rows.sum()), dim)}, got {diagonals.shape}")
+        raise InvalidReply(f"'scatter-diagonals' must be finite, of shape {(int(rows.sum()), dim)}, "
+                           f"got {diagonals.shape}")
     if np.any(diagonals.min(axis=1, initial=0.0) < -_ROUNDING * (np.abs(diagonals).max(axis=1, initial=0.0)
                                                                  + np.finfo(float).tiny) * dim):
         raise InvalidReply("'scatter-diagonals' holds a negative variance")
@@ -502,8 +503,9 @@ def mixture_moments(X: np.ndarray, weights: np.ndarray, means: np.ndarray, covar
             (peaks + np.log(totals)).sum(axis=0))
 
 
-def checked_mixture_moments(arrays, sizes: np.ndarray, dim: int, n_points: int,
-                            diagonal: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def checked_mixture_moments(
+    arrays, sizes: np.ndarray, dim: int, n_points: int, diagonal: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A federated EM reply's ``masses``, ``means``, ``scatters`` (every model's clusters stacked) and
     ``log-likelihoods`` (one per model), or :class:`InvalidReply` naming the rule: each model's masses sum to the
     site's declared points, and the moments are those :func:`checked_cluster_moments` allows (the models

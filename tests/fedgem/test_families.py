@@ -126,7 +126,8 @@ def test_a_reply_s_moments_are_refused_with_the_rule_they_break(field, value, re
     ({}, "'scatter-diagonals' is missing"),
     ({"scatter-diagonals": np.array([[1.0, -1e-6]])}, "negative variance"),
     ({"scatter-diagonals": np.ones((2, 2))}, r"'scatter-diagonals' must be finite, of shape \(1, 2\)"),
-    ({"scatter-diagonals": np.ones((1, 2)), "scatters": np.stack([np.eye(2)] * 2)}, r"'scatters' must be .* \(1, 2, 2\)"),
+    ({"scatter-diagonals": np.ones((1, 2)), "scatters": np.stack([np.eye(2)] * 2)},
+     r"'scatters' must be .* \(1, 2, 2\)"),
 ])
 def test_a_reply_s_scatter_diagonals_are_refused_with_the_rule_they_break(arrays, reason):
     honest = {"masses": np.array([6.0, 4.0]), "means": np.zeros((2, 2)), "scatters": np.eye(2)[None],
@@ -158,7 +159,8 @@ def test_diagonal_candidates_send_their_scatters_diagonals_and_step_as_with_the_
     whole = [fedgem_client.family_em_reply(X[sites == g], *arguments)[0] for g in range(3)]
     split = [fedgem_client.family_em_reply(X[sites == g], *arguments, payload["diagonal"])[0] for g in range(3)]
     assert split[0]["scatter-diagonals"].shape == (4, 3) and split[0]["scatters"].shape == (2, 3, 3)
-    assert split[0]["scatters"].nbytes + split[0]["scatter-diagonals"].nbytes == (2 * 9 + 4 * 3) / (6 * 9) * whole[0]["scatters"].nbytes
+    sent = split[0]["scatters"].nbytes + split[0]["scatter-diagonals"].nbytes
+    assert sent == (2 * 9 + 4 * 3) / (6 * 9) * whole[0]["scatters"].nbytes
     stepped = []
     for replies, diagonal in ((whole, None), (split, payload["diagonal"].astype(bool))):
         moments = [families.checked_mixture_moments(reply, payload["sizes"], 3, int((sites == g).sum()), diagonal)
@@ -256,7 +258,8 @@ def test_one_site_of_five_that_widens_its_moments_is_left_out_and_named(monkeypa
     def widened_em(X, weights, means, covariances, sizes, diagonal=None):
         arrays, values = honest_em(X, weights, means, covariances, sizes, diagonal)
         if X.shape[0] == hostile_rows:
-            arrays["scatters"], arrays["scatter-diagonals"] = 100.0 * arrays["scatters"], 100.0 * arrays["scatter-diagonals"]
+            arrays["scatters"] = 100.0 * arrays["scatters"]
+            arrays["scatter-diagonals"] = 100.0 * arrays["scatter-diagonals"]
         return arrays, values
 
     monkeypatch.setattr(fedgem_client, "cluster_moments_reply", widened_moments)
