@@ -315,6 +315,8 @@ def _tls_job(root):
                 for name, address, transport in [
                     ("supernode-0", f"127.0.0.1:{options.supernode_port}", ["--insecure"]),
                     ("superlink", f"127.0.0.1:{options.superlink_port}", ["--root-certificates", str(d.tls.ca_cert)])]}
+            # Stopped however the job ends: a CI run whose outsider timed out left both looping after the suite.
+            stack.callback(processes.terminate, list(pollers.values()), 10)
             poller_recorder = _ProcessRecorder(SimpleNamespace(processes=lambda: list(pollers.values())))
             key, _ = make_node_key(root / "intruder-key", "intruder")
             # It claims to be site 0: admitted, it would change both results.
