@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -273,9 +274,18 @@ def _outsider_actions(d, home: Path, root: Path) -> dict:
     key, public = make_node_key(root / "keys", "outsider")
 
     def flwr(*args):
-        done = subprocess.run([processes.flower_executable("flwr"), *args], env=processes.flower_environment(home), cwd=str(root),
-                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-        return {"exit": done.returncode, "output": done.stdout + done.stderr}
+        # To a file, not a pipe, and in a session of its own, stopped after: the refused `flwr run` printed its 403 and
+        # exited at once, while a process it had started held the pipe open until the 120 s timeout (three CI runs).
+        with tempfile.TemporaryFile(mode="w+") as output:
+            process = subprocess.Popen([processes.flower_executable("flwr"), *args], env=processes.flower_environment(home),
+                                       cwd=str(root), stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       text=True, start_new_session=True)
+            try:
+                code = process.wait(timeout=120)
+            finally:
+                processes.signal_groups([process.pid], signal.SIGKILL)
+            output.seek(0)
+            return {"exit": code, "output": output.read()}
 
     return {
         "ls": flwr("ls", "fedica", "--format", "json"),
