@@ -112,6 +112,9 @@ def format_summary(result: Mapping[str, Any]) -> str:
     for warning, count in result.get("warnings", {}).items():
         if warning.startswith("UserWarning: "):
             lines.append(f"warning: {warning.removeprefix('UserWarning: ')}" + (f" ({count} times)" if count > 1 else ""))
+    line = pooled_bic_line(metrics)
+    if line:
+        lines.append(line)
     support = (result.get("fedgem") or {}).get("k_support")
     if support:
         lines.append(k_support_line(support))
@@ -129,6 +132,21 @@ def format_summary(result: Mapping[str, Any]) -> str:
                      + ", ".join(f"{e['exchange']} {e['epsilon']:.3g}" for e in privacy["exchanges"]))
     lines.append(f"run time: {_format_number(timings.get('total'))} s (the federation's run; not the engine's start-up)")
     return "\n".join(lines)
+
+
+def pooled_bic_line(metrics: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The summary's line comparing FedGEM's mixture with the central analyst's (``central-gmm-bic``) by the BIC both
+    score on the pooled training points: where their ARIs differ, whether the federation's mixture is the worse fit
+    of the data or the better one."""
+    ours = (metrics.get("fedgem") or {}).get("pooled_bic")
+    central = (metrics.get("central-gmm-bic") or {}).get("pooled_bic")
+    if ours is None or central is None:
+        return None
+    verdict = ("the same fit" if np.isclose(ours, central, rtol=1e-9, atol=1e-6) else
+               f"FedGEM's mixture the better fit by {central - ours:.1f}" if ours < central else
+               f"the central mixture the better fit by {ours - central:.1f}")
+    return (f"pooled BIC (the central analyst's criterion, on the pooled training points; lower is better): fedgem "
+            f"{ours:.1f}, central-gmm-bic {central:.1f}: {verdict}")
 
 
 # The summary lists how many sites hold each cluster up to this many clusters, and their range beyond.

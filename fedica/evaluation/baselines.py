@@ -40,15 +40,17 @@ from fedica.metrics import (
 from fedica.protocol import ProtocolDriver
 from fedica.seeding import sklearn_seed
 
-__all__ = ["BASELINE_METHODS", "FILE_METHODS", "BaselineResult", "central_gmm", "central_gmm_bic", "central_gmm_icl", "dp_gmm",
+__all__ = ["BASELINE_METHODS", "CENTRAL_GMM_METHODS", "FILE_METHODS", "BaselineResult", "central_gmm", "central_gmm_bic", "central_gmm_icl", "dp_gmm",
            "dp_gmm_truncation", "evaluate_clustering", "fed_kmeans", "k_fed", "run_baselines", "run_seed"]
 
 # The names baseline_methods selects.
 BASELINE_METHODS = ("central-gmm", "central-gmm-icl", "central-gmm-bic", "dp-gmm", "k-fed", "fed-kmeans", "ffcm-avg1",
                     "ffcm-avg2", "afcl")
-# Those that run on scenario=files: the central GMMs on the pooled files (K told, chosen by the ICL, or family and K
-# chosen by the BIC), the references a user compares with.
-FILE_METHODS = ("central-gmm", "central-gmm-icl", "central-gmm-bic")
+# The comparators fitted on the pooled training points (K told, chosen by the ICL, or family and K chosen by the BIC),
+# each reporting its BIC there (pooled_bic), beside which FedGEM's mixture is scored on the same points.
+CENTRAL_GMM_METHODS = ("central-gmm", "central-gmm-icl", "central-gmm-bic")
+# Those that run on scenario=files: the central GMMs on the pooled files, the references a user compares with.
+FILE_METHODS = CENTRAL_GMM_METHODS
 
 # central-gmm-bic: the statistician's choice on the pooled data (issue 44's yardstick), scikit-learn's covariance
 # types and K from 1 to this many (also at most sqrt(n / 2)), as mclust compares models.
@@ -91,6 +93,7 @@ def central_gmm(clients: Sequence[ClientData], n_clusters: int, *, n_init: int =
     Returns
     -------
     BaselineResult
+        ``info["pooled_bic"]`` is the model's BIC on the pooled training points.
     """
     check_clients(clients, "central-gmm")
     rng = np.random.default_rng(random_state)
@@ -100,7 +103,8 @@ def central_gmm(clients: Sequence[ClientData], n_clusters: int, *, n_init: int =
     start = time.perf_counter()
     model.fit(X)
     seconds = time.perf_counter() - start
-    return baseline_result("central-gmm", [model.predict(c.X_test) for c in clients], seconds)
+    return baseline_result("central-gmm", [model.predict(c.X_test) for c in clients], seconds,
+                           {"pooled_bic": float(model.bic(X))})
 
 
 def central_gmm_icl(clients: Sequence[ClientData], *, max_components: int = CENTRAL_ICL_MAX_COMPONENTS,
@@ -122,7 +126,7 @@ def central_gmm_icl(clients: Sequence[ClientData], *, max_components: int = CENT
     Returns
     -------
     BaselineResult
-        ``info["k_chosen"]`` is the chosen K.
+        ``info["k_chosen"]`` is the chosen K; ``info["pooled_bic"]`` the model's BIC on the pooled training points.
     """
     check_clients(clients, "central-gmm-icl")
     rng = np.random.default_rng(random_state)
@@ -132,7 +136,8 @@ def central_gmm_icl(clients: Sequence[ClientData], *, max_components: int = CENT
     model = GaussianMixture(n_components=k, covariance_type="spherical", init_params="k-means++",
                             n_init=n_init, max_iter=max_iter, random_state=sklearn_seed(rng)).fit(X)
     seconds = time.perf_counter() - start
-    return baseline_result("central-gmm-icl", [model.predict(c.X_test) for c in clients], seconds, {"k_chosen": k})
+    return baseline_result("central-gmm-icl", [model.predict(c.X_test) for c in clients], seconds,
+                           {"k_chosen": k, "pooled_bic": float(model.bic(X))})
 
 
 def central_gmm_bic(clients: Sequence[ClientData], *, max_components: int = CENTRAL_BIC_MAX_COMPONENTS,
@@ -155,7 +160,8 @@ def central_gmm_bic(clients: Sequence[ClientData], *, max_components: int = CENT
     Returns
     -------
     BaselineResult
-        ``info["k_chosen"]`` and ``info["covariance_type"]`` are the choice.
+        ``info["k_chosen"]`` and ``info["covariance_type"]`` are the choice; ``info["pooled_bic"]`` the model's BIC
+        on the pooled training points, the criterion it chose by.
     """
     check_clients(clients, "central-gmm-bic")
     rng = np.random.default_rng(random_state)
@@ -171,7 +177,7 @@ def central_gmm_bic(clients: Sequence[ClientData], *, max_components: int = CENT
                             random_state=sklearn_seed(rng)).fit(X)
     seconds = time.perf_counter() - start
     return baseline_result("central-gmm-bic", [model.predict(c.X_test) for c in clients], seconds,
-                           {"k_chosen": k, "covariance_type": family})
+                           {"k_chosen": k, "covariance_type": family, "pooled_bic": float(model.bic(X))})
 
 
 def dp_gmm_truncation(clients: Sequence[ClientData]) -> int:
@@ -377,7 +383,8 @@ _INFO_TIMINGS = {"client_seconds": "clients_sum", "server_seconds": "server"}
 
 def run_baselines(scenario: Mapping[str, Any], methods: Sequence[str], *, seed: int, n_init: int = 3,
                   driver: ProtocolDriver | None = None, partitions: Sequence[int] | None = None,
-                  fedgem_k: int | None = None) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+                  fedgem_k: int | None = None, fedgem_bic: Callable[[np.ndarray], float] | None = None,
+                  ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """The comparators on a simulated scenario's clients (or the user's files), scored like FedGEM.
 
     The one-shot comparators run on data regenerated from the scenario and the seed (a
@@ -408,12 +415,16 @@ def run_baselines(scenario: Mapping[str, Any], methods: Sequence[str], *, seed: 
     partitions : sequence of int or None
     fedgem_k : int or None
         FedGEM's K_hat, the K of the central GMM on unlabelled files.
+    fedgem_bic : callable or None
+        The BIC of FedGEM's mixture on rows of the data's units (:func:`fedica.fedgem.families.mixture_bic`); where
+        a central GMM runs, it scores FedGEM's mixture on the same pooled training points as theirs.
 
     Returns
     -------
     metrics : dict of method name to its scores
         :func:`evaluate_clustering`'s scores, ``k_true``, and the other numeric entries of the method's
-        ``BaselineResult.info`` (e.g. ``rounds``, AFCL's ``residual_bytes``); on files also ``k_source``.
+        ``BaselineResult.info`` (e.g. ``rounds``, AFCL's ``residual_bytes``, the central GMMs' ``pooled_bic``); on
+        files also ``k_source``. With ``fedgem_bic`` and a central GMM, also ``"fedgem": {"pooled_bic": ...}``.
     fit_seconds : dict of method name to its own fitting time
         Also ``<method>_clients_sum`` and ``<method>_server`` for the federated protocols (as for FedGEM).
     """
@@ -451,6 +462,8 @@ def run_baselines(scenario: Mapping[str, Any], methods: Sequence[str], *, seed: 
                 scores[key] = value
         result_metrics[name] = scores
         timings[name] = outcome.fit_seconds
+    if fedgem_bic is not None and set(methods) & set(CENTRAL_GMM_METHODS):
+        result_metrics["fedgem"] = {"pooled_bic": float(fedgem_bic(_pooled_train(clients)))}
     return result_metrics, timings
 
 

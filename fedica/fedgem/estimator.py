@@ -17,7 +17,7 @@ from fedica.sites import ClientData
 from fedica.fedgem import client as fedgem_client
 from fedica.fedgem.privacy import private_reply
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
-from fedica.fedgem.families import log_gaussian_densities, site_mixture_weights
+from fedica.fedgem.families import log_gaussian_densities, mixture_parameters, shape_parameters, site_mixture_weights
 from fedica.fedgem.families import site_labels as family_labels
 from fedica.fedgem.geometry import geometry
 from fedica.fedgem.local import assign_labels, estimate_n_components, local_bound
@@ -542,6 +542,48 @@ class FedGEM(SaveLoadMixin, DensityMixin, BaseEstimator):
         log_likelihood : float
         """
         return float(self.score_samples(X).mean())
+
+    def bic(self, X) -> float:
+        """Bayesian information criterion of the global mixture on ``X`` (as ``GaussianMixture.bic``; smaller is
+        better): ``-2 log L + p log n``, where ``p`` counts the mixture's free parameters.
+
+        On the pooled points of a simulation it scores the federation's mixture by the central analyst's own
+        criterion, beside a ``GaussianMixture`` fitted on them (the harness's ``pooled_bic``, docs/INTERFACE.md).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        bic : float
+        """
+        log_density = self.score_samples(X)
+        return float(-2.0 * log_density.sum() + self._n_parameters() * np.log(log_density.shape[0]))
+
+    def aic(self, X) -> float:
+        """Akaike information criterion of the global mixture on ``X`` (as ``GaussianMixture.aic``): ``-2 log L + 2 p``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        aic : float
+        """
+        return float(-2.0 * self.score_samples(X).sum() + 2 * self._n_parameters())
+
+    def _n_parameters(self) -> int:
+        """The global mixture's free parameters: its family's (:func:`fedica.fedgem.families.mixture_parameters`), or
+        under the spheres alone ``K`` means, ``K - 1`` weights and the one variance; either with the shape that
+        spheres of standardised features owe to the units (:func:`fedica.fedgem.families.shape_parameters`)."""
+        n_clusters, dim = self.means_.shape
+        standardised = getattr(self, "feature_scale_", None) is not None
+        family = getattr(self, "covariance_family_", None)  # None in an estimator saved before covariance families
+        if family is not None:
+            return mixture_parameters(family, n_clusters, dim, shape_parameters(family, dim, standardised))
+        return n_clusters * (dim + 1) + shape_parameters("spherical", dim, standardised)
 
     def _rows(self, X) -> np.ndarray:
         check_is_fitted(self, "means_")

@@ -22,12 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.special import logsumexp
 
 from fedica.protocol import InvalidReply
 
 __all__ = ["DIAGONAL_FAMILIES", "FAMILIES", "REG_COVAR", "FamilyModel", "checked_cluster_moments", "cluster_moments",
            "component_moments", "family_covariances", "robust_cluster_moments", "agglomeration_candidates", "checked_mixture_moments", "log_gaussian_densities",
-           "mixture_moments", "shape_parameters", "site_labels", "site_mixture_weights"]
+           "mixture_bic", "mixture_moments", "mixture_parameters", "shape_parameters", "site_labels", "site_mixture_weights"]
 
 #: The families a global cluster's covariance may take (scikit-learn's ``covariance_type`` names).
 FAMILIES = ("spherical", "diag", "full")
@@ -78,6 +79,12 @@ def _parameters_per_cluster(family: str, dim: int) -> int:
     """A cluster's mean, weight and covariance parameters under ``family``."""
     covariance = {"spherical": 1, "diag": dim, "full": dim * (dim + 1) // 2}[family]
     return dim + 1 + covariance
+
+
+def mixture_parameters(family: str, n_clusters: int, dim: int, unit_parameters: int = 0) -> int:
+    """A mixture's free parameters under ``family``: ``K (d + 1 + q) - 1`` (scikit-learn's ``GaussianMixture``
+    count), and the ``unit_parameters`` its shapes owe to the units it was fitted in (:func:`shape_parameters`)."""
+    return n_clusters * _parameters_per_cluster(family, dim) - 1 + unit_parameters
 
 
 def shape_parameters(family: str, dim: int, standardised: bool) -> int:
@@ -337,11 +344,14 @@ class FamilyModel:
         """``-2 LL + (K (d + 1 + q) - 1 + u) log N``, the central BIC of the mixture (``u`` its
         ``unit_parameters``; ``inf`` before any EM step scored it, or when a cluster has too few points for its
         family's covariance)."""
-        dim = self.means.shape[1]
-        if self.log_likelihood is None or not _estimable(self.counts, self.family, dim):
+        if self.log_likelihood is None or not _estimable(self.counts, self.family, self.means.shape[1]):
             return float("inf")
-        count = self.n_clusters * _parameters_per_cluster(self.family, dim) - 1 + self.unit_parameters
-        return -2.0 * self.log_likelihood + count * np.log(n_total)
+        return -2.0 * self.log_likelihood + self.n_parameters * np.log(n_total)
+
+    @property
+    def n_parameters(self) -> int:
+        """The mixture's free parameters (:func:`mixture_parameters`), its ``unit_parameters`` counted."""
+        return mixture_parameters(self.family, self.n_clusters, self.means.shape[1], self.unit_parameters)
 
     def m_step(self, masses: np.ndarray, means: np.ndarray, scatters: np.ndarray, reg: float,
                hostile_fraction: float = 0.0) -> None:
@@ -543,6 +553,23 @@ def log_gaussian_densities(X: np.ndarray, means: np.ndarray, covariances: np.nda
     projected -= np.einsum("kij,kj->ki", inverse, means)
     log_det = np.log(np.diagonal(cholesky, axis1=1, axis2=2)).sum(axis=1)
     return -0.5 * (dim * np.log(2 * np.pi) + np.einsum("nkd,nkd->nk", projected, projected)) - log_det
+
+
+def mixture_bic(X: np.ndarray, weights: np.ndarray, means: np.ndarray, covariances: np.ndarray, n_parameters: int,
+                location: np.ndarray | None = None, scale: np.ndarray | None = None) -> float:
+    """The BIC of a Gaussian mixture on the rows of ``X`` in the data's units (``GaussianMixture.bic``'s definition).
+
+    ``means`` and ``covariances`` are in the units the mixture was fitted in: ``(X - location) / scale`` where a
+    ``scale`` is given (a federation's standardised units), whose density is the data's times ``prod(scale)``. Scored
+    there, since a standardised mixture's covariances are well conditioned where the data's units may span ten
+    orders of magnitude (breast cancer's features).
+    """
+    if scale is not None:
+        X = (X - location) / scale
+    log_density = logsumexp(np.log(weights) + log_gaussian_densities(X, means, covariances), axis=1)
+    if scale is not None:
+        log_density = log_density - float(np.log(scale).sum())
+    return float(-2.0 * log_density.sum() + n_parameters * np.log(X.shape[0]))
 
 
 def site_mixture_weights(X: np.ndarray, means: np.ndarray, covariances: np.ndarray) -> np.ndarray:

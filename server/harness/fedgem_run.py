@@ -11,6 +11,7 @@ import logging
 import time
 import warnings
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from fedica.server.federation import Federation
@@ -22,6 +23,7 @@ from fedica.data.files import label_like_column, table_header
 from fedica.data.scenarios import file_table, scenario_client_data, true_n_clusters
 from fedica.evaluation.baselines import evaluate_clustering, run_baselines
 from fedica.fedgem.client import adapted_labels, consensus_labels
+from fedica.fedgem.families import mixture_bic
 from fedica.fedgem.geometry import FEATURE_SCALE_SPREAD_LIMIT, geometry
 from fedica.fedgem.standardisation import STANDARDISATION_KEY
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
@@ -93,8 +95,10 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
         baseline_metrics, baseline_timings = run_baselines(cfg["scenario"], cfg["baseline_methods"], seed=int(cfg["seed"]),
                                                            n_init=alg["n_init"], driver=flower_driver(federation),
                                                            partitions=server.final.partitions,
-                                                           fedgem_k=server.aggregation.k_hat)
+                                                           fedgem_k=server.aggregation.k_hat,
+                                                           fedgem_bic=_pooled_bic(server))
         log.info("baselines %s in %.2f s", list(baseline_metrics), time.perf_counter() - start)
+        fedgem_metrics.update(baseline_metrics.pop("fedgem", {}))
         result_metrics.update(baseline_metrics)
         timings.update(baseline_timings)
     mapping = {str(p): labels.tolist() for p, labels in strategy.site_mapping_.items()}
@@ -132,6 +136,16 @@ def run_fedgem(federation: Federation, books: RunBooks, cfg: Mapping[str, Any]) 
             "hostile_clients": books.hostile_partitions,
         },
     }
+
+
+def _pooled_bic(server):
+    """The BIC of the run's mixture on rows of the data's units, under a covariance family (its pooled weights, means
+    and covariances); None under the spheres alone, whose variances the sites keep."""
+    family = server.family
+    if family is None:
+        return None
+    return partial(mixture_bic, weights=family.weights, means=family.means, covariances=family.covariances,
+                   n_parameters=family.n_parameters, location=server.feature_location, scale=server.feature_scale)
 
 
 def warn_of_label_like_columns(paths) -> None:

@@ -396,3 +396,86 @@ def test_the_small_partitions_are_fitted_only_where_the_path_best_holds_few_clus
         covariances = np.stack([np.cov(b.T, bias=True) for b in blobs])
         candidates = agglomeration_candidates(counts, means, covariances, ("diag",), reg=1e-6)
         assert {c.n_clusters for c in candidates} == expected
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "diag"])
+def test_bic_and_aic_are_scikit_learns_for_the_federations_mixture(covariance_type):
+    from sklearn.datasets import load_iris
+    from sklearn.mixture import GaussianMixture
+    from sklearn.mixture._gaussian_mixture import _compute_precision_cholesky
+
+    X, _ = load_iris(return_X_y=True)
+    sites = np.array_split(X[np.random.default_rng(0).permutation(len(X))], 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = fedica.FedGEM(random_state=0, covariance_type=covariance_type).fit(sites)
+    assert model.covariance_family_ == covariance_type and model.feature_scale_ is not None
+    # The same mixture in the data's units, as scikit-learn holds it.
+    covariances = model.covariances_ * np.outer(model.feature_scale_, model.feature_scale_)
+    theirs = GaussianMixture(model.n_clusters_, covariance_type=covariance_type)
+    theirs.weights_, theirs.means_ = model.weights_, model.means_
+    theirs.covariances_ = covariances if covariance_type == "full" else np.diagonal(covariances, axis1=1, axis2=2)
+    theirs.precisions_cholesky_ = _compute_precision_cholesky(theirs.covariances_, covariance_type)
+    assert model.bic(X) == pytest.approx(theirs.bic(X), rel=1e-10)
+    assert model.aic(X) == pytest.approx(theirs.aic(X), rel=1e-10)
+
+
+def test_the_bic_of_standardised_spheres_counts_their_shape():
+    from sklearn.datasets import load_iris
+
+    X, _ = load_iris(return_X_y=True)
+    sites = np.array_split(X[np.random.default_rng(0).permutation(len(X))], 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        family = fedica.FedGEM(random_state=0, covariance_type="auto").fit(sites)
+        spheres = fedica.FedGEM(random_state=0, covariance_type="spherical").fit(sites)
+    (n, d), log_n = X.shape, np.log(X.shape[0])
+    family.covariance_family_ = "spherical"  # the count alone: K variances, K d means, K - 1 weights, d - 1 shape
+    k = family.n_clusters_
+    assert family.bic(X) == pytest.approx(-2 * family.score(X) * n + (k * (d + 2) - 1 + d - 1) * log_n, rel=1e-12)
+    # The spheres alone: one variance for every cluster.
+    assert spheres.covariance_family_ is None
+    k = spheres.n_clusters_
+    assert spheres.bic(X) == pytest.approx(-2 * spheres.score(X) * n + (k * (d + 1) + d - 1) * log_n, rel=1e-12)
+
+
+def test_a_yardstick_run_scores_the_federations_mixture_by_the_central_bic_on_the_pooled_points(tmp_path):
+    import json
+
+    from fedica.config import validate_config
+    from fedica.data.scenarios import scenario_client_data
+    from fedica.evaluation.baselines import central_gmm_bic
+    from fedica.results import format_summary, to_jsonable
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    cfg = validate_config(compose_config([
+        "algorithm=fedgem", "scenario=sklearn_real", "scenario.dataset=breast_cancer", "scenario.split=classes",
+        "scenario.standardize=none", "scenario.n_clients=4", "scenario.n_components=auto", "engine=inprocess",
+        "baseline_methods=[central-gmm-bic]", "seed=0"]))
+    result = run_inprocess(cfg)
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(to_jsonable(result)))
+    sites = [scenario_client_data(cfg["scenario"], g, 0) for g in range(4)]
+    pooled = np.vstack([s.X_train for s in sites])
+    ours, central = result["metrics"]["fedgem"]["pooled_bic"], result["metrics"]["central-gmm-bic"]["pooled_bic"]
+    assert ours == pytest.approx(fedica.FedGEM.from_result(path).bic(pooled), rel=1e-9)
+    assert central == pytest.approx(central_gmm_bic(sites, random_state=0).info["pooled_bic"], rel=1e-12)
+    # Breast cancer's 30 features span ten orders of magnitude in variance: scored in the data's units (the
+    # Jacobian of the standardisation counted), the federation's full mixture is the better fit here.
+    assert ours < central
+    assert (f"pooled BIC (the central analyst's criterion, on the pooled training points; lower is better): fedgem "
+            f"{ours:.1f}, central-gmm-bic {central:.1f}: FedGEM's mixture the better fit by {central - ours:.1f}"
+            in format_summary(result).splitlines())
+
+
+def test_the_pooled_bic_line_says_which_mixture_fits_better():
+    from fedica.results import pooled_bic_line
+
+    def line(ours, central):
+        return pooled_bic_line({"fedgem": {"pooled_bic": ours}, "central-gmm-bic": {"pooled_bic": central}})
+
+    assert line(10.0, 12.5).endswith("fedgem 10.0, central-gmm-bic 12.5: FedGEM's mixture the better fit by 2.5")
+    assert line(12.5, 10.0).endswith(": the central mixture the better fit by 2.5")
+    assert line(10.0, 10.0).endswith(": the same fit")
+    assert pooled_bic_line({"fedgem": {"pooled_bic": 1.0}, "central-gmm": {"pooled_bic": 2.0}}) is None
