@@ -134,6 +134,10 @@ def format_summary(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# The BIC difference below which two models' fits are not told apart (Kass and Raftery 1995).
+BIC_EVIDENCE = 2.0
+
+
 def pooled_bic_line(metrics: Mapping[str, Mapping[str, Any]]) -> str | None:
     """The summary's line comparing FedGEM's mixture with the central analyst's (``central-gmm-bic``) by the BIC both
     score on the pooled training points: where their ARIs differ, whether the federation's mixture is the worse fit
@@ -142,7 +146,9 @@ def pooled_bic_line(metrics: Mapping[str, Mapping[str, Any]]) -> str | None:
     central = (metrics.get("central-gmm-bic") or {}).get("pooled_bic")
     if ours is None or central is None:
         return None
+    # Kass and Raftery's scale: a BIC difference under 2 is not worth more than a bare mention.
     verdict = ("the same fit" if np.isclose(ours, central, rtol=1e-9, atol=1e-6) else
+               "within 2 of each other, no evidence either way" if abs(ours - central) < BIC_EVIDENCE else
                f"FedGEM's mixture the better fit by {central - ours:.1f}" if ours < central else
                f"the central mixture the better fit by {ours - central:.1f}")
     return (f"pooled BIC (the central analyst's criterion, on the pooled training points; lower is better): fedgem "

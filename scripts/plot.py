@@ -173,12 +173,14 @@ def markdown(table: Mapping, layout: Layout) -> str:
 
 
 def cell(p: Point | None) -> str:
-    """``0.031 ± 0.0042 (n=20)``; a single seed has no spread to give: ``0.031 (n=1)``."""
+    """``0.031 ± 0.0042 (n=20)``; a single seed has no spread to give: ``0.031 (n=1)``. A mean of 1,000 or more keeps
+    its units and a decimal (``7436.2``, not ``7.44e+03``): two methods' BICs on the same points differ by a few units."""
     if p is None:
         return ""
+    mean = f"{p.mean:.1f}" if abs(p.mean) >= 1000 else f"{p.mean:.3g}"
     if p.sd is None:
-        return f"{p.mean:.3g} (n=1)"
-    return f"{p.mean:.3g} ± {p.sd:.2g} (n={p.n})"
+        return f"{mean} (n=1)"
+    return f"{mean} ± {p.sd:.2g} (n={p.n})"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -478,4 +478,5 @@ def test_the_pooled_bic_line_says_which_mixture_fits_better():
     assert line(10.0, 12.5).endswith("fedgem 10.0, central-gmm-bic 12.5: FedGEM's mixture the better fit by 2.5")
     assert line(12.5, 10.0).endswith(": the central mixture the better fit by 2.5")
     assert line(10.0, 10.0).endswith(": the same fit")
+    assert line(10.0, 11.5).endswith(": within 2 of each other, no evidence either way")
     assert pooled_bic_line({"fedgem": {"pooled_bic": 1.0}, "central-gmm": {"pooled_bic": 2.0}}) is None

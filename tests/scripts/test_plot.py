@@ -181,3 +181,11 @@ def test_a_key_swept_over_null_and_a_name_is_drawn_as_labels(tmp_path, capsys):
     assert (tmp_path / "figure.png").stat().st_size > 0
     assert plot.axis_values([None, "federated"]) == ["null", "federated"]
     assert plot.axis_values([0.5, 2]) == [0.5, 2] and plot.axis_values([None, 0.5]) == [None, 0.5]
+
+
+def test_a_cell_keeps_large_means_in_their_units_so_that_close_criteria_differ():
+    # Two mixtures' BICs on the same points (the yardstick's pooled_bic) differ by a few units in thousands.
+    assert plot.cell(plot.Point(7439.24, 1.1, 2)) == "7439.2 ± 1.1 (n=2)"
+    assert plot.cell(plot.Point(7439.31, 1.2, 2)) == "7439.3 ± 1.2 (n=2)"
+    assert plot.cell(plot.Point(-26342.94, None, 1)) == "-26342.9 (n=1)"
+    assert plot.cell(plot.Point(0.031, 0.0042, 20)) == "0.031 ± 0.0042 (n=20)"
