@@ -349,6 +349,12 @@ class FamilyModel:
         return -2.0 * self.log_likelihood + self.n_parameters * np.log(n_total)
 
     @property
+    def diagonal(self) -> bool:
+        """Whether the M-step reads only the clusters' scatters' diagonals (:data:`DIAGONAL_FAMILIES`): the sites send
+        only those for this candidate."""
+        return self.family in DIAGONAL_FAMILIES
+
+    @property
     def n_parameters(self) -> int:
         """The mixture's free parameters (:func:`mixture_parameters`), its ``unit_parameters`` counted."""
         return mixture_parameters(self.family, self.n_clusters, self.means.shape[1], self.unit_parameters)

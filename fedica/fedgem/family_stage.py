@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from fedica.fedgem.families import (DIAGONAL_FAMILIES, REG_COVAR, SMALL_MODELS, FamilyModel, agglomeration_candidates,
+from fedica.fedgem.families import (REG_COVAR, SMALL_MODELS, FamilyModel, agglomeration_candidates,
                                     checked_cluster_moments, checked_mixture_moments, cluster_moments,
                                     robust_cluster_moments, shape_parameters)
 from fedica.fedgem.merging import FinalAggregation
@@ -150,14 +150,14 @@ class FamilyStage:
                 "means": np.vstack([c.means for c in candidates]),
                 "covariances": np.concatenate([c.covariances for c in candidates]),
                 "sizes": np.array([c.n_clusters for c in candidates], dtype=np.int64),
-                "diagonal": np.array([c.family in DIAGONAL_FAMILIES for c in candidates], dtype=np.int64)}
+                "diagonal": np.array([c.diagonal for c in candidates], dtype=np.int64)}
 
     def _family_em_step(self, candidates: list[FamilyModel], replies: list[Reply], stage: str) -> np.ndarray:
         """One federated EM step of every candidate: its log-likelihood at the parameters sent, then its M-step from
         the sites' moments (the pooled points' exactly). Returns each candidate's log-likelihood gain per point over
         its previous step (NaN at its first)."""
         sizes = np.array([c.n_clusters for c in candidates], dtype=np.int64)
-        diagonal = np.array([c.family in DIAGONAL_FAMILIES for c in candidates])
+        diagonal = np.array([c.diagonal for c in candidates])
         kept = self._checked_family_replies(
             replies, stage,
             lambda arrays, model: checked_mixture_moments(arrays, sizes, self.dim, model.declared_points, diagonal))
