@@ -134,8 +134,10 @@ def format_summary(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# The BIC difference below which two models' fits are not told apart (Kass and Raftery 1995).
+# The BIC differences below which two models' fits are not told apart, and above which one is strongly preferred
+# (Kass and Raftery 1995: 2, "positive", and 6, "strong").
 BIC_EVIDENCE = 2.0
+STRONG_BIC_EVIDENCE = 6.0
 
 
 def pooled_bic_line(metrics: Mapping[str, Mapping[str, Any]]) -> str | None:

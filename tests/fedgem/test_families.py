@@ -464,6 +464,7 @@ def test_a_yardstick_run_scores_the_federations_mixture_by_the_central_bic_on_th
     # Breast cancer's 30 features span ten orders of magnitude in variance: scored in the data's units (the
     # Jacobian of the standardisation counted), the federation's full mixture is the better fit here.
     assert ours < central
+    assert not any("central-gmm-bic's by" in warning for warning in result["warnings"])
     assert (f"pooled BIC (the central analyst's criterion, on the pooled training points; lower is better): fedgem "
             f"{ours:.1f}, central-gmm-bic {central:.1f}: FedGEM's mixture the better fit by {central - ours:.1f}"
             in format_summary(result).splitlines())
@@ -480,3 +481,25 @@ def test_the_pooled_bic_line_says_which_mixture_fits_better():
     assert line(10.0, 10.0).endswith(": the same fit")
     assert line(10.0, 11.5).endswith(": within 2 of each other, no evidence either way")
     assert pooled_bic_line({"fedgem": {"pooled_bic": 1.0}, "central-gmm": {"pooled_bic": 2.0}}) is None
+
+
+def test_a_run_whose_central_mixture_is_strongly_likelier_says_so():
+    # Crabs over 4 sites (classes split, seed 1): the federation's full path scores nothing between its start and one
+    # cluster (ALGORITHMS.md 2.14), and the central analyst's two full clusters fit the pooled points better.
+    from fedica.config import validate_config
+    from fedica.results import format_summary
+    from fedica.scripts.engines import run_inprocess
+    from fedica.server.app import compose_config
+
+    result = run_inprocess(validate_config(compose_config([
+        "algorithm=fedgem", "scenario=sklearn_real", "scenario.dataset=crabs", "scenario.split=classes",
+        "scenario.standardize=none", "scenario.n_clients=4", "scenario.n_components=auto", "engine=inprocess",
+        "baseline_methods=[central-gmm-bic]", "seed=1"])))
+    gap = result["metrics"]["fedgem"]["pooled_bic"] - result["metrics"]["central-gmm-bic"]["pooled_bic"]
+    assert gap > 6
+    message = (f"FedGEM's mixture fits the pooled training points worse than central-gmm-bic's by {gap:.1f} in BIC "
+               "(strong evidence, above 6): the federation missed a likelier mixture of the same data")
+    assert f"UserWarning: {message}" in result["warnings"]
+    summary = format_summary(result).splitlines()
+    assert f"warning: {message}" in summary
+    assert summary[summary.index(f"warning: {message}") + 1].endswith(f": the central mixture the better fit by {gap:.1f}")
