@@ -140,14 +140,19 @@ BIC_EVIDENCE = 2.0
 STRONG_BIC_EVIDENCE = 6.0
 
 
-def pooled_bic_line(metrics: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The summary's line comparing FedGEM's mixture with the central analyst's (``central-gmm-bic``) by the BIC both
-    score on the pooled training points: where their ARIs differ, whether the federation's mixture is the worse fit
-    of the data or the better one."""
+def pooled_bics(metrics: Mapping[str, Mapping[str, Any]]) -> tuple[float, float] | None:
+    """FedGEM's and the central analyst's (``central-gmm-bic``) BIC on the pooled training points, where a run has both."""
     ours = (metrics.get("fedgem") or {}).get("pooled_bic")
     central = (metrics.get("central-gmm-bic") or {}).get("pooled_bic")
-    if ours is None or central is None:
+    return None if ours is None or central is None else (ours, central)
+
+
+def pooled_bic_line(metrics: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The summary's line comparing FedGEM's mixture with the central analyst's (:func:`pooled_bics`): where their
+    ARIs differ, whether the federation's mixture is the worse fit of the data or the better one."""
+    if (bics := pooled_bics(metrics)) is None:
         return None
+    ours, central = bics
     # Kass and Raftery's scale: a BIC difference under 2 is not worth more than a bare mention.
     verdict = ("the same fit" if np.isclose(ours, central, rtol=1e-9, atol=1e-6) else
                "within 2 of each other, no evidence either way" if abs(ours - central) < BIC_EVIDENCE else

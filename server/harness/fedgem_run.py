@@ -24,7 +24,7 @@ from fedica.data.scenarios import file_table, scenario_client_data, true_n_clust
 from fedica.evaluation.baselines import evaluate_clustering, run_baselines
 from fedica.fedgem.client import adapted_labels, consensus_labels
 from fedica.fedgem.families import mixture_bic
-from fedica.results import STRONG_BIC_EVIDENCE
+from fedica.results import STRONG_BIC_EVIDENCE, pooled_bics
 from fedica.fedgem.geometry import FEATURE_SCALE_SPREAD_LIMIT, geometry
 from fedica.fedgem.standardisation import STANDARDISATION_KEY
 from fedica.fedgem.coordinator import FedGEMServer, FedGEMSettings
@@ -153,9 +153,10 @@ def _pooled_bic(server):
 def _warn_of_a_likelier_central_mixture(metrics: Mapping[str, Mapping[str, Any]]) -> None:
     """Warn where the central analyst's mixture (``central-gmm-bic``) fits the pooled training points better than the
     federation's by strong evidence: the federation missed a likelier mixture of the same data."""
-    ours = metrics["fedgem"].get("pooled_bic")
-    central = (metrics.get("central-gmm-bic") or {}).get("pooled_bic")
-    if ours is not None and central is not None and ours - central > STRONG_BIC_EVIDENCE:
+    if (bics := pooled_bics(metrics)) is None:
+        return
+    ours, central = bics
+    if ours - central > STRONG_BIC_EVIDENCE:
         warnings.warn(f"FedGEM's mixture fits the pooled training points worse than central-gmm-bic's by {ours - central:.1f} "
                       f"in BIC (strong evidence, above {STRONG_BIC_EVIDENCE:g}): the federation missed a likelier mixture "
                       "of the same data", UserWarning, stacklevel=2)
